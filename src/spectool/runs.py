@@ -1,0 +1,103 @@
+"""Versioned run directories: manifest, resolved config, atomic writes.
+
+Every stage writes into a run directory holding `manifest.json` (what produced it, from which
+inputs, schema version, hashes) and `config.json` (the resolved config). A later stage reads the
+manifest and refuses inputs that do not fit (wrong model, other settings) before doing any work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from spectool import __version__
+from spectool.errors import SpectoolError
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+CONFIG = "config.json"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` via a temp file in the same folder and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(_jsonable(obj), indent=2, sort_keys=True) + "\n").encode())
+
+
+def append_jsonl(path: Path, obj: Any) -> None:
+    """Append one JSON line and fsync it (metrics logs survive a crash line by line)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(_jsonable(obj)) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SpectoolError(f"{path} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise SpectoolError(f"{path} is not valid JSON ({e}); the file is corrupt") from None
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def hash_files(paths: list[Path]) -> str:
+    """sha256 over the contents of existing files, in the given order (short hex)."""
+    h = hashlib.sha256()
+    for p in paths:
+        p = Path(p)
+        if p.exists():
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def make_manifest(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"kind": kind, "schema_version": SCHEMA_VERSION, "spectool_version": __version__, **fields}
+
+
+def load_manifest(run_dir: Path, kind: str) -> dict[str, Any]:
+    """Read a run's manifest and check it is a `kind` run of a schema this version reads."""
+    path = Path(run_dir) / MANIFEST
+    if not path.exists():
+        raise SpectoolError(f"{run_dir} is not a spectool {kind} run (no {MANIFEST})")
+    m = read_json(path)
+    if m.get("kind") != kind:
+        raise SpectoolError(f"{run_dir} is a '{m.get('kind')}' run, expected a '{kind}' run")
+    if m.get("schema_version") != SCHEMA_VERSION:
+        raise SpectoolError(
+            f"{run_dir} has schema version {m.get('schema_version')}; this spectool reads "
+            f"version {SCHEMA_VERSION}. Re-create it with this version."
+        )
+    return m
