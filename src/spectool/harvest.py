@@ -1,0 +1,164 @@
+"""`spectool harvest`: the policy's own rollouts on in-domain prompts, the draft's training data.
+
+Workflow: resolve model + data -> open (or resume) the run directory -> start vLLM -> generate
+chunk by chunk, each chunk written as one atomic Parquet shard (plus, with --hidden-states, one
+safetensors shard of aux hidden states) -> final manifest. A killed harvest resumes at the first
+prompt not in a finished shard; a run made with other settings is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from spectool.config import SamplingConfig, check
+from spectool.errors import SpectoolError
+
+CHUNK_PROMPTS = 16  # prompts per shard: the unit of resume
+
+
+@dataclass
+class HarvestConfig:
+    model: str
+    data: str
+    out: str
+    split: str = "train"
+    hidden_states: bool = False
+    prompt_col: str = "prompt"
+    answer_col: str = "answer"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def validate(self) -> None:
+        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        self.sampling.validate()
+
+
+@dataclass
+class HarvestResult:
+    out: str
+    n_records: int
+    n_new: int
+    mean_reward: float
+    tokens_per_s: float
+    hidden_bytes_per_token: float | None
+
+
+def _settings(cfg: HarvestConfig, model_identity: str) -> dict:
+    """What must match for records to be appended to an existing run (all but n_prompts)."""
+    s = asdict(cfg.sampling)
+    s.pop("n_prompts")
+    return dict(model_identity=model_identity, data=cfg.data, split=cfg.split,
+                hidden_states=cfg.hidden_states, sampling=s)
+
+
+def run(cfg: HarvestConfig) -> HarvestResult:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from transformers import AutoTokenizer
+
+    from spectool.data import load_source
+    from spectool.engine.engine import Engine, EngineConfig
+    from spectool.models import resolve_model
+    from spectool.records import load_records, shard_paths, write_shard
+    from spectool.rollout import rollout_tasks
+    from spectool.runs import CONFIG, MANIFEST, atomic_write_json, load_manifest, make_manifest
+
+    cfg.validate()
+    model = resolve_model(cfg.model)
+    source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
+    tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
+    out = Path(cfg.out)
+    settings = _settings(cfg, model.identity)
+    if (out / MANIFEST).exists():
+        old = load_manifest(out, "harvest")
+        diff = [k for k in settings if old.get("settings", {}).get(k) != settings[k]]
+        if diff:
+            raise SpectoolError(
+                f"{out} was harvested with other settings ({', '.join(diff)} differ); "
+                "use a new --out or the same settings to resume"
+            )
+    elif out.exists() and any(out.iterdir()):
+        raise SpectoolError(f"--out {out} exists and is not a harvest run; pick a new folder")
+    manifest = make_manifest("harvest", model=model.name, model_path=model.path, model_identity=model.identity,
+                             data=cfg.data, settings=settings, status="running")
+    atomic_write_json(out / MANIFEST, manifest)
+    atomic_write_json(out / CONFIG, cfg)
+
+    done = set(load_records(out)["prompt_id"])
+    todo = [t for t in tasks if t.id not in done]
+    n_shards = len(shard_paths(out))
+    tokenizer = AutoTokenizer.from_pretrained(model.path)
+    policy = _load_policy(model.path) if cfg.hidden_states and todo else None
+    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed)) if todo else None
+    n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = 0, 0, 0.0, 0, 0
+    with Progress(TextColumn("harvest"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                  TimeRemainingColumn()) as bar:
+        job = bar.add_task("", total=len(tasks), completed=len(tasks) - len(todo), rate="")
+        for i in range(0, len(todo), CHUNK_PROMPTS):
+            chunk = todo[i : i + CHUNK_PROMPTS]
+            # Per-chunk seed: a resumed harvest samples exactly what an uninterrupted one would.
+            s = SamplingConfig(**{**asdict(cfg.sampling), "seed": cfg.sampling.seed + n_shards})
+            rows, _, toks, secs = rollout_tasks(engine, tokenizer, source, chunk, s)
+            if policy is not None:
+                hidden_bytes += _store_hidden(policy, rows, out / "hidden" / f"shard-{n_shards:05d}.safetensors")
+                hidden_tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+            write_shard(out, n_shards, rows)
+            n_shards += 1
+            n_new += len(rows)
+            n_tokens += toks
+            gen_s += secs
+            bar.update(job, advance=len(chunk), rate=f"{n_tokens / gen_s:.0f} tok/s")
+
+    records = load_records(out)
+    mean_reward = float(sum(records["reward"]) / max(len(records), 1))
+    manifest.update(status="complete", records=len(records), prompts=len(set(records["prompt_id"])),
+                    mean_reward=mean_reward, sampler_fix=engine.sampler_fix if engine else None,
+                    aux_layer_ids=_aux_ids(model.path) if cfg.hidden_states else None)
+    atomic_write_json(out / MANIFEST, manifest)
+    return HarvestResult(
+        out=str(out), n_records=len(records), n_new=n_new, mean_reward=mean_reward,
+        tokens_per_s=n_tokens / gen_s if gen_s else 0.0,
+        hidden_bytes_per_token=hidden_bytes / hidden_tokens if hidden_tokens else None,
+    )
+
+
+def _aux_ids(model_path: str) -> list[int]:
+    from transformers import AutoConfig
+
+    from spectool.hidden import default_aux_layer_ids
+
+    return default_aux_layer_ids(AutoConfig.from_pretrained(model_path).num_hidden_layers)
+
+
+def _load_policy(path: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _store_hidden(policy, rows: list[dict], path: Path) -> int:
+    import torch
+
+    from spectool.hidden import policy_features, save_hidden_shard
+
+    from spectool.hidden import default_aux_layer_ids
+
+    layer_ids = default_aux_layer_ids(policy.config.num_hidden_layers)
+    aux, last = [], []
+    for r in rows:
+        x = torch.tensor([r["prompt_ids"] + r["response_ids"]])
+        a, h = policy_features(policy, x, layer_ids)
+        aux.append(a[0])
+        last.append(h[0])
+    return save_hidden_shard(path, aux, last)
+
+
+def render(r: HarvestResult) -> None:
+    from rich.console import Console
+
+    c = Console()
+    c.print(f"[bold]harvest[/] {r.out}: {r.n_records} records ({r.n_new} new), mean reward {r.mean_reward:.3f}, "
+            f"{r.tokens_per_s:.1f} generated tokens/s")
+    if r.hidden_bytes_per_token:
+        c.print(f"hidden states: {r.hidden_bytes_per_token / 1024:.2f} KiB per token (float16, 3 aux layers + last)")

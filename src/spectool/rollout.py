@@ -1,0 +1,125 @@
+"""`spectool rollout`: (speculative) rollouts with vLLM, scored by the data source's verifier.
+
+Workflow: resolve model and data -> start the engine -> generate for the prompts -> score ->
+records (same schema as harvest) -> summary (mean reward, tokens/s, mean response length,
+acceptance from the engine's own counters when a draft is used).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spectool.config import SamplingConfig, check
+from spectool.data import Task, TaskSource
+from spectool.stats import AcceptanceStats
+
+
+@dataclass
+class RolloutConfig:
+    model: str
+    data: str
+    split: str = "eval"
+    out: str | None = None
+    prompt_col: str = "prompt"
+    answer_col: str = "answer"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def validate(self) -> None:
+        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        self.sampling.validate()
+
+
+@dataclass
+class RolloutResult:
+    n_prompts: int
+    n_completions: int
+    mean_reward: float
+    mean_response_len: float
+    tokens_per_s: float
+    seconds: float
+    acceptance: AcceptanceStats
+    out: str | None = None
+
+
+def rollout_tasks(engine, tokenizer, source: TaskSource, tasks: list[Task], s: SamplingConfig):
+    """Generate `s.samples` completions per task and score them.
+
+    Returns (rows, acceptance deltas, generated tokens, generation seconds).
+    """
+    from spectool.engine.engine import Sampling
+    from spectool.prompts import encode_prompt
+
+    prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks]
+    t0 = time.perf_counter()
+    outs, stats = engine.generate(
+        prompts, Sampling(n=s.samples, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=s.seed)
+    )
+    seconds = time.perf_counter() - t0
+    rows: list[dict[str, Any]] = []
+    for task, samples in zip(tasks, outs):
+        for j, c in enumerate(samples):
+            rows.append(
+                dict(
+                    prompt_id=task.id, sample_idx=j, prompt=task.prompt, answer=task.answer or "",
+                    prompt_ids=c.prompt_ids, response_ids=c.response_ids, logprobs=c.logprobs,
+                    reward=source.score(task, c.text), finish_reason=c.finish_reason, response=c.text,
+                )
+            )
+    n_tokens = sum(len(r["response_ids"]) for r in rows)
+    return rows, stats, n_tokens, seconds
+
+
+def run(cfg: RolloutConfig) -> RolloutResult:
+    from transformers import AutoTokenizer
+
+    from spectool.data import load_source
+    from spectool.engine.engine import Engine, EngineConfig
+    from spectool.models import resolve_model
+    from spectool.records import write_shard
+    from spectool.runs import CONFIG, MANIFEST, atomic_write_json, make_manifest
+
+    cfg.validate()
+    model = resolve_model(cfg.model)
+    source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
+    tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
+    tokenizer = AutoTokenizer.from_pretrained(model.path)
+    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed))
+    rollout_tasks(engine, tokenizer, source, tasks[:1], SamplingConfig(1, 1, 8, 0.0, 1.0, 0))  # warm-up
+    rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
+    result = RolloutResult(
+        n_prompts=len(tasks), n_completions=len(rows),
+        mean_reward=sum(r["reward"] for r in rows) / len(rows),
+        mean_response_len=n_tokens / len(rows), tokens_per_s=n_tokens / seconds, seconds=seconds,
+        acceptance=stats, out=cfg.out,
+    )
+    if cfg.out:
+        out = Path(cfg.out)
+        write_shard(out, 0, rows)
+        atomic_write_json(out / CONFIG, cfg)
+        atomic_write_json(
+            out / MANIFEST,
+            make_manifest("rollout", model=model.name, model_identity=model.identity, data=cfg.data,
+                          split=cfg.split, sampling=cfg.sampling, records=len(rows),
+                          sampler_fix=engine.sampler_fix, summary=result),
+        )
+    return result
+
+
+def render(r: RolloutResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="rollout", show_header=False)
+    t.add_row("prompts x completions", f"{r.n_prompts} x {r.n_completions // max(r.n_prompts, 1)}")
+    t.add_row("mean reward", f"{r.mean_reward:.3f}")
+    t.add_row("mean response length", f"{r.mean_response_len:.1f} tokens")
+    t.add_row("throughput", f"{r.tokens_per_s:.1f} tokens/s ({r.seconds:.1f} s)")
+    if r.acceptance.num_drafts:
+        t.add_row("mean acceptance length", f"{r.acceptance.mean_acceptance_length:.2f}")
+        t.add_row("per-position acceptance", " ".join(f"{x:.2f}" for x in r.acceptance.per_position_rate))
+    if r.out:
+        t.add_row("records", r.out)
+    Console().print(t)

@@ -1,0 +1,53 @@
+"""`AcceptanceStats`: the one definition of speculative acceptance, shared by every command.
+
+Built from vLLM's own counters (deltas of `vllm:spec_decode_*` around a generate call), so the
+numbers are the engine's, not a re-derivation. Mean acceptance length = 1 + accepted / drafts
+(vllm/v1/spec_decode/metrics.py): tokens emitted per target verification step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AcceptanceStats:
+    num_drafts: int = 0  # verification steps that carried draft tokens
+    num_draft_tokens: int = 0  # draft tokens proposed
+    num_accepted_tokens: int = 0  # draft tokens accepted
+    accepted_per_pos: list[int] = field(default_factory=list)  # [k] accepted count at each position
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else float("nan")
+
+    @property
+    def per_position_rate(self) -> list[float]:
+        """Fraction of drafts whose token at position i (0-based) was accepted."""
+        return [a / self.num_drafts if self.num_drafts else float("nan") for a in self.accepted_per_pos]
+
+    def __sub__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+        n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        a = self.accepted_per_pos + [0] * (n - len(self.accepted_per_pos))
+        b = other.accepted_per_pos + [0] * (n - len(other.accepted_per_pos))
+        return AcceptanceStats(
+            self.num_drafts - other.num_drafts,
+            self.num_draft_tokens - other.num_draft_tokens,
+            self.num_accepted_tokens - other.num_accepted_tokens,
+            [x - y for x, y in zip(a, b)],
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "accepted_per_pos": self.accepted_per_pos,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_rate": self.acceptance_rate,
+            "per_position_rate": self.per_position_rate,
+        }
