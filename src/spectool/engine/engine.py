@@ -32,7 +32,7 @@ class EngineConfig:
     draft_path: str | None = None  # plain EAGLE-3 folder (config.json + model.safetensors)
     k: int = 3  # num_speculative_tokens
     seed: int = 0
-    max_model_len: int = 2048
+    max_model_len: int | None = None  # default: min(2048, the model's own limit)
     kv_cache_gib: float = 2.0  # CPU only
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after temperature / top-p)
     enable_prefix_caching: bool = True
@@ -93,7 +93,7 @@ class Engine:
             model=cfg.model_path,
             dtype="float32" if cpu else "auto",
             seed=cfg.seed,
-            max_model_len=cfg.max_model_len,
+            max_model_len=cfg.max_model_len or _default_max_len(cfg.model_path),
             enable_prefix_caching=cfg.enable_prefix_caching,
             enforce_eager=cfg.enforce_eager,
             disable_log_stats=False,  # needed for LLM.get_metrics()
@@ -165,16 +165,22 @@ class Engine:
         return self.llm.collective_rpc(method, args=args)
 
 
+def _default_max_len(model_path: str) -> int:
+    from transformers import AutoConfig
+
+    return min(2048, int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 2048)))
+
+
 def _start_error_advice(e: Exception, cfg: EngineConfig) -> str:
-    msg = str(e)
+    msg = " ".join(str(e).split())[:500]
     if "memory" in msg.lower():
         return (
-            f"vLLM could not start: not enough memory ({msg.splitlines()[0][:200]}). "
+            f"vLLM could not start: not enough memory ({msg}). "
             "Lower the KV cache (--kv-cache-gib) or --max-model-len, or free host RAM."
         )
     if cfg.draft_path and ("eagle" in msg.lower() or "draft" in msg.lower() or "shape" in msg.lower()):
         return (
-            f"vLLM could not load the draft {cfg.draft_path}: {msg.splitlines()[0][:300]}. "
+            f"vLLM could not load the draft {cfg.draft_path}: {msg}. "
             "Check that the draft was exported for this policy (spectool export)."
         )
-    return f"vLLM could not start for {cfg.model_path}: {type(e).__name__}: {msg.splitlines()[0][:300] if msg else ''}"
+    return f"vLLM could not start for {cfg.model_path}: {type(e).__name__}: {msg if msg else ''}"

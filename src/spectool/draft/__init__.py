@@ -1,0 +1,1 @@
+"""The EAGLE-3 draft: its definition (model.py), vocabulary map (vocab.py), training and export."""

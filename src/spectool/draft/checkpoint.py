@@ -1,0 +1,127 @@
+"""Draft folders: vLLM-loadable as they are (config.json + model.safetensors), plus spectool's
+own `draft.json` (DraftConfig and the policy identity it was trained for)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from spectool.draft.model import DraftConfig, Eagle3Draft
+from spectool.errors import SpectoolError
+from spectool.runs import atomic_write_bytes, atomic_write_json
+
+DRAFT_JSON = "draft.json"
+WEIGHTS = "model.safetensors"
+
+
+def new_draft(policy, target_ids: torch.Tensor, aux_layer_ids: list[int]) -> Eagle3Draft:
+    """A fresh draft for `policy` (a transformers causal LM): embedding and lm_head rows copied
+    from the policy for the draft vocabulary `target_ids` [Vd]."""
+    from spectool.draft.vocab import d2t_from_ids
+
+    cfg = DraftConfig.from_policy(policy.config, len(target_ids), aux_layer_ids)
+    draft = Eagle3Draft(cfg)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
+        draft.lm_head.weight.copy_(policy.get_output_embeddings().weight[target_ids])
+        draft.d2t.copy_(d2t_from_ids(target_ids))
+    return draft
+
+
+def save_draft(draft: Eagle3Draft, out: Path, extra: dict | None = None) -> None:
+    """Write a vLLM-loadable draft folder (files written atomically)."""
+    from safetensors.torch import save
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / WEIGHTS, save(draft.export_state_dict()))
+    atomic_write_json(out / "config.json", draft.config.vllm_config())
+    atomic_write_json(out / DRAFT_JSON, {"config": draft.config.to_dict(), **(extra or {})})
+
+
+def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
+    """Load a draft folder; `policy` (transformers model) supplies the shared embedding.
+
+    Accepts spectool drafts and plain public EAGLE-3 folders (config.json + safetensors)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    meta_path = path / DRAFT_JSON
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        cfg = DraftConfig(**meta["config"])
+    elif (path / "config.json").exists():
+        meta = {}
+        cfg = _config_from_vllm(json.loads((path / "config.json").read_text()), policy)
+    else:
+        raise SpectoolError(f"{path} is not a draft folder (no {DRAFT_JSON} or config.json)")
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise SpectoolError(f"{path} has no .safetensors weights")
+    try:
+        sd: dict[str, torch.Tensor] = {}
+        for f in files:
+            sd.update(load_file(f))
+    except Exception as e:  # noqa: BLE001 - safetensors raises several types on bad files
+        raise SpectoolError(f"could not read draft weights in {path}: {e} (the file is corrupt)") from None
+    draft = Eagle3Draft(cfg)
+    if "d2t" not in sd:
+        sd["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
+    sd.pop("t2d", None)
+    has_embed = "embed_tokens.weight" in sd
+    missing, unexpected = draft.load_state_dict(sd, strict=False)
+    missing = [m for m in missing if m != "embed_tokens.weight"]
+    if missing or unexpected:
+        raise SpectoolError(f"draft weights in {path} do not fit an EAGLE-3 draft: missing {missing}, unexpected {unexpected}")
+    if policy is not None:
+        check_fits(cfg, policy.config, path)
+        if not has_embed:
+            with torch.no_grad():
+                draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
+    return draft, meta
+
+
+def check_fits(cfg: DraftConfig, policy_config, where: Path) -> None:
+    """Refuse a draft made for another policy (hidden size, vocab, layer ids)."""
+    problems = []
+    if cfg.target_hidden_size != policy_config.hidden_size:
+        problems.append(f"target hidden size {cfg.target_hidden_size} != policy's {policy_config.hidden_size}")
+    if cfg.vocab_size != policy_config.vocab_size:
+        problems.append(f"vocab size {cfg.vocab_size} != policy's {policy_config.vocab_size}")
+    if max(cfg.aux_layer_ids) >= policy_config.num_hidden_layers:
+        problems.append(f"aux layers {cfg.aux_layer_ids} beyond the policy's {policy_config.num_hidden_layers} layers")
+    if problems:
+        raise SpectoolError(f"draft {where} does not fit this policy: " + "; ".join(problems))
+
+
+def _config_from_vllm(c: dict, policy) -> DraftConfig:
+    ids = c.get("eagle_aux_hidden_state_layer_ids") or (c.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        if policy is None:
+            raise SpectoolError("draft config.json has no eagle_aux_hidden_state_layer_ids; pass the policy")
+        from spectool.hidden import default_aux_layer_ids
+
+        ids = default_aux_layer_ids(policy.config.num_hidden_layers)
+    rope = c.get("rope_parameters") or {}
+    return DraftConfig(
+        hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+        num_attention_heads=c["num_attention_heads"], num_key_value_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
+        head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], vocab_size=c["vocab_size"],
+        draft_vocab_size=c.get("draft_vocab_size") or c["vocab_size"],
+        target_hidden_size=c.get("target_hidden_size") or c["hidden_size"], aux_layer_ids=list(ids),
+        rms_norm_eps=c.get("rms_norm_eps", 1e-5), rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
+        max_position_embeddings=c.get("max_position_embeddings", 4096),
+    )
+
+
+def replace_dir(tmp: Path, dest: Path) -> None:
+    """Move a finished folder into place; an existing destination is replaced only at the end."""
+    old = dest.with_name(dest.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)

