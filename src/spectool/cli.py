@@ -71,9 +71,36 @@ def harvest(
 
 
 @app.command("init-draft")
-def init_draft() -> None:
+def init_draft(
+    out: Path = typer.Option(..., "--out", help="Draft folder to create (or resume)."),
+    model: str = MODEL,
+    data: str = typer.Option(DEFAULT_DATA, "--data", help="A harvest run dir, or a data source to harvest first."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Warm-start from an EAGLE-3 draft folder."),
+    draft_vocab_size: int = typer.Option(4096, "--draft-vocab-size", help="Draft vocabulary size."),
+    ttt_steps: int = typer.Option(5, "--ttt-steps", help="Unroll length (train positions 1..N; >= largest k)."),
+    epochs: int = typer.Option(2, "--epochs", help="Passes over the harvested records."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Records per step."),
+    lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate."),
+    save_every: int = typer.Option(50, "--save-every", help="Checkpoint + held-out eval every N steps."),
+    n_prompts: int = typer.Option(256, "--n-prompts", help="Prompts to harvest (data source only)."),
+    samples: int = typer.Option(2, "--samples", help="Completions per prompt to harvest."),
+    max_tokens: int = typer.Option(128, "--max-tokens", help="Max tokens per harvested completion."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Harvest sampling temperature."),
+    seed: int = typer.Option(0, "--seed", help="Seed."),
+) -> None:
     """Build and train an EAGLE-3 draft for the policy on in-domain data."""
-    _not_built("init-draft", 3)
+    try:
+        from spectool.draft.train import InitDraftConfig, render, run
+
+        cfg = InitDraftConfig(
+            out=str(out), model=model, data=data, init_from=str(init_from) if init_from else None,
+            draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, epochs=epochs, batch_size=batch_size,
+            lr=lr, save_every=save_every, seed=seed,
+            harvest=_sampling(n_prompts, samples, max_tokens, temperature, 1.0, seed),
+        )
+        render(run(cfg))
+    except SpectoolError as e:
+        _fail(e)
 
 
 @app.command("sweep-k")
@@ -96,6 +123,9 @@ def rollout(
     seed: int = typer.Option(0, "--seed", help="Sampling and data seed."),
     prompt_col: str = typer.Option("prompt", "--prompt-col", help="Prompt column of a file source."),
     answer_col: str = typer.Option("answer", "--answer-col", help="Answer column of a file source."),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="EAGLE-3 draft folder: speculative rollouts."),
+    k: int = typer.Option(3, "--k", help="Draft tokens per step (num_speculative_tokens)."),
+    compare: bool = typer.Option(False, "--compare", help="Also run plain decoding on the same prompts; print speedup."),
 ) -> None:
     """Rollouts with vLLM (speculative with a draft): records with target logprobs and rewards."""
     try:
@@ -103,7 +133,7 @@ def rollout(
 
         cfg = RolloutConfig(
             model=model, data=data, split=split, out=str(out) if out else None,
-            prompt_col=prompt_col, answer_col=answer_col,
+            prompt_col=prompt_col, answer_col=answer_col, draft=str(draft) if draft else None, k=k, compare=compare,
             sampling=_sampling(n_prompts, samples, max_tokens, temperature, top_p, seed),
         )
         render(run(cfg))
@@ -112,9 +142,23 @@ def rollout(
 
 
 @app.command()
-def export() -> None:
+def export(
+    draft: Path = typer.Option(..., "--draft", help="Draft folder from init-draft."),
+    out: Path = typer.Option(..., "--out", help="Destination folder (replaced only after verification)."),
+    format: str = typer.Option("vllm", "--format", help="vllm (plain EAGLE-3) | speculators."),
+    model: Optional[str] = typer.Option(None, "--model", help="Policy (default: the one the draft was trained for)."),
+    k: int = typer.Option(3, "--k", help="Default k recorded (speculators) and used for verification."),
+    verify: bool = typer.Option(True, "--verify/--no-verify", help="Load into vLLM and check acceptance."),
+    min_acceptance: float = typer.Option(1.2, "--min-acceptance", help="Refuse below this mean acceptance length."),
+) -> None:
     """Write a draft that vLLM (and RL frameworks) load: plain EAGLE-3 or speculators format."""
-    _not_built("export", 3)
+    try:
+        from spectool.export import ExportConfig, render, run
+
+        render(run(ExportConfig(draft=str(draft), out=str(out), format=format, model=model, k=k, verify=verify,
+                                min_acceptance_length=min_acceptance)))
+    except SpectoolError as e:
+        _fail(e)
 
 
 @app.command("train-rl")

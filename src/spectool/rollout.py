@@ -25,10 +25,15 @@ class RolloutConfig:
     out: str | None = None
     prompt_col: str = "prompt"
     answer_col: str = "answer"
+    draft: str | None = None  # EAGLE-3 draft folder: speculative rollouts
+    k: int = 3
+    compare: bool = False  # also run plain decoding on the same prompts, report the speedup
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def validate(self) -> None:
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
+        check(not self.compare or self.draft is not None, "--compare", self.compare, "needs --draft")
         self.sampling.validate()
 
 
@@ -42,6 +47,12 @@ class RolloutResult:
     seconds: float
     acceptance: AcceptanceStats
     out: str | None = None
+    k: int | None = None
+    plain_tokens_per_s: float | None = None  # --compare: plain decoding, same prompts and settings
+
+    @property
+    def speedup(self) -> float | None:
+        return self.tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else None
 
 
 def rollout_tasks(engine, tokenizer, source: TaskSource, tasks: list[Task], s: SamplingConfig):
@@ -86,14 +97,25 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
     tokenizer = AutoTokenizer.from_pretrained(model.path)
-    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed))
-    rollout_tasks(engine, tokenizer, source, tasks[:1], SamplingConfig(1, 1, 8, 0.0, 1.0, 0))  # warm-up
+    draft_path = _check_draft(cfg, model) if cfg.draft else None
+    plain_tps = None
+    if cfg.compare:
+        plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed))
+        rollout_tasks(plain, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
+        _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling)
+        plain_tps = n_plain / s_plain
+        del plain
+        import gc
+
+        gc.collect()
+    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, k=cfg.k))
+    rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
     result = RolloutResult(
         n_prompts=len(tasks), n_completions=len(rows),
         mean_reward=sum(r["reward"] for r in rows) / len(rows),
         mean_response_len=n_tokens / len(rows), tokens_per_s=n_tokens / seconds, seconds=seconds,
-        acceptance=stats, out=cfg.out,
+        acceptance=stats, out=cfg.out, k=cfg.k if cfg.draft else None, plain_tokens_per_s=plain_tps,
     )
     if cfg.out:
         out = Path(cfg.out)
@@ -108,6 +130,28 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     return result
 
 
+def _check_draft(cfg: RolloutConfig, model) -> str:
+    """Refuse a draft made for another policy, or asked for more positions than it was trained on."""
+    from spectool.draft.checkpoint import DRAFT_JSON
+    from spectool.errors import SpectoolError
+    from spectool.runs import read_json
+
+    d = Path(cfg.draft)
+    if not (d / "config.json").exists():
+        raise SpectoolError(f"--draft {d} is not a draft folder (no config.json); make one with init-draft/export")
+    meta_path = d / DRAFT_JSON
+    if meta_path.exists():
+        meta = read_json(meta_path)
+        if meta.get("policy_identity") and meta["policy_identity"] != model.identity:
+            raise SpectoolError(f"--draft {d} was trained for policy {meta.get('policy')}, not {cfg.model}")
+        if meta.get("ttt_steps") and cfg.k > meta["ttt_steps"]:
+            raise SpectoolError(
+                f"--k {cfg.k} exceeds the {meta['ttt_steps']} positions the draft was trained for; "
+                f"use --k <= {meta['ttt_steps']} or retrain with --ttt-steps {cfg.k}"
+            )
+    return str(d)
+
+
 def render(r: RolloutResult) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -117,8 +161,11 @@ def render(r: RolloutResult) -> None:
     t.add_row("mean reward", f"{r.mean_reward:.3f}")
     t.add_row("mean response length", f"{r.mean_response_len:.1f} tokens")
     t.add_row("throughput", f"{r.tokens_per_s:.1f} tokens/s ({r.seconds:.1f} s)")
+    if r.speedup:
+        t.add_row("plain decoding (same prompts)", f"{r.plain_tokens_per_s:.1f} tokens/s")
+        t.add_row("speedup", f"{r.speedup:.2f}x")
     if r.acceptance.num_drafts:
-        t.add_row("mean acceptance length", f"{r.acceptance.mean_acceptance_length:.2f}")
+        t.add_row(f"mean acceptance length (k={r.k})", f"{r.acceptance.mean_acceptance_length:.2f}")
         t.add_row("per-position acceptance", " ".join(f"{x:.2f}" for x in r.acceptance.per_position_rate))
     if r.out:
         t.add_row("records", r.out)

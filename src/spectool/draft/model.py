@@ -166,6 +166,9 @@ class Eagle3Draft(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return x * emb.cos()[None, None] + _rotate_half(x) * emb.sin()[None, None]
 
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        return self.unroll(aux, input_ids, steps)
+
     def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Run `steps` draft steps at every anchor position, as vLLM drafts at serving time.
 

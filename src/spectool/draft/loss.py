@@ -1,0 +1,76 @@
+"""The training-time-test loss and its metrics, on draft-vocabulary distributions.
+
+For unroll step j (0-based) at anchor t the draft predicts x[t+j+2]; its target is the policy's
+next-token distribution at position t+j+1, restricted to the draft vocabulary and renormalised
+(soft cross-entropy = forward KL up to the target's entropy). Steps are weighted decay**j
+(EAGLE-3 / SpecForge use 0.8). Only positions whose target predicts a response token count.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def step_mask(prompt_lens: torch.Tensor, lengths: torch.Tensor, T: int, j: int) -> torch.Tensor:
+    """[B, T] bool: anchors t whose step-j target position t+j+1 lies in [prompt_len-1, length-1]."""
+    pos = torch.arange(T)[None, :] + j + 1
+    return (pos >= (prompt_lens[:, None] - 1)) & (pos <= (lengths[:, None] - 1))
+
+
+def shift(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x[:, t] -> x[:, t+n] along dim 1, zero-padded at the end."""
+    if n == 0:
+        return x
+    pad = torch.zeros_like(x[:, :n])
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def ttt_loss(
+    draft_logits: list[torch.Tensor],  # steps x [B, T, Vd]
+    target_logits_dv: torch.Tensor,  # [B, T, Vd] policy logits at each position, draft vocab only
+    prompt_lens: torch.Tensor,  # [B]
+    lengths: torch.Tensor,  # [B] prompt + response length
+    decay: float = 0.8,
+) -> tuple[torch.Tensor, list[float]]:
+    """Weighted soft cross-entropy over unroll steps. Returns (loss, per-step loss values)."""
+    B, T, _ = target_logits_dv.shape
+    total = draft_logits[0].new_zeros(())
+    per_step = []
+    for j, logits in enumerate(draft_logits):
+        m = step_mask(prompt_lens, lengths, T, j)
+        if not m.any():
+            per_step.append(float("nan"))
+            continue
+        p = torch.softmax(shift(target_logits_dv, j + 1)[m].float(), -1)
+        ce = -(p * F.log_softmax(logits[m].float(), -1)).sum(-1).mean()
+        total = total + (decay**j) * ce
+        per_step.append(float(ce.detach()))
+    return total, per_step
+
+
+@torch.no_grad()
+def acceptance_metrics(
+    draft_logits: list[torch.Tensor],  # steps x [B, T, Vd]
+    target_logits_full: torch.Tensor,  # [B, T, V] full-vocab policy logits
+    draft_ids: torch.Tensor,  # [Vd] target id of each draft id
+    prompt_lens: torch.Tensor,
+    lengths: torch.Tensor,
+) -> dict[str, list[float]]:
+    """Per-step training proxies (not the engine's AcceptanceStats):
+
+    top1      fraction where the draft's greedy token equals the policy's greedy token
+              (greedy acceptance of that position given an accepted prefix);
+    p_accept  mean policy probability of the draft's greedy token = acceptance probability at
+              temperature 1 for a greedy draft (min(1, p/q) with one-hot q).
+    """
+    B, T, _ = target_logits_full.shape
+    top1, p_acc, counts = [], [], []
+    for j, logits in enumerate(draft_logits):
+        m = step_mask(prompt_lens, lengths, T, j)
+        tgt = shift(target_logits_full, j + 1)[m]  # [N, V]
+        guess = draft_ids[logits[m].argmax(-1)]  # [N] target ids
+        top1.append(float((guess == tgt.argmax(-1)).float().mean()) if m.any() else float("nan"))
+        p_acc.append(float(torch.softmax(tgt.float(), -1).gather(-1, guess[:, None]).mean()) if m.any() else float("nan"))
+        counts.append(int(m.sum()))
+    return {"top1": top1, "p_accept": p_acc, "count": counts}

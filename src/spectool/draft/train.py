@@ -1,0 +1,305 @@
+"""`spectool init-draft`: train an EAGLE-3 draft on the policy's own in-domain rollouts.
+
+Workflow (one visible loop):
+ 1. data: a harvest run dir, or a data source that is harvested first (the draft must learn the
+    policy's outputs, not reference answers);
+ 2. the frozen policy (transformers, fp32) supplies aux hidden states and target distributions,
+    computed once and cached in the run dir (resume does not recompute them);
+ 3. the draft vocabulary = most frequent response tokens (coverage printed); embedding and lm_head
+    rows from the policy, or warm start from --init-from;
+ 4. training-time-test unroll over `ttt_steps` positions (>= the largest k you will run), weighted
+    soft cross-entropy (loss.py), AdamW + cosine schedule, under `accelerate`;
+ 5. held-out per-position top-1 agreement and expected acceptance; metrics.jsonl; a checkpoint
+    every `save_every` steps; a killed run resumes at the next step; final vLLM-loadable folder.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, SamplingConfig, check
+from spectool.errors import SpectoolError
+
+
+@dataclass
+class InitDraftConfig:
+    out: str
+    model: str = DEFAULT_MODEL
+    data: str = DEFAULT_DATA  # data source (harvested first) or a harvest run directory
+    init_from: str | None = None  # warm start from an existing EAGLE-3 draft folder
+    draft_vocab_size: int = 4096
+    ttt_steps: int = 5  # unroll length: trains draft positions 1..ttt_steps
+    step_decay: float = 0.8
+    epochs: int = 2
+    batch_size: int = 8
+    lr: float = 3e-4
+    warmup_steps: int = 20
+    save_every: int = 50
+    eval_fraction: float = 0.05
+    seed: int = 0
+    harvest: SamplingConfig = field(default_factory=lambda: SamplingConfig(n_prompts=256, samples=2, max_tokens=128))
+
+    def validate(self) -> None:
+        check(self.ttt_steps >= 1, "--ttt-steps", self.ttt_steps, "must be >= 1 (use >= the largest k you run)")
+        check(self.draft_vocab_size >= 2, "--draft-vocab-size", self.draft_vocab_size, "must be >= 2")
+        check(self.epochs >= 1, "--epochs", self.epochs, "must be >= 1")
+        check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
+        check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
+        check(0 < self.step_decay <= 1, "--step-decay", self.step_decay, "must be in (0, 1]")
+        check(0 < self.eval_fraction < 0.5, "--eval-fraction", self.eval_fraction, "must be in (0, 0.5)")
+        self.harvest.validate()
+
+
+@dataclass
+class InitDraftResult:
+    out: str
+    steps: int
+    coverage: float
+    eval_top1: list[float]
+    eval_p_accept: list[float]
+    expected_acceptance_length: float  # greedy proxy at k = ttt_steps, from top1 chain
+    train_tokens_per_s: float
+    draft_to_policy_cost: float  # measured forward time ratio per token
+    seconds: float
+
+
+def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
+    from spectool.runs import MANIFEST
+
+    p = Path(cfg.data)
+    if (p / MANIFEST).exists():
+        return p
+    from spectool.harvest import HarvestConfig
+    from spectool.harvest import run as harvest
+
+    run_dir = Path(cfg.out) / "harvest"
+    harvest(HarvestConfig(model=cfg.model, data=cfg.data, out=str(run_dir), split="train", sampling=cfg.harvest))
+    return run_dir
+
+
+def _features(policy, records, layer_ids: list[int], cache: Path):
+    """Per record: ids [T], aux [T, 3H] fp16, last [T, H] fp16; cached in `cache`."""
+    from safetensors.torch import load_file, save_file
+    from rich.progress import Progress
+
+    from spectool.hidden import policy_features
+
+    if cache.exists():
+        d = load_file(cache)
+        lengths = d["lengths"].tolist()
+        return list(zip(d["ids"].split(lengths), d["aux"].split(lengths), d["last"].split(lengths)))
+    feats = []
+    with Progress() as bar:
+        job = bar.add_task("policy hidden states", total=len(records))
+        for r in records:
+            ids = torch.tensor(r["prompt_ids"] + r["response_ids"])
+            a, h = policy_features(policy, ids[None], layer_ids)
+            feats.append((ids, a[0].half(), h[0].half()))
+            bar.advance(job)
+    tmp = cache.with_suffix(".tmp")
+    save_file({"ids": torch.cat([f[0] for f in feats]), "aux": torch.cat([f[1] for f in feats]),
+               "last": torch.cat([f[2] for f in feats]),
+               "lengths": torch.tensor([len(f[0]) for f in feats])}, tmp)
+    tmp.rename(cache)
+    return feats
+
+
+def _batch(items, prompt_lens):
+    """Right-pad a list of (ids, aux, last) -> ids [B,T], aux [B,T,3H], last [B,T,H], P [B], L [B]."""
+    T = max(len(x[0]) for x in items)
+    B = len(items)
+    ids = torch.zeros(B, T, dtype=torch.int64)
+    aux = torch.zeros(B, T, items[0][1].shape[-1])
+    last = torch.zeros(B, T, items[0][2].shape[-1])
+    for i, (x, a, h) in enumerate(items):
+        ids[i, : len(x)], aux[i, : len(x)], last[i, : len(x)] = x, a.float(), h.float()
+    return ids, aux, last, torch.tensor(prompt_lens), torch.tensor([len(x[0]) for x in items])
+
+
+def run(cfg: InitDraftConfig) -> InitDraftResult:
+    from accelerate import Accelerator
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from transformers import AutoModelForCausalLM
+
+    from spectool.draft.checkpoint import load_draft, new_draft, save_draft
+    from spectool.draft.loss import acceptance_metrics, ttt_loss
+    from spectool.draft.vocab import build_vocab, ids_from_d2t
+    from spectool.hidden import default_aux_layer_ids
+    from spectool.models import resolve_model
+    from spectool.records import load_records
+    from spectool.runs import CONFIG, MANIFEST, append_jsonl, atomic_write_json, load_manifest, make_manifest
+
+    cfg.validate()
+    t_start = time.perf_counter()
+    out = Path(cfg.out)
+    model = resolve_model(cfg.model)
+    if cfg.init_from and not Path(cfg.init_from).exists():
+        raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
+    policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).eval().requires_grad_(False)
+    if cfg.init_from:  # fail before any harvesting or training
+        warm, _ = load_draft(Path(cfg.init_from), policy)
+    run_dir = _harvest_if_needed(cfg)
+    hm = load_manifest(run_dir, "harvest")
+    if hm["model_identity"] != model.identity:
+        raise SpectoolError(f"harvest run {run_dir} was made with model {hm['model']}, not {cfg.model}")
+    records = load_records(run_dir)
+    if len(records) < 4:
+        raise SpectoolError(f"harvest run {run_dir} has {len(records)} records; at least 4 are needed")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / CONFIG, cfg)
+    state_dir = out / ".train"
+    state_dir.mkdir(exist_ok=True)
+
+    # Held-out split by prompt id (deterministic): whole prompts, never shared with training.
+    ev = [i for i, pid in enumerate(records["prompt_id"]) if int(pid[:8], 16) % 1000 < cfg.eval_fraction * 1000] or [0]
+    tr = [i for i in range(len(records)) if i not in set(ev)]
+    prompt_lens = [len(p) for p in records["prompt_ids"]]
+
+    if cfg.init_from:
+        draft = warm
+        target_ids = ids_from_d2t(draft.d2t)  # keep the warm start's vocabulary map
+        coverage = _coverage(records, tr, target_ids)
+    else:
+        vsize = min(cfg.draft_vocab_size, policy.config.vocab_size)
+        target_ids, coverage = build_vocab((records[i]["response_ids"] for i in tr), policy.config.vocab_size, vsize)
+        torch.manual_seed(cfg.seed)
+        draft = new_draft(policy, target_ids, default_aux_layer_ids(policy.config.num_hidden_layers))
+    layer_ids = draft.config.aux_layer_ids
+    feats = _features(policy, records, layer_ids, state_dir / "features.safetensors")
+    W = policy.get_output_embeddings().weight  # [V, H]
+    W_dv = W[target_ids]  # [Vd, H]
+
+    params = [p for n, p in draft.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    steps_per_epoch = math.ceil(len(tr) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
+    )
+    acc = Accelerator(cpu=not torch.cuda.is_available())
+    draft, opt = acc.prepare(draft, opt)
+    step = 0
+    ckpt = state_dir / "checkpoint.pt"
+    if ckpt.exists():  # resume: weights, optimizer, schedule and step; batch order is seeded per epoch
+        st = torch.load(ckpt, weights_only=False)
+        acc.unwrap_model(draft).load_state_dict(st["draft"])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        step = st["step"]
+    metrics_path = out / "metrics.jsonl"
+
+    def evaluate() -> dict:
+        d = acc.unwrap_model(draft).eval()
+        sums: dict[str, list[float]] = {}
+        n = 0
+        with torch.no_grad():
+            for b in range(0, len(ev), cfg.batch_size):
+                idx = ev[b : b + cfg.batch_size]
+                ids, aux, last, P, L = _batch([feats[i] for i in idx], [prompt_lens[i] for i in idx])
+                m = acceptance_metrics(d.unroll(aux, ids, cfg.ttt_steps), last @ W.T, target_ids, P, L)
+                for k in ("top1", "p_accept"):
+                    sums.setdefault(k, [0.0] * cfg.ttt_steps)
+                    sums[k] = [s + (0 if math.isnan(v) else v) * c for s, v, c in zip(sums[k], m[k], m["count"])]
+                sums.setdefault("count", [0] * cfg.ttt_steps)
+                sums["count"] = [a + c for a, c in zip(sums["count"], m["count"])]
+                n += 1
+        d.train()
+        return {k: [s / max(c, 1) for s, c in zip(sums[k], sums["count"])] for k in ("top1", "p_accept")}
+
+    train_tokens, train_s = 0, 0.0
+    with Progress(TextColumn("init-draft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                  TimeRemainingColumn()) as bar:
+        job = bar.add_task("", total=total, completed=step, info="")
+        while step < total:
+            epoch, pos = divmod(step, steps_per_epoch)
+            g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+            order = [tr[i] for i in torch.randperm(len(tr), generator=g).tolist()]
+            idx = order[pos * cfg.batch_size : (pos + 1) * cfg.batch_size]
+            t0 = time.perf_counter()
+            ids, aux, last, P, L = _batch([feats[i] for i in idx], [prompt_lens[i] for i in idx])
+            logits = draft(aux, ids, cfg.ttt_steps)
+            loss, per_step = ttt_loss(logits, last @ W_dv.T, P, L, cfg.step_decay)
+            opt.zero_grad()
+            acc.backward(loss)
+            opt.step()
+            sched.step()
+            step += 1
+            train_s += time.perf_counter() - t0
+            train_tokens += int(L.sum())
+            rec = {"step": step, "epoch": epoch, "loss": float(loss), "loss_per_step": per_step,
+                   "lr": sched.get_last_lr()[0], "tokens_per_s": train_tokens / train_s}
+            if step % cfg.save_every == 0 or step == total:
+                rec["eval"] = evaluate()
+                if acc.is_main_process:
+                    tmp = ckpt.with_suffix(".tmp")
+                    torch.save({"draft": acc.unwrap_model(draft).state_dict(), "opt": opt.state_dict(),
+                                "sched": sched.state_dict(), "step": step}, tmp)
+                    tmp.rename(ckpt)
+            if acc.is_main_process:
+                append_jsonl(metrics_path, rec)
+            top1 = rec.get("eval", {}).get("top1")
+            bar.update(job, completed=step, info=f"loss {float(loss):.3f}" + (f" top1 {top1[0]:.2f}" if top1 else ""))
+
+    final = evaluate()
+    d = acc.unwrap_model(draft)
+    cost = _cost_ratio(policy, d, feats[tr[0]])
+    top1 = final["top1"]
+    exp_len = 1 + sum(math.prod(top1[: i + 1]) for i in range(len(top1)))
+    result = InitDraftResult(
+        out=str(out), steps=step, coverage=coverage, eval_top1=top1, eval_p_accept=final["p_accept"],
+        expected_acceptance_length=exp_len, train_tokens_per_s=train_tokens / train_s if train_s else 0.0,
+        draft_to_policy_cost=cost, seconds=time.perf_counter() - t_start,
+    )
+    if acc.is_main_process:
+        save_draft(d, out, extra={"policy": model.name, "policy_identity": model.identity, "ttt_steps": cfg.ttt_steps,
+                                  "coverage": coverage})
+        atomic_write_json(out / MANIFEST, make_manifest(
+            "draft", model=model.name, model_identity=model.identity, harvest=str(run_dir),
+            harvest_data=hm.get("data"), records=len(records), train_records=len(tr), eval_records=len(ev),
+            ttt_steps=cfg.ttt_steps, result=result))
+    return result
+
+
+def _coverage(records, idx, target_ids) -> float:
+    keep = set(target_ids.tolist())
+    toks = [t for i in idx for t in records[i]["response_ids"]]
+    return sum(t in keep for t in toks) / max(len(toks), 1)
+
+
+@torch.no_grad()
+def _cost_ratio(policy, draft, feat) -> float:
+    """Forward time per token of one draft step vs the policy (transformers, same machine)."""
+    ids, aux, _ = feat
+    ids, aux = ids[None], aux[None].float()
+
+    def timeit(fn, reps=5):
+        fn()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t) / reps
+
+    tp = timeit(lambda: policy(ids))
+    td = timeit(lambda: draft.unroll(aux, ids, 1))
+    return td / tp
+
+
+def render(r: InitDraftResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"init-draft -> {r.out}", show_header=False)
+    t.add_row("steps", str(r.steps))
+    t.add_row("draft vocab coverage of responses", f"{r.coverage:.1%}")
+    t.add_row("held-out top-1 agreement by position", " ".join(f"{x:.2f}" for x in r.eval_top1))
+    t.add_row("held-out P(accept) at T=1 by position", " ".join(f"{x:.2f}" for x in r.eval_p_accept))
+    t.add_row("expected acceptance length (greedy proxy)", f"{r.expected_acceptance_length:.2f}")
+    t.add_row("training throughput", f"{r.train_tokens_per_s:.0f} tokens/s")
+    t.add_row("draft / policy forward cost", f"{r.draft_to_policy_cost:.3f}")
+    t.add_row("wall time", f"{r.seconds:.0f} s")
+    Console().print(t)

@@ -1,0 +1,149 @@
+"""`spectool export`: write a draft folder that stock vLLM loads, verified on the real engine.
+
+Formats: `vllm` (plain EAGLE-3: config.json with LlamaForCausalLMEagle3 + model.safetensors, used
+with speculative_config method "eagle3") and `speculators` (self-describing: vLLM reads the
+algorithm, default k and verifier from `speculators_config`). The folder is written next to the
+destination, loaded into vLLM with the policy, and run on a few prompts; only if it loads and
+reaches the acceptance floor is it moved into place. Nothing half-written is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from spectool.errors import SpectoolError
+
+
+@dataclass
+class ExportConfig:
+    draft: str
+    out: str
+    format: str = "vllm"
+    model: str | None = None  # policy; default: the one recorded in the draft's manifest
+    k: int = 3
+    verify: bool = True
+    min_acceptance_length: float = 1.2
+    verify_data: str = "chat"
+
+    def validate(self) -> None:
+        from spectool.config import check
+
+        check(self.format in ("vllm", "speculators"), "--format", self.format, "must be 'vllm' or 'speculators'")
+        check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
+
+
+@dataclass
+class ExportResult:
+    out: str
+    format: str
+    mean_acceptance_length: float | None
+
+
+def speculators_config(vllm_cfg: dict, k: int, verifier: str) -> dict:
+    layer = {k2: v for k2, v in vllm_cfg.items() if k2 not in ("architectures", "eagle_config", "draft_vocab_size",
+                                                                "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
+                                                                "norm_before_residual")}
+    layer["architectures"] = ["LlamaForCausalLM"]
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.9.0",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": vllm_cfg["draft_vocab_size"],
+        "target_hidden_size": vllm_cfg["target_hidden_size"],
+        "norm_before_residual": False,  # the speculators default is True; spectool drafts use False
+        "eagle_aux_hidden_state_layer_ids": vllm_cfg["eagle_aux_hidden_state_layer_ids"],
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+        "torch_dtype": "float32",
+    }
+
+
+def run(cfg: ExportConfig) -> ExportResult:
+    from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS, replace_dir
+    from spectool.models import resolve_model
+    from spectool.runs import MANIFEST, atomic_write_json, read_json
+
+    cfg.validate()
+    src = Path(cfg.draft)
+    if not (src / "config.json").exists() or not (src / WEIGHTS).exists():
+        raise SpectoolError(f"--draft {src} is not a draft folder (needs config.json and {WEIGHTS}); make one with init-draft")
+    meta = read_json(src / DRAFT_JSON) if (src / DRAFT_JSON).exists() else {}
+    model_name = cfg.model or meta.get("policy")
+    if not model_name:
+        raise SpectoolError("the draft does not record its policy; pass --model")
+    model = resolve_model(model_name)
+    if meta.get("policy_identity") and meta["policy_identity"] != model.identity:
+        raise SpectoolError(f"draft {src} was trained for policy {meta.get('policy')}, not {model_name}")
+    _check_weights(src / WEIGHTS, model.path)
+
+    dest = Path(cfg.out)
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        shutil.copy2(src / WEIGHTS, tmp / WEIGHTS)
+        vcfg = read_json(src / "config.json")
+        conf = vcfg if cfg.format == "vllm" else speculators_config(vcfg, cfg.k, model.path)
+        atomic_write_json(tmp / "config.json", conf)
+        acc = _verify(tmp, model.path, cfg) if cfg.verify else None
+        if acc is not None and acc < cfg.min_acceptance_length:
+            raise SpectoolError(
+                f"export refused: mean acceptance length {acc:.2f} < floor {cfg.min_acceptance_length} "
+                "(wrong policy or vocabulary map?); nothing was written"
+            )
+        atomic_write_json(tmp / MANIFEST, {"kind": "export", "format": cfg.format, "policy": model_name,
+                                           "policy_identity": model.identity, "k": cfg.k, "from": str(src),
+                                           "verified_mean_acceptance_length": acc})
+        replace_dir(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(out=str(dest), format=cfg.format, mean_acceptance_length=acc)
+
+
+def _check_weights(path: Path, model_path: str) -> None:
+    """Key names and shapes against what vLLM's Eagle3LlamaForCausalLM loads (checked, vllm 0.32)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            keys = set(f.keys())
+    except Exception as e:  # noqa: BLE001
+        raise SpectoolError(f"{path} is not a readable safetensors file ({e}); re-run init-draft") from None
+    need = {"fc.weight", "norm.weight", "lm_head.weight", "midlayer.hidden_norm.weight"}
+    if need - keys:
+        raise SpectoolError(f"{path} lacks EAGLE-3 tensors {sorted(need - keys)}")
+    cfg = json.loads((path.parent / "config.json").read_text())
+    vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
+    if cfg.get("draft_vocab_size", vocab) < vocab and "d2t" not in keys:
+        raise SpectoolError(f"{path} has a reduced vocabulary but no d2t map: vLLM would load it and accept nothing")
+
+
+def _verify(folder: Path, model_path: str, cfg: ExportConfig) -> float:
+    from transformers import AutoTokenizer
+
+    from spectool.data import load_source
+    from spectool.engine.engine import Engine, EngineConfig, Sampling
+    from spectool.prompts import encode_prompt
+
+    draft_arg = str(folder)
+    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft_arg, k=cfg.k, kv_cache_gib=1))
+    tok = AutoTokenizer.from_pretrained(model_path)
+    tasks = load_source(cfg.verify_data).tasks("eval", 4)
+    _, stats = engine.generate([encode_prompt(tok, t.prompt) for t in tasks], Sampling(max_tokens=32, temperature=0.0))
+    return stats.mean_acceptance_length
+
+
+def render(r: ExportResult) -> None:
+    from rich.console import Console
+
+    acc = f", verified on vLLM: mean acceptance length {r.mean_acceptance_length:.2f}" if r.mean_acceptance_length else ""
+    Console().print(f"[bold]export[/] {r.format} draft -> {r.out}{acc}")
