@@ -26,7 +26,7 @@ class ExportConfig:
     k: int = 3
     verify: bool = True
     min_acceptance_length: float = 1.2
-    verify_data: str = "chat"
+    verify_data: str = "auto"
 
     def validate(self) -> None:
         from spectool.config import check
@@ -93,6 +93,8 @@ def run(cfg: ExportConfig) -> ExportResult:
         vcfg = read_json(src / "config.json")
         conf = vcfg if cfg.format == "vllm" else speculators_config(vcfg, cfg.k, model.path)
         atomic_write_json(tmp / "config.json", conf)
+        if cfg.verify_data == "auto":  # held-out prompts of the data the draft was trained on
+            cfg.verify_data = _draft_data(src) or "chat"
         acc = _verify(tmp, model.path, cfg) if cfg.verify else None
         if acc is not None and acc < cfg.min_acceptance_length:
             raise SpectoolError(
@@ -107,6 +109,14 @@ def run(cfg: ExportConfig) -> ExportResult:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ExportResult(out=str(dest), format=cfg.format, mean_acceptance_length=acc)
+
+
+def _draft_data(src: Path) -> str | None:
+    from spectool.runs import MANIFEST, read_json
+
+    m = read_json(src / MANIFEST) if (src / MANIFEST).exists() else {}
+    data = m.get("harvest_data")
+    return data if data and not data.endswith((".jsonl", ".parquet")) or (data and Path(data).exists()) else None
 
 
 def _check_weights(path: Path, model_path: str) -> None:
@@ -137,7 +147,7 @@ def _verify(folder: Path, model_path: str, cfg: ExportConfig) -> float:
     draft_arg = str(folder)
     engine = Engine(EngineConfig(model_path=model_path, draft_path=draft_arg, k=cfg.k, kv_cache_gib=1))
     tok = AutoTokenizer.from_pretrained(model_path)
-    tasks = load_source(cfg.verify_data).tasks("eval", 4)
+    tasks = load_source(cfg.verify_data).tasks("eval", 8)
     _, stats = engine.generate([encode_prompt(tok, t.prompt) for t in tasks], Sampling(max_tokens=32, temperature=0.0))
     return stats.mean_acceptance_length
 

@@ -65,7 +65,8 @@ class TaskSource:
         """Reward of `completion` for `task`; 0.0 for unverifiable sources."""
         if self._score is None:
             return 0.0
-        return float(self._score(self._payloads.get(task.id, task), completion))
+        payload = self._payloads.get(task.id)
+        return float(self._score(task if payload is None else payload, completion))
 
 
 def in_eval_split(prompt: str) -> bool:

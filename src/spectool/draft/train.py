@@ -156,8 +156,14 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     state_dir.mkdir(exist_ok=True)
 
     # Held-out split by prompt id (deterministic): whole prompts, never shared with training.
-    ev = [i for i, pid in enumerate(records["prompt_id"]) if int(pid[:8], 16) % 1000 < cfg.eval_fraction * 1000] or [0]
-    tr = [i for i in range(len(records)) if i not in set(ev)]
+    import hashlib
+
+    held = [int(hashlib.sha256(p.encode()).hexdigest()[:8], 16) % 1000 < cfg.eval_fraction * 1000
+            for p in records["prompt_id"]]
+    if all(held) or not any(held):  # too few prompts for a hash split: hold out the last record
+        held = [i == len(held) - 1 for i in range(len(held))]
+    ev = [i for i, h in enumerate(held) if h]
+    tr = [i for i, h in enumerate(held) if not h]
     prompt_lens = [len(p) for p in records["prompt_ids"]]
 
     if cfg.init_from:
@@ -192,6 +198,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         sched.load_state_dict(st["sched"])
         step = st["step"]
     metrics_path = out / "metrics.jsonl"
+    _truncate_metrics(metrics_path, step)  # steps logged after the last checkpoint are redone
 
     def evaluate() -> dict:
         d = acc.unwrap_model(draft).eval()
@@ -263,6 +270,17 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             harvest_data=hm.get("data"), records=len(records), train_records=len(tr), eval_records=len(ev),
             ttt_steps=cfg.ttt_steps, result=result))
     return result
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    import json
+
+    from spectool.runs import atomic_write_bytes
+
+    if not path.exists():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+    atomic_write_bytes(path, ("\n".join(keep) + "\n" if keep else "").encode())
 
 
 def _coverage(records, idx, target_ids) -> float:

@@ -1,0 +1,75 @@
+"""The command line as a user meets it: help is fast and complete, bad input gets clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from spectool.cli import app
+
+COMMANDS = ["harvest", "init-draft", "sweep-k", "rollout", "export", "train-rl"]
+runner = CliRunner()
+
+
+def test_help_lists_every_command_quickly():
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "spectool.cli", "--help"], capture_output=True, text=True, timeout=60)
+    elapsed = time.perf_counter() - t
+    assert out.returncode == 0
+    for c in COMMANDS:
+        assert c in out.stdout
+    assert elapsed < 2.0, f"--help took {elapsed:.2f}s (heavy import at top level?)"
+
+
+def test_help_does_not_import_heavy_libraries():
+    code = "import sys, spectool.cli; print([m for m in ('torch', 'vllm', 'transformers') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_each_command_has_help(cmd):
+    r = runner.invoke(app, [cmd, "--help"])
+    assert r.exit_code == 0
+    assert "Usage" in r.output
+
+
+@pytest.mark.parametrize("cmd,issue", [("sweep-k", 4), ("train-rl", 5)])
+def test_unbuilt_commands_say_so_and_fail(cmd, issue):
+    r = runner.invoke(app, [cmd])
+    assert r.exit_code != 0
+    assert "not built yet" in r.output and f"issue {issue}" in r.output
+
+
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [("--temperature", "-1", "--temperature"), ("--top-p", "0", "--top-p"), ("--max-tokens", "0", "--max-tokens"),
+     ("--n-prompts", "0", "--n-prompts"), ("--samples", "0", "--samples")],
+)
+def test_out_of_range_sampling_values_name_the_flag(tmp_path, flag, value, needle):
+    r = runner.invoke(app, ["harvest", "--out", str(tmp_path / "h"), flag, value])
+    assert r.exit_code == 2
+    assert needle in r.output and "out of range" in r.output
+    assert not (tmp_path / "h").exists()
+
+
+def test_unknown_data_source(tmp_path):
+    r = runner.invoke(app, ["rollout", "--data", "nope", "--model", str(tmp_path)])
+    assert r.exit_code == 2
+
+
+def test_model_dir_without_tokenizer(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    r = runner.invoke(app, ["rollout", "--model", str(tmp_path)])
+    assert r.exit_code == 2
+    assert "no tokenizer" in r.output
+
+
+def test_export_refuses_non_draft(tmp_path):
+    r = runner.invoke(app, ["export", "--draft", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "not a draft folder" in r.output
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,99 @@
+"""The draft model, vocabulary map, TTT loss and CPU sampler fix, on hand-made numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spectool.draft.loss import acceptance_metrics, step_mask, ttt_loss
+from spectool.draft.model import DraftConfig, Eagle3Draft
+from spectool.draft.vocab import build_vocab, d2t_from_ids, ids_from_d2t
+from spectool.engine.cpu_fix import expand_kernel_torch
+from spectool.errors import SpectoolError
+
+VLLM_KEYS = {  # what vllm 0.32 Eagle3LlamaForCausalLM.load_weights maps (llama_eagle3.py)
+    "fc.weight", "norm.weight", "lm_head.weight", "d2t",
+    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
+    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+}
+
+
+def tiny_cfg(vd=16, v=32):
+    return DraftConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                       vocab_size=v, draft_vocab_size=vd, target_hidden_size=16, aux_layer_ids=[0, 1, 2])
+
+
+def test_export_keys_are_vllms():
+    d = Eagle3Draft(tiny_cfg())
+    assert set(d.export_state_dict()) == VLLM_KEYS
+    full = Eagle3Draft(tiny_cfg(vd=32))  # same vocab: vLLM 0.32 refuses a d2t tensor
+    assert set(full.export_state_dict()) == VLLM_KEYS - {"d2t"}
+    assert d.export_state_dict()["fc.weight"].shape == (16, 48)
+    assert d.export_state_dict()["midlayer.self_attn.q_proj.weight"].shape == (16, 32)  # 2H input
+
+
+def test_vocab_round_trip_and_coverage():
+    ids, cov = build_vocab([[5, 5, 5, 7, 9], [7, 30]], vocab_size=32, draft_vocab_size=3)
+    assert ids.tolist() == [5, 7, 9]  # most frequent, sorted by target id
+    assert cov == pytest.approx(6 / 7)
+    d2t = d2t_from_ids(ids)
+    assert (torch.arange(3) + d2t).tolist() == [5, 7, 9]
+    assert ids_from_d2t(d2t).tolist() == ids.tolist()
+    with pytest.raises(SpectoolError, match="draft-vocab-size"):
+        build_vocab([[1]], vocab_size=4, draft_vocab_size=5)
+
+
+def test_step0_is_causal_and_later_steps_see_their_chain():
+    torch.manual_seed(0)
+    d = Eagle3Draft(tiny_cfg()).eval()
+    aux = torch.randn(1, 6, 48)
+    ids = torch.randint(0, 32, (1, 6))
+    out = d.unroll(aux, ids, 3)
+    aux2, ids2 = aux.clone(), ids.clone()
+    aux2[:, 4:] = torch.randn(1, 2, 48)  # change the future
+    ids2[:, 5:] = (ids2[:, 5:] + 1) % 32
+    out2 = d.unroll(aux2, ids2, 3)
+    # step 0 at anchor t reads x[t+1] and aux[<= t]: anchors 0..3 are unchanged
+    torch.testing.assert_close(out[0][:, :4], out2[0][:, :4])
+    assert not torch.allclose(out[0][:, 4], out2[0][:, 4])
+
+
+def test_ttt_loss_matches_hand_computation():
+    torch.manual_seed(0)
+    B, T, V = 1, 5, 4
+    target = torch.randn(B, T, V)
+    draft = [torch.randn(B, T, V), torch.randn(B, T, V)]
+    P, L = torch.tensor([2]), torch.tensor([5])
+    loss, per = ttt_loss(draft, target, P, L, decay=0.5)
+    manual = 0.0
+    for j, lg in enumerate(draft):
+        ces = []
+        for t in range(T):
+            pos = t + j + 1
+            if 1 <= pos <= 4:
+                p = torch.softmax(target[0, pos], -1)
+                ces.append(-(p * F.log_softmax(lg[0, t], -1)).sum())
+        manual += 0.5**j * torch.stack(ces).mean()
+    torch.testing.assert_close(loss, manual)
+    assert step_mask(P, L, T, 0).tolist() == [[True, True, True, True, False]]
+
+
+def test_acceptance_metrics_hand_made():
+    target = torch.tensor([[[0.0, 5.0, 0.0], [5.0, 0.0, 0.0], [0.0, 0.0, 5.0]]])  # argmax 1, 0, 2
+    draft = [torch.tensor([[[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]])]  # draft vocab -> target ids [0, 2]
+    m = acceptance_metrics(draft, target, torch.tensor([0, 2]), torch.tensor([1]), torch.tensor([3]))
+    # anchors 0, 1 -> targets at positions 1, 2 (argmax 0, 2); draft picks ids[1]=2 then ids[0]=0
+    assert m["count"] == [2] and m["top1"] == [0.0]
+    p = torch.softmax(target[0, 1], -1)[2] / 2 + torch.softmax(target[0, 2], -1)[0] / 2
+    assert m["p_accept"][0] == pytest.approx(float(p))
+
+
+def test_cpu_expand_kernel_fix_writes_into_output():
+    out = torch.full((6,), -7.0)
+    vals = torch.tensor([0.5, -1.0, 2.0])
+    cu = torch.tensor([2, 3, 6], dtype=torch.int32)
+    expand_kernel_torch(out, vals, cu, -1.0, 1.0)
+    assert out.tolist() == [0.5, 0.5, 1.0, 2.0, 2.0, 2.0]

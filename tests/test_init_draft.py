@@ -1,0 +1,109 @@
+"""init-draft training without the engine: a harvest run made by hand, tiny policy, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from spectool.errors import SpectoolError
+
+
+@pytest.fixture
+def fake_harvest(tiny_policy, tmp_path):
+    """A harvest run dir with records sampled from the tiny policy by transformers."""
+    from transformers import AutoModelForCausalLM
+
+    from spectool.models import resolve_model
+    from spectool.records import write_shard
+    from spectool.runs import MANIFEST, atomic_write_json, make_manifest
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32)
+    torch.manual_seed(0)
+    rows = []
+    for i in range(24):
+        prompt = [1, 3 + i % 7, 40 + i, 4]
+        out = policy.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=True, pad_token_id=2)
+        resp = out[0, len(prompt):].tolist()
+        rows.append(dict(prompt_id=f"{i:016x}", sample_idx=0, prompt="p", answer="", prompt_ids=prompt,
+                         response_ids=resp, logprobs=[0.0] * len(resp), reward=0.0, finish_reason="length",
+                         response=""))
+    run = tmp_path / "harvest"
+    write_shard(run, 0, rows)
+    m = resolve_model(str(tiny_policy))
+    atomic_write_json(run / MANIFEST, make_manifest("harvest", model=m.name, model_identity=m.identity, data="x"))
+    return run
+
+
+def _cfg(tiny_policy, data, out, **kw):
+    from spectool.draft.train import InitDraftConfig
+
+    base = dict(out=str(out), model=str(tiny_policy), data=str(data), draft_vocab_size=128, ttt_steps=3,
+                epochs=2, batch_size=4, save_every=2, lr=1e-3, warmup_steps=1)
+    base.update(kw)
+    return InitDraftConfig(**base)
+
+
+def test_training_learns_and_writes_a_loadable_draft(tiny_policy, fake_harvest, tmp_path):
+    from spectool.draft.checkpoint import load_draft
+    from spectool.draft.train import run
+
+    r = run(_cfg(tiny_policy, fake_harvest, tmp_path / "d", epochs=6))
+    lines = [json.loads(x) for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(1, r.steps + 1))
+    assert lines[-1]["loss"] < lines[0]["loss"]
+    assert len(r.eval_top1) == 3 and 0 <= r.coverage <= 1
+    from transformers import AutoModelForCausalLM
+
+    draft, meta = load_draft(tmp_path / "d", AutoModelForCausalLM.from_pretrained(tiny_policy))
+    assert meta["ttt_steps"] == 3 and draft.config.draft_vocab_size == 128
+
+
+def test_resume_after_kill_has_no_lost_or_repeated_steps(tiny_policy, fake_harvest, tmp_path, monkeypatch):
+    import spectool.draft.train as train
+
+    import spectool.draft.loss as loss_mod
+
+    calls = {"n": 0}
+    orig = loss_mod.ttt_loss
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 6:  # killed during step 6 (checkpoint at step 4; step 5 logged)
+            raise KeyboardInterrupt
+        return orig(*a, **k)
+
+    monkeypatch.setattr(loss_mod, "ttt_loss", dying)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(_cfg(tiny_policy, fake_harvest, tmp_path / "d"))
+    monkeypatch.setattr(loss_mod, "ttt_loss", orig)
+    r = train.run(_cfg(tiny_policy, fake_harvest, tmp_path / "d"))
+    steps = [json.loads(x)["step"] for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, r.steps + 1))
+
+
+def test_init_from_another_policys_draft_fails_before_training(tiny_policy, fake_harvest, tmp_path):
+    from spectool.draft.checkpoint import save_draft
+    from spectool.draft.model import DraftConfig, Eagle3Draft
+    from spectool.draft.train import run
+
+    other = DraftConfig(hidden_size=64, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2,
+                        head_dim=32, vocab_size=512, draft_vocab_size=512, target_hidden_size=64, aux_layer_ids=[0, 1, 2])
+    save_draft(Eagle3Draft(other), tmp_path / "other")
+    with pytest.raises(SpectoolError, match="does not fit this policy"):
+        run(_cfg(tiny_policy, fake_harvest, tmp_path / "d", init_from=str(tmp_path / "other")))
+    assert not (tmp_path / "d").exists()
+
+
+def test_corrupt_draft_weights(tiny_policy, tmp_path):
+    from spectool.draft.checkpoint import load_draft
+    from spectool.draft.model import DraftConfig, Eagle3Draft
+    from spectool.draft.checkpoint import save_draft
+
+    c = DraftConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                    vocab_size=32, draft_vocab_size=16, target_hidden_size=16, aux_layer_ids=[0, 1, 2])
+    save_draft(Eagle3Draft(c), tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage" * 10)
+    with pytest.raises(SpectoolError, match="corrupt"):
+        load_draft(tmp_path)
