@@ -26,7 +26,8 @@ def spectool(*args, env=None, check=True):
 def test_harvest_init_export_rollout(tiny_policy, tmp_path):
     run = tmp_path / "h"
     common = ["--model", str(tiny_policy), "--data", DATA, "--max-tokens", "24", "--samples", "2"]
-    spectool("harvest", "--out", str(run), "--n-prompts", "20", *common, "--hidden-states")
+    common += ["--hidden-states"]
+    spectool("harvest", "--out", str(run), "--n-prompts", "20", *common)
     m = json.loads((run / "manifest.json").read_text())
     assert m["status"] == "complete" and m["records"] == 40 and m["sampler_fix"] == "applied"
     assert (run / "hidden").exists()
@@ -43,7 +44,7 @@ def test_harvest_init_export_rollout(tiny_policy, tmp_path):
     assert len(recs) == 48 and len(set(zip(recs["prompt_id"], recs["sample_idx"]))) == 48
 
     # Other settings are refused, and the run is untouched.
-    r = spectool("harvest", "--out", str(run), "--n-prompts", "24", *common[:-2], "--samples", "3", check=False)
+    r = spectool("harvest", "--out", str(run), "--n-prompts", "24", *common, "--samples", "3", check=False)
     assert r.returncode == 2 and "other settings" in r.stderr
     assert len(load_records(run)) == 48
 

@@ -36,7 +36,7 @@ def _sampling(n_prompts: int, samples: int, max_tokens: int, temperature: float,
 def _fail(e: SpectoolError) -> None:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {e}", highlight=False)
     raise typer.Exit(2)
 
 

@@ -156,4 +156,4 @@ def render(r: ExportResult) -> None:
     from rich.console import Console
 
     acc = f", verified on vLLM: mean acceptance length {r.mean_acceptance_length:.2f}" if r.mean_acceptance_length else ""
-    Console().print(f"[bold]export[/] {r.format} draft -> {r.out}{acc}")
+    Console(soft_wrap=True).print(f"[bold]export[/] {r.format} draft -> {r.out}{acc}")
