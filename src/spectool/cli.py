@@ -26,6 +26,14 @@ DATA = typer.Option(
     DEFAULT_DATA, "--data", help="dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."
 )
 
+SAMPLES = typer.Option(1, "--samples", help="Completions per prompt.")
+MAX_TOKENS = typer.Option(128, "--max-tokens", help="Max generated tokens per completion.")
+TEMPERATURE = typer.Option(1.0, "--temperature", help="Sampling temperature.")
+TOP_P = typer.Option(1.0, "--top-p", help="Nucleus sampling mass.")
+SEED = typer.Option(0, "--seed", help="Sampling and data seed.")
+PROMPT_COL = typer.Option("prompt", "--prompt-col", help="Prompt column of a file source.")
+ANSWER_COL = typer.Option("answer", "--answer-col", help="Answer column of a file source.")
+
 
 def _sampling(n_prompts: int, samples: int, max_tokens: int, temperature: float, top_p: float, seed: int) -> SamplingConfig:
     s = SamplingConfig(n_prompts, samples, max_tokens, temperature, top_p, seed)
@@ -47,14 +55,14 @@ def harvest(
     data: str = DATA,
     split: str = typer.Option("train", help="train | eval (deterministic, never overlapping)."),
     n_prompts: int = typer.Option(64, "--n-prompts", help="Number of prompts."),
-    samples: int = typer.Option(1, "--samples", help="Completions per prompt."),
-    max_tokens: int = typer.Option(128, "--max-tokens", help="Max generated tokens per completion."),
-    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
-    seed: int = typer.Option(0, "--seed", help="Sampling and data seed."),
+    samples: int = SAMPLES,
+    max_tokens: int = MAX_TOKENS,
+    temperature: float = TEMPERATURE,
+    top_p: float = TOP_P,
+    seed: int = SEED,
     hidden_states: bool = typer.Option(False, "--hidden-states", help="Also store the policy's EAGLE-3 aux hidden states."),
-    prompt_col: str = typer.Option("prompt", "--prompt-col", help="Prompt column of a file source."),
-    answer_col: str = typer.Option("answer", "--answer-col", help="Answer column of a file source."),
+    prompt_col: str = PROMPT_COL,
+    answer_col: str = ANSWER_COL,
 ) -> None:
     """Run the policy on in-domain prompts (vLLM) and store its rollouts: the draft's training data."""
     try:
@@ -116,13 +124,13 @@ def rollout(
     split: str = typer.Option("eval", help="train | eval."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory for the records (optional)."),
     n_prompts: int = typer.Option(32, "--n-prompts", help="Number of prompts."),
-    samples: int = typer.Option(1, "--samples", help="Completions per prompt."),
-    max_tokens: int = typer.Option(128, "--max-tokens", help="Max generated tokens per completion."),
-    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
-    seed: int = typer.Option(0, "--seed", help="Sampling and data seed."),
-    prompt_col: str = typer.Option("prompt", "--prompt-col", help="Prompt column of a file source."),
-    answer_col: str = typer.Option("answer", "--answer-col", help="Answer column of a file source."),
+    samples: int = SAMPLES,
+    max_tokens: int = MAX_TOKENS,
+    temperature: float = TEMPERATURE,
+    top_p: float = TOP_P,
+    seed: int = SEED,
+    prompt_col: str = PROMPT_COL,
+    answer_col: str = ANSWER_COL,
     draft: Optional[Path] = typer.Option(None, "--draft", help="EAGLE-3 draft folder: speculative rollouts."),
     k: int = typer.Option(3, "--k", help="Draft tokens per step (num_speculative_tokens)."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding on the same prompts; print speedup."),

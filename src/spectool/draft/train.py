@@ -238,7 +238,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             step += 1
             train_s += time.perf_counter() - t0
             train_tokens += int(L.sum())
-            rec = {"step": step, "epoch": epoch, "loss": float(loss), "loss_per_step": per_step,
+            rec = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "loss_per_step": per_step,
                    "lr": sched.get_last_lr()[0], "tokens_per_s": train_tokens / train_s}
             if step % cfg.save_every == 0 or step == total:
                 rec["eval"] = evaluate()
