@@ -44,9 +44,3 @@ def d2t_from_ids(target_ids: torch.Tensor) -> torch.Tensor:
 def ids_from_d2t(d2t: torch.Tensor) -> torch.Tensor:
     return torch.arange(len(d2t), dtype=torch.int64) + d2t
 
-
-def t2d_mask(target_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[V] bool: which target tokens the draft vocabulary holds."""
-    m = torch.zeros(vocab_size, dtype=torch.bool)
-    m[target_ids] = True
-    return m
