@@ -21,17 +21,15 @@ class SamplingConfig:
     seed: int = 0  # sampling seed (and data seed)
 
     def validate(self) -> None:
-        _check(self.n_prompts >= 1, "--n-prompts", self.n_prompts, "must be >= 1")
-        _check(self.samples >= 1, "--samples", self.samples, "must be >= 1")
-        _check(1 <= self.max_tokens <= 32768, "--max-tokens", self.max_tokens, "must be in [1, 32768]")
-        _check(0.0 <= self.temperature <= 10.0, "--temperature", self.temperature, "must be in [0, 10]")
-        _check(0.0 < self.top_p <= 1.0, "--top-p", self.top_p, "must be in (0, 1]")
-        _check(self.seed >= 0, "--seed", self.seed, "must be >= 0")
+        check(self.n_prompts >= 1, "--n-prompts", self.n_prompts, "must be >= 1")
+        check(self.samples >= 1, "--samples", self.samples, "must be >= 1")
+        check(1 <= self.max_tokens <= 32768, "--max-tokens", self.max_tokens, "must be in [1, 32768]")
+        check(0.0 <= self.temperature <= 10.0, "--temperature", self.temperature, "must be in [0, 10]")
+        check(0.0 < self.top_p <= 1.0, "--top-p", self.top_p, "must be in (0, 1]")
+        check(self.seed >= 0, "--seed", self.seed, "must be >= 0")
 
 
-def _check(ok: bool, flag: str, value: object, rule: str) -> None:
+def check(ok: bool, flag: str, value: object, rule: str) -> None:
     if not ok:
         raise SpectoolError(f"{flag}={value!r} is out of range: {rule}")
 
-
-check = _check

@@ -116,7 +116,10 @@ def _draft_data(src: Path) -> str | None:
 
     m = read_json(src / MANIFEST) if (src / MANIFEST).exists() else {}
     data = m.get("harvest_data")
-    return data if data and not data.endswith((".jsonl", ".parquet")) or (data and Path(data).exists()) else None
+    if not data:
+        return None
+    is_file = data.endswith((".jsonl", ".parquet"))
+    return data if not is_file or Path(data).exists() else None
 
 
 def _check_weights(path: Path, model_path: str) -> None:
