@@ -61,6 +61,16 @@ def test_step0_is_causal_and_later_steps_see_their_chain():
     assert not torch.allclose(out[0][:, 4], out2[0][:, 4])
 
 
+def test_unroll_from_start_equals_the_tail_of_the_full_unroll():
+    torch.manual_seed(0)
+    d = Eagle3Draft(tiny_cfg()).eval()
+    aux, ids = torch.randn(2, 9, 48), torch.randint(0, 32, (2, 9))
+    full, tail = d.unroll(aux, ids, 4), d.unroll(aux, ids, 4, start=5)
+    for f, t in zip(full, tail):
+        assert t.shape[1] == 4
+        torch.testing.assert_close(f[:, 5:], t)
+
+
 def test_ttt_loss_matches_hand_computation():
     torch.manual_seed(0)
     B, T, V = 1, 5, 4

@@ -169,6 +169,38 @@ def export(
         _fail(e)
 
 
+@app.command()
+def verify(
+    draft: Path = typer.Option(..., "--draft", help="EAGLE-3 draft folder (init-draft or export output)."),
+    model: str = MODEL,
+    data: str = DATA,
+    split: str = typer.Option("eval", help="train | eval."),
+    k: int = typer.Option(3, "--k", help="Draft tokens per step."),
+    n_prompts: int = typer.Option(4, "--n-prompts", help="Prompts for the token-distribution test."),
+    samples: int = typer.Option(300, "--samples", help="Completions per prompt and arm."),
+    positions: int = typer.Option(6, "--positions", help="Tokens per completion (each position is tested)."),
+    temperature: float = TEMPERATURE,
+    alpha: float = typer.Option(0.01, "--alpha", help="Family-wise significance level."),
+    logprob_tol: float = typer.Option(1e-3, "--logprob-tol", help="Max |engine - policy| logprob (fp32)."),
+    control: str = typer.Option("auto", "--control", help="Lossy control: auto | unpatched (CPU) | truncated | none."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory for the evidence (verify.json)."),
+    seed: int = SEED,
+) -> None:
+    """Prove on the real engine that speculative sampling equals the policy's own sampling."""
+    try:
+        from spectool.verify import VerifyConfig, render, run
+
+        r = run(VerifyConfig(draft=str(draft), model=model, data=data, split=split, k=k, n_prompts=n_prompts,
+                             samples=samples, positions=positions, temperature=temperature, alpha=alpha,
+                             logprob_tol=logprob_tol, control=control, out=str(out) if out else None, seed=seed),
+                progress=lambda m: typer.echo(m, err=True))
+        render(r)
+    except SpectoolError as e:
+        _fail(e)
+    if not r.ok:
+        raise typer.Exit(1)
+
+
 @app.command("train-rl")
 def train_rl() -> None:
     """Online GRPO with speculative rollouts and a draft refreshed from the policy's hidden states."""

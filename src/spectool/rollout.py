@@ -87,6 +87,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
+    from spectool.draft.checkpoint import check_draft
     from spectool.engine.engine import Engine, EngineConfig
     from spectool.models import resolve_model
     from spectool.records import write_shard
@@ -97,7 +98,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
     tokenizer = AutoTokenizer.from_pretrained(model.path)
-    draft_path = _check_draft(cfg, model) if cfg.draft else None
+    draft_path = check_draft(cfg.draft, model, cfg.k) if cfg.draft else None
     plain_tps = None
     if cfg.compare:
         plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed))
@@ -128,28 +129,6 @@ def run(cfg: RolloutConfig) -> RolloutResult:
                           sampler_fix=engine.sampler_fix, summary=result),
         )
     return result
-
-
-def _check_draft(cfg: RolloutConfig, model) -> str:
-    """Refuse a draft made for another policy, or asked for more positions than it was trained on."""
-    from spectool.draft.checkpoint import DRAFT_JSON
-    from spectool.errors import SpectoolError
-    from spectool.runs import read_json
-
-    d = Path(cfg.draft)
-    if not (d / "config.json").exists():
-        raise SpectoolError(f"--draft {d} is not a draft folder (no config.json); make one with init-draft/export")
-    meta_path = d / DRAFT_JSON
-    if meta_path.exists():
-        meta = read_json(meta_path)
-        if meta.get("policy_identity") and meta["policy_identity"] != model.identity:
-            raise SpectoolError(f"--draft {d} was trained for policy {meta.get('policy')}, not {cfg.model}")
-        if meta.get("ttt_steps") and cfg.k > meta["ttt_steps"]:
-            raise SpectoolError(
-                f"--k {cfg.k} exceeds the {meta['ttt_steps']} positions the draft was trained for; "
-                f"use --k <= {meta['ttt_steps']} or retrain with --ttt-steps {cfg.k}"
-            )
-    return str(d)
 
 
 def render(r: RolloutResult) -> None:

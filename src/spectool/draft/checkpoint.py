@@ -125,3 +125,24 @@ def replace_dir(tmp: Path, dest: Path) -> None:
         dest.rename(old)
     tmp.rename(dest)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def check_draft(draft: str, model, k: int) -> str:
+    """Refuse a draft folder made for another policy, or asked for more positions than it was
+    trained on (`model` is a resolved ModelRef). Returns the folder as a string."""
+    from spectool.runs import read_json
+
+    d = Path(draft)
+    if not (d / "config.json").exists():
+        raise SpectoolError(f"--draft {d} is not a draft folder (no config.json); make one with init-draft/export")
+    meta_path = d / DRAFT_JSON
+    if meta_path.exists():
+        meta = read_json(meta_path)
+        if meta.get("policy_identity") and meta["policy_identity"] != model.identity:
+            raise SpectoolError(f"--draft {d} was trained for policy {meta.get('policy')}, not {model.name}")
+        if meta.get("ttt_steps") and k > meta["ttt_steps"]:
+            raise SpectoolError(
+                f"--k {k} exceeds the {meta['ttt_steps']} positions the draft was trained for; "
+                f"use --k <= {meta['ttt_steps']} or retrain with --ttt-steps {k}"
+            )
+    return str(d)

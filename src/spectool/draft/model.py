@@ -166,44 +166,52 @@ class Eagle3Draft(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return x * emb.cos()[None, None] + _rotate_half(x) * emb.sin()[None, None]
 
-    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        return self.unroll(aux, input_ids, steps)
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
+        return self.unroll(aux, input_ids, steps, start)
 
-    def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        """Run `steps` draft steps at every anchor position, as vLLM drafts at serving time.
+    def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
+        """Run `steps` draft steps at every anchor position >= `start`, as vLLM drafts at serving time.
 
         aux: [B, T, n_aux * H_t] target aux hidden states; input_ids: [B, T] the sequence x.
         Step j (0-based) at anchor t reads token x[t+j+1] at position t+j and, for j > 0, the
-        prenorm output of step j-1 at t; it attends to step-0 keys at anchors <= t and to its own
-        chain's keys of steps 1..j (what the drafter's KV cache holds). Returns j -> logits
-        [B, T, draft_vocab] predicting x[t+j+2]. Positions past the end read token 0; callers mask.
+        prenorm output of step j-1 at t; it attends to step-0 keys at anchors <= t (all T of them
+        are computed) and to its own chain's keys of steps 1..j (what the drafter's KV cache holds).
+        Returns j -> logits [B, T - start, draft_vocab] for anchors start..T-1, predicting x[t+j+2].
+        `start` skips anchors whose outputs no loss reads (the prompt): keys still cover them.
+        Positions past the end read token 0; callers mask.
         """
         B, T, _ = aux.shape
+        n = T - start
         a = self.midlayer.self_attn
-        h = self.fc(aux)  # [B, T, H]
-        causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()
-        keys: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
+        rep, scale = a.nh // a.nkv, a.hd**-0.5
+        h_all = self.fc(aux)  # [B, T, H]
+        h = h_all[:, start:]  # [B, n, H]
+        causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()[start:]  # [n, T]
+        chain_k: list[torch.Tensor] = []  # steps >= 1, each [B, nh, n, hd]
+        chain_v: list[torch.Tensor] = []
         logits = []
         for j in range(steps):
-            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)  # x[t+j+1]
-            pos = torch.arange(T, device=aux.device) + j
-            x = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids)), self.midlayer.hidden_norm(h)], -1)
-            q = self._rope(a.q_proj(x).view(B, T, a.nh, a.hd).transpose(1, 2), pos)  # [B, nh, T, hd]
-            k = self._rope(a.k_proj(x).view(B, T, a.nkv, a.hd).transpose(1, 2), pos)
-            v = a.v_proj(x).view(B, T, a.nkv, a.hd).transpose(1, 2)
-            rep = a.nh // a.nkv
-            keys.append(k.repeat_interleave(rep, dim=1))
-            values.append(v.repeat_interleave(rep, dim=1))
-            scale = a.hd**-0.5
-            s0 = (q @ keys[0].transpose(-1, -2)) * scale  # [B, nh, T, T]
-            s0 = s0.masked_fill(~causal, float("-inf"))
-            diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in keys[1:]]  # each [B, nh, T, 1]
+            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)  # x[t+j+1], [B, T]
+            if j == 0:  # keys and values of every anchor; queries only from `start`
+                x0 = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids)), self.midlayer.hidden_norm(h_all)], -1)
+                pos0 = torch.arange(T, device=aux.device)
+                k0 = self._rope(a.k_proj(x0).view(B, T, a.nkv, a.hd).transpose(1, 2), pos0).repeat_interleave(rep, dim=1)
+                v0 = a.v_proj(x0).view(B, T, a.nkv, a.hd).transpose(1, 2).repeat_interleave(rep, dim=1)
+                x = x0[:, start:]
+            else:
+                x = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids[:, start:])), self.midlayer.hidden_norm(h)], -1)
+            pos = torch.arange(start, T, device=aux.device) + j
+            q = self._rope(a.q_proj(x).view(B, n, a.nh, a.hd).transpose(1, 2), pos)  # [B, nh, n, hd]
+            if j > 0:
+                chain_k.append(self._rope(a.k_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2), pos).repeat_interleave(rep, dim=1))
+                chain_v.append(a.v_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2).repeat_interleave(rep, dim=1))
+            s0 = ((q @ k0.transpose(-1, -2)) * scale).masked_fill(~causal, float("-inf"))  # [B, nh, n, T]
+            diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in chain_k]  # each [B, nh, n, 1]
             w = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)
-            o = w[..., :T] @ values[0]
-            for i, vv in enumerate(values[1:]):
+            o = w[..., :T] @ v0
+            for i, vv in enumerate(chain_v):
                 o = o + w[..., T + i : T + i + 1] * vv
-            o = a.o_proj(o.transpose(1, 2).reshape(B, T, a.nh * a.hd))
+            o = a.o_proj(o.transpose(1, 2).reshape(B, n, a.nh * a.hd))
             r = o + h
             prenorm = self.midlayer.mlp(self.midlayer.post_attention_layernorm(r)) + r
             logits.append(self.lm_head(self.norm(prenorm)))

