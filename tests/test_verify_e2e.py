@@ -12,23 +12,6 @@ from test_pipeline_e2e import spectool
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def random_draft(tiny_policy, tmp_path_factory):
-    """An untrained EAGLE-3 draft: acceptance is low, so most tokens go through rejection."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from spectool.draft.checkpoint import new_draft, save_draft
-    from spectool.hidden import default_aux_layer_ids
-
-    policy = AutoModelForCausalLM.from_pretrained(tiny_policy)
-    torch.manual_seed(0)
-    d = new_draft(policy, torch.arange(policy.config.vocab_size), default_aux_layer_ids(policy.config.num_hidden_layers))
-    out = tmp_path_factory.mktemp("random_draft")
-    save_draft(d, out, extra={"ttt_steps": 3})
-    return out
-
-
 ARGS = ["--data", "chat", "--n-prompts", "3", "--samples", "200", "--positions", "5", "--k", "3"]
 
 

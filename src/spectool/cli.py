@@ -112,9 +112,32 @@ def init_draft(
 
 
 @app.command("sweep-k")
-def sweep_k() -> None:
+def sweep_k(
+    out: Path = typer.Option(..., "--out", help="Run directory (a killed sweep resumes there)."),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="EAGLE-3 draft folder (needed for eagle3)."),
+    model: str = MODEL,
+    data: str = DATA,
+    split: str = typer.Option("eval", help="train | eval."),
+    k: str = typer.Option("1,2,3,4,5,7", "--k", help="Draft lengths to measure, comma-separated."),
+    batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Concurrent sequences, comma-separated."),
+    methods: str = typer.Option("eagle3", "--methods", help="eagle3,ngram (comma-separated)."),
+    max_tokens: int = MAX_TOKENS,
+    temperature: float = TEMPERATURE,
+    min_seqs: int = typer.Option(8, "--min-seqs", help="Sequences decoded per arm and batch size."),
+    min_gain: float = typer.Option(0.03, "--min-gain", help="Recommend speculation only above 1 + this speedup."),
+    seed: int = SEED,
+) -> None:
     """Measure acceptance and throughput per draft length k (and batch size); recommend k."""
-    _not_built("sweep-k", 4)
+    try:
+        from spectool.sweep import SweepConfig, parse_int_list, render, run
+
+        cfg = SweepConfig(out=str(out), draft=str(draft) if draft else None, model=model, data=data, split=split,
+                          ks=parse_int_list(k, "--k"), batch_sizes=parse_int_list(batch_sizes, "--batch-sizes"),
+                          methods=[m.strip() for m in methods.split(",") if m.strip()], max_tokens=max_tokens,
+                          temperature=temperature, min_seqs=min_seqs, min_gain=min_gain, seed=seed)
+        render(run(cfg, progress=lambda m: typer.echo(m, err=True)), str(out))
+    except SpectoolError as e:
+        _fail(e)
 
 
 @app.command()
@@ -132,16 +155,21 @@ def rollout(
     prompt_col: str = PROMPT_COL,
     answer_col: str = ANSWER_COL,
     draft: Optional[Path] = typer.Option(None, "--draft", help="EAGLE-3 draft folder: speculative rollouts."),
-    k: int = typer.Option(3, "--k", help="Draft tokens per step (num_speculative_tokens)."),
+    k: str = typer.Option("3", "--k", help="Draft tokens per step, or 'auto': per batch size from --sweep."),
+    sweep: Optional[Path] = typer.Option(None, "--sweep", help="sweep-k run directory (for --k auto)."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding on the same prompts; print speedup."),
 ) -> None:
     """Rollouts with vLLM (speculative with a draft): records with target logprobs and rewards."""
     try:
         from spectool.rollout import RolloutConfig, render, run
 
+        if k != "auto" and not k.isdigit():
+            raise SpectoolError(f"--k={k!r} must be an integer in [1, 16] or 'auto'")
+
         cfg = RolloutConfig(
             model=model, data=data, split=split, out=str(out) if out else None,
-            prompt_col=prompt_col, answer_col=answer_col, draft=str(draft) if draft else None, k=k, compare=compare,
+            prompt_col=prompt_col, answer_col=answer_col, draft=str(draft) if draft else None,
+            k=k if k == "auto" else int(k), sweep=str(sweep) if sweep else None, compare=compare,
             sampling=_sampling(n_prompts, samples, max_tokens, temperature, top_p, seed),
         )
         render(run(cfg))

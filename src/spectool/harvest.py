@@ -8,7 +8,6 @@ prompt not in a finished shard; a run made with other settings is refused.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 

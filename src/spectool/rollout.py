@@ -14,6 +14,7 @@ from typing import Any
 
 from spectool.config import SamplingConfig, check
 from spectool.data import Task, TaskSource
+from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
 
 
@@ -26,14 +27,20 @@ class RolloutConfig:
     prompt_col: str = "prompt"
     answer_col: str = "answer"
     draft: str | None = None  # EAGLE-3 draft folder: speculative rollouts
-    k: int = 3
+    k: int | str = 3  # or "auto": the sweep's per-batch-size schedule (vLLM dynamic speculation)
+    sweep: str | None = None  # sweep-k run directory, for k="auto"
     compare: bool = False  # also run plain decoding on the same prompts, report the speedup
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def validate(self) -> None:
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
-        check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
-        check(not self.compare or self.draft is not None, "--compare", self.compare, "needs --draft")
+        if self.k == "auto":
+            if self.sweep is None:
+                raise SpectoolError("--k auto needs --sweep RUN (a sweep-k run directory)")
+        else:
+            check(isinstance(self.k, int) and 1 <= self.k <= 16, "--k", self.k, "must be in [1, 16] or 'auto'")
+        check(not self.compare or self.draft is not None or self.sweep is not None, "--compare", self.compare,
+              "needs --draft (or --k auto --sweep RUN)")
         self.sampling.validate()
 
 
@@ -47,7 +54,7 @@ class RolloutResult:
     seconds: float
     acceptance: AcceptanceStats
     out: str | None = None
-    k: int | None = None
+    k: int | str | None = None
     plain_tokens_per_s: float | None = None  # --compare: plain decoding, same prompts and settings
 
     @property
@@ -98,7 +105,9 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
     tokenizer = AutoTokenizer.from_pretrained(model.path)
-    draft_path = check_draft(cfg.draft, model, cfg.k) if cfg.draft else None
+    schedule = _sweep_schedule(cfg) if cfg.k == "auto" else None
+    max_k = max(k for _, _, k in schedule) if schedule else cfg.k
+    draft_path = check_draft(cfg.draft, model, max(max_k, 1)) if cfg.draft else None
     plain_tps = None
     if cfg.compare:
         plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed))
@@ -109,7 +118,8 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         import gc
 
         gc.collect()
-    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, k=cfg.k))
+    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path,
+                                 k=max(max_k, 1), k_schedule=schedule))
     rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
     result = RolloutResult(
@@ -129,6 +139,23 @@ def run(cfg: RolloutConfig) -> RolloutResult:
                           sampler_fix=engine.sampler_fix, summary=result),
         )
     return result
+
+
+def _sweep_schedule(cfg: RolloutConfig) -> list[tuple[int, int, int]]:
+    """The eagle3 batch-size schedule a sweep-k run recommends; fills in --draft from it."""
+    from spectool.runs import read_json
+
+    path = Path(cfg.sweep) / "sweep.json"
+    if not path.exists():
+        raise SpectoolError(f"--sweep {cfg.sweep} has no sweep.json; run spectool sweep-k --out {cfg.sweep} first")
+    sweep = read_json(path)
+    if not sweep.get("eagle3_schedule"):
+        raise SpectoolError(f"--sweep {cfg.sweep} measured no eagle3 arms; sweep with --methods eagle3")
+    if cfg.draft is None:
+        cfg.draft = sweep["draft"]
+    elif Path(cfg.draft).resolve() != Path(sweep["draft"]).resolve():
+        raise SpectoolError(f"--draft {cfg.draft} is not the draft {sweep['draft']} that --sweep {cfg.sweep} measured")
+    return [tuple(r) for r in sweep["eagle3_schedule"]]
 
 
 def render(r: RolloutResult) -> None:

@@ -16,15 +16,11 @@ Workflow:
 from __future__ import annotations
 
 import gc
-import json
 import math
-import os
-import subprocess
-import sys
-import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from spectool import subproc
 from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, check
 from spectool.errors import SpectoolError
 from spectool.lossless import (
@@ -131,18 +127,6 @@ def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[in
     return arm
 
 
-def _sample_arm_in_subprocess(args: dict, env: dict[str, str]) -> dict:
-    """Run `sample_arm` in a fresh Python (the CPU sampler fix is process-wide)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        spec, out = Path(tmp) / "args.json", Path(tmp) / "arm.json"
-        spec.write_text(json.dumps(args))
-        proc = subprocess.run([sys.executable, "-m", "spectool.verify", str(spec), str(out)],
-                              env={**os.environ, **env}, capture_output=True, text=True)
-        if proc.returncode != 0 or not out.exists():
-            raise SpectoolError(f"the lossy-control engine failed: {proc.stderr.strip()[-800:]}")
-        return json.loads(out.read_text())
-
-
 # --- scoring with the policy itself ------------------------------------------------------------
 
 
@@ -222,8 +206,8 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     arms["speculative"] = sample_arm(draft=draft, top_p=1.0, seed=cfg.seed + 1, **common)
     if control == "unpatched":
         progress("sampling: lossy control (unpatched CPU rejection sampler, subprocess)")
-        arms["lossy control"] = _sample_arm_in_subprocess(
-            dict(draft=draft, top_p=1.0, seed=cfg.seed + 2, **common), {"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"})
+        arms["lossy control"] = subproc.call("spectool.verify", "sample_arm", dict(draft=draft, top_p=1.0, seed=cfg.seed + 2, **common),
+                                             env={"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"}, what="the lossy-control engine")
         notes = {"lossy control": f"unpatched sampler ({arms['lossy control']['sampler_fix']})"}
     elif control == "truncated":
         progress("sampling: lossy control (speculative, top-p 0.9 instead of 1.0)")
@@ -311,6 +295,5 @@ def render(r: VerifyResult) -> None:
         c.print(f"  - {reason}", highlight=False, soft_wrap=True)
 
 
-if __name__ == "__main__":  # subprocess entry for one sampling arm (see _sample_arm_in_subprocess)
-    _args = json.loads(Path(sys.argv[1]).read_text())
-    Path(sys.argv[2]).write_text(json.dumps(sample_arm(**_args)))
+if __name__ == "__main__":
+    subproc.serve(globals())

@@ -44,15 +44,24 @@ def apply() -> str:
 
     if not current_platform.is_cpu():
         return "not-needed"
-    from vllm.triton_utils.dispatcher import _registry, register_kernels
+    from vllm.triton_utils.dispatcher import KernelOverride, _registry, _resolve_kernel, register_kernels
     from vllm.utils import cpu_triton_utils
 
-    current = _registry.get(KERNEL)
-    if current is None:
+    if _registry.get(KERNEL) is None:
         return "not-needed"  # Triton-CPU present: the real kernel runs
-    if current[1] is expand_kernel_torch:
+    host, attr = _resolve_kernel(KERNEL)
+    active = getattr(getattr(host, attr), "_impl", None)  # what the rejection sampler calls now
+    if active is expand_kernel_torch:
         return "applied"
-    if current[1] is not cpu_triton_utils._expand_kernel_impl:
+    if active is not cpu_triton_utils._expand_kernel_impl:
         return "not-needed"  # someone else's implementation; leave it
-    register_kernels({KERNEL: expand_kernel_torch})
+    try:
+        register_kernels({KERNEL: expand_kernel_torch})
+    except AttributeError:
+        # vLLM's rebinding scan over sys.modules trips over foreign objects (llvmlite's, imported
+        # by the ngram proposer). The rejection sampler calls the kernel through its module
+        # global, so rebinding that global is enough.
+        setattr(host, attr, KernelOverride(getattr(host, attr), expand_kernel_torch))
+    if getattr(getattr(host, attr), "_impl", None) is not expand_kernel_torch:
+        raise RuntimeError(f"could not install the CPU rejection-sampler fix on {KERNEL}")
     return "applied"

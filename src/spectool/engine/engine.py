@@ -30,7 +30,10 @@ SPEC_COUNTERS = {
 class EngineConfig:
     model_path: str
     draft_path: str | None = None  # plain EAGLE-3 folder (config.json + model.safetensors)
-    k: int = 3  # num_speculative_tokens
+    k: int = 3  # num_speculative_tokens (the largest k when k_schedule is set)
+    method: str = "eagle3"  # "eagle3" (plain decoding when draft_path is None) or "ngram" (prompt lookup)
+    # vLLM's dynamic speculation: [(batch_from, batch_to, k)], inclusive ranges from 1, k = 0 for none
+    k_schedule: list[tuple[int, int, int]] | None = None
     seed: int = 0
     max_model_len: int | None = None  # default: min(2048, the model's own limit)
     kv_cache_gib: float = 2.0  # CPU only
@@ -107,12 +110,9 @@ class Engine:
             # cannot): keep prompts whole. Measured: 128 seeded requests x 46 tokens crashed.
             kwargs.setdefault("enable_chunked_prefill", False)
         kwargs.update(cfg.extra)
-        if cfg.draft_path:
-            kwargs["speculative_config"] = {
-                "method": "eagle3",
-                "model": cfg.draft_path,
-                "num_speculative_tokens": cfg.k,
-            }
+        spec = speculative_config(cfg)
+        if spec:
+            kwargs["speculative_config"] = spec
         t0 = time.perf_counter()
         try:
             self.llm = LLM(**kwargs)
@@ -167,6 +167,23 @@ class Engine:
 
     def rpc(self, method: str, *args: Any) -> list[Any]:
         return self.llm.collective_rpc(method, args=args)
+
+
+def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
+    """vLLM's speculative_config for the configured method, or None for plain decoding."""
+    if cfg.method == "ngram":
+        spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": cfg.k,
+                                "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    elif cfg.draft_path:
+        spec = {"method": cfg.method, "model": cfg.draft_path, "num_speculative_tokens": cfg.k}
+    else:
+        return None
+    if cfg.k_schedule:
+        if max(k for _, _, k in cfg.k_schedule) == 0:
+            return None  # the schedule never speculates
+        spec["num_speculative_tokens"] = max(k for _, _, k in cfg.k_schedule)
+        spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in cfg.k_schedule]
+    return spec
 
 
 def _default_max_len(model_path: str) -> int:

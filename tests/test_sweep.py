@@ -1,0 +1,48 @@
+"""sweep-k's ceiling, recommendation and vLLM schedule math on hand-made numbers, and its bad inputs."""
+
+import math
+
+import pytest
+
+from spectool.errors import SpectoolError
+from spectool.sweep import SweepConfig, ceiling, k_schedule, parse_int_list, recommend
+
+
+def row(method, k, batch, speedup):
+    return {"method": method, "k": k, "batch": batch, "speedup": speedup}
+
+
+def test_ceiling_scales_speedup_to_full_acceptance():
+    # k=3, 2 tokens per step measured at 1.2x: 4 tokens per step would give 2.4x
+    assert ceiling(1.2, 3, 2.0) == pytest.approx(2.4)
+    assert ceiling(1.0, 3, 4.0) == pytest.approx(1.0)  # already at the limit
+    assert math.isnan(ceiling(1.0, 3, float("nan")))
+
+
+def test_recommend_picks_the_fastest_and_says_none_when_nothing_wins():
+    rows = [row("none", 0, 1, 1.0), row("eagle3", 2, 1, 1.5), row("eagle3", 3, 1, 1.7), row("ngram", 3, 1, 1.8),
+            row("none", 0, 32, 1.0), row("eagle3", 2, 32, 1.02), row("eagle3", 3, 32, 0.8)]
+    rec = recommend(rows, [1, 32], min_gain=0.03)
+    assert rec[1] == {"method": "ngram", "k": 3, "speedup": 1.8}
+    assert rec[32]["method"] == "none" and rec[32]["k"] == 0  # 1.02x is inside the 3% margin
+    assert recommend(rows, [1, 32], 0.03, method="eagle3")[1]["k"] == 3
+
+
+def test_k_schedule_splits_at_geometric_midpoints_and_merges_equal_neighbours():
+    rec = {1: {"k": 5}, 8: {"k": 3}, 32: {"k": 0}}
+    assert k_schedule(rec, max_batch=256) == [(1, 2, 5), (3, 16, 3), (17, 256, 0)]
+    assert k_schedule({1: {"k": 3}, 8: {"k": 3}}, max_batch=64) == [(1, 64, 3)]
+
+
+def test_bad_inputs_name_the_flag():
+    with pytest.raises(SpectoolError, match="--k"):
+        SweepConfig(out="x", draft="d", ks=[0, 3]).validate()
+    with pytest.raises(SpectoolError, match="--batch-sizes"):
+        SweepConfig(out="x", draft="d", batch_sizes=[]).validate()
+    with pytest.raises(SpectoolError, match="--draft is required"):
+        SweepConfig(out="x").validate()
+    with pytest.raises(SpectoolError, match="--methods"):
+        SweepConfig(out="x", draft="d", methods=["medusa"]).validate()
+    with pytest.raises(SpectoolError, match="comma-separated"):
+        parse_int_list("1,two", "--k")
+    assert parse_int_list("3,1,3", "--k") == [1, 3]

@@ -1,0 +1,51 @@
+"""sweep-k on the real engine (tiny policy, untrained draft) and rollout --k auto with vLLM's
+per-batch-size speculation, through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_pipeline_e2e import spectool
+
+pytestmark = pytest.mark.engine
+DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+
+
+def test_tiny_sweep_and_auto_k_rollout(tiny_policy, random_draft, tmp_path):
+    out = tmp_path / "sweep"
+    args = ["sweep-k", "--model", str(tiny_policy), "--draft", str(random_draft), "--data", DATA, "--out", str(out),
+            "--k", "1,2", "--batch-sizes", "1,4", "--methods", "eagle3,ngram", "--max-tokens", "12", "--min-seqs", "2"]
+    r = spectool(*args)
+    assert "batch 1: recommend" in r.stdout and "batch 4: recommend" in r.stdout
+    s = json.loads((out / "sweep.json").read_text())
+    arms = {(x["method"], x["k"], x["batch"]) for x in s["rows"]}
+    assert arms == {(m, k, b) for m, k in [("none", 0), ("eagle3", 1), ("eagle3", 2), ("ngram", 1), ("ngram", 2)]
+                    for b in (1, 4)}
+    for x in s["rows"]:
+        if x["method"] == "none":
+            assert x["speedup"] == pytest.approx(1.0)
+        elif x["mean_acceptance_length"]:  # (ngram may find nothing to propose on random text)
+            assert x["speedup"] > 0 and x["ceiling"] >= x["speedup"] - 1e-9
+        if x["method"] == "eagle3":
+            assert len(x["per_position"]) == x["k"] and 1.0 <= x["mean_acceptance_length"] <= x["k"] + 1
+    for f in ("sweep.csv", "speedup_vs_k.png", "acceptance_by_position.png", "manifest.json", "rows.jsonl"):
+        assert (out / f).stat().st_size > 0
+    assert s["eagle3_schedule"][0][0] == 1
+
+    # A rerun finds every arm measured and only re-renders (resume).
+    r = spectool(*args)
+    assert "plain decoding" not in r.stderr
+
+    # --k auto with a schedule that speculates (k=2) up to 4 sequences and not above.
+    s["eagle3_schedule"] = [[1, 4, 2], [5, 1024, 0]]
+    (out / "sweep.json").write_text(json.dumps(s))
+    r = spectool("rollout", "--model", str(tiny_policy), "--data", DATA, "--k", "auto", "--sweep", str(out),
+                 "--n-prompts", "3", "--max-tokens", "12", "--out", str(tmp_path / "ro"))
+    ro = json.loads((tmp_path / "ro" / "manifest.json").read_text())
+    acc = ro["summary"]["acceptance"]
+    assert acc["num_drafts"] > 0  # 3 sequences: speculated
+
+    r = spectool("rollout", "--model", str(tiny_policy), "--k", "auto", check=False)
+    assert r.returncode == 2 and "--k auto needs --sweep" in r.stderr
