@@ -107,3 +107,31 @@ def test_corrupt_draft_weights(tiny_policy, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"garbage" * 10)
     with pytest.raises(SpectoolError, match="corrupt"):
         load_draft(tmp_path)
+
+
+def test_accelerate_launch_with_two_processes_trains_the_same_steps(tiny_policy, fake_harvest, tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` on a CPU-only machine (torchrun + gloo DDP;
+    `--cpu` would start one process): each process takes half of every batch, only the main
+    process writes, and the result is a complete, loadable draft."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    launcher = shutil.which("accelerate", path=os.path.dirname(sys.executable))
+    out = tmp_path / "ddp"
+    args = ["init-draft", "--model", str(tiny_policy), "--data", str(fake_harvest), "--out", str(out),
+            "--draft-vocab-size", "128", "--ttt-steps", "3", "--epochs", "2", "--batch-size", "4", "--save-every", "2"]
+    r = subprocess.run([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "spectool.cli", *args],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("init-draft ->") == 1  # rank 0 renders; both trained (DDP would hang otherwise)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = json.loads((out / "manifest.json").read_text())["result"]["steps"]
+    assert [x["step"] for x in lines] == list(range(1, steps + 1))  # one writer: no duplicated lines
+    from transformers import AutoModelForCausalLM
+
+    from spectool.draft.checkpoint import load_draft
+
+    load_draft(out, AutoModelForCausalLM.from_pretrained(tiny_policy))

@@ -66,9 +66,11 @@ class InitDraftResult:
     train_tokens_per_s: float
     draft_to_policy_cost: float  # measured forward time ratio per token
     seconds: float
+    main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
 
 
 def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
+    """The harvest run to train on; harvests first when --data is a data source."""
     from spectool.runs import MANIFEST
 
     p = Path(cfg.data)
@@ -143,6 +145,14 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).eval().requires_grad_(False)
     if cfg.init_from:  # fail before any harvesting or training
         warm, _ = load_draft(Path(cfg.init_from), policy)
+    # Under `accelerate launch`, the main process harvests and caches features; the others wait.
+    acc = Accelerator(cpu=not torch.cuda.is_available())
+    if cfg.batch_size < acc.num_processes:
+        raise SpectoolError(f"--batch-size {cfg.batch_size} is smaller than the {acc.num_processes} processes; "
+                            f"use --batch-size >= {acc.num_processes} (each process takes a share of a batch)")
+    if acc.num_processes > 1 and not (Path(cfg.data) / "manifest.json").exists():
+        raise SpectoolError(f"--data {cfg.data} is a data source; under accelerate launch pass a harvest run "
+                            "instead (spectool harvest --out H ..., then --data H): vLLM runs in one process")
     run_dir = _harvest_if_needed(cfg)
     hm = load_manifest(run_dir, "harvest")
     if hm["model_identity"] != model.identity:
@@ -150,10 +160,11 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     records = load_records(run_dir)
     if len(records) < 4:
         raise SpectoolError(f"harvest run {run_dir} has {len(records)} records; at least 4 are needed")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / CONFIG, cfg)
     state_dir = out / ".train"
-    state_dir.mkdir(exist_ok=True)
+    if acc.is_main_process:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / CONFIG, cfg)
+    acc.wait_for_everyone()
 
     # Held-out split by prompt id (deterministic): whole prompts, never shared with training.
     import hashlib
@@ -176,7 +187,8 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         torch.manual_seed(cfg.seed)
         draft = new_draft(policy, target_ids, default_aux_layer_ids(policy.config.num_hidden_layers))
     layer_ids = draft.config.aux_layer_ids
-    feats = _features(policy, records, layer_ids, state_dir / "features.safetensors")
+    with acc.main_process_first():
+        feats = _features(policy, records, layer_ids, state_dir / "features.safetensors")
     W = policy.get_output_embeddings().weight  # [V, H]
     W_dv = W[target_ids]  # [Vd, H]
 
@@ -187,7 +199,6 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
     )
-    acc = Accelerator(cpu=not torch.cuda.is_available())
     draft, opt = acc.prepare(draft, opt)
     step = 0
     ckpt = state_dir / "checkpoint.pt"
@@ -221,13 +232,14 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
 
     train_tokens, train_s = 0, 0.0
     with Progress(TextColumn("init-draft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeRemainingColumn()) as bar:
+                  TimeRemainingColumn(), disable=not acc.is_main_process) as bar:
         job = bar.add_task("", total=total, completed=step, info="")
         while step < total:
             epoch, pos = divmod(step, steps_per_epoch)
             g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
             order = [tr[i] for i in torch.randperm(len(tr), generator=g).tolist()]
             idx = order[pos * cfg.batch_size : (pos + 1) * cfg.batch_size]
+            idx = idx[acc.process_index :: acc.num_processes] or idx[:1]  # this process's share
             t0 = time.perf_counter()
             ids, aux, last, P, L = _batch([feats[i] for i in idx], [prompt_lens[i] for i in idx])
             s = _first_anchor(P, cfg.ttt_steps)
@@ -239,7 +251,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             sched.step()
             step += 1
             train_s += time.perf_counter() - t0
-            train_tokens += int(L.sum())
+            train_tokens += int(L.sum()) * acc.num_processes  # all processes (shares are near-equal)
             rec = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "loss_per_step": per_step,
                    "lr": sched.get_last_lr()[0], "tokens_per_s": train_tokens / train_s}
             if step % cfg.save_every == 0 or step == total:
@@ -262,7 +274,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     result = InitDraftResult(
         out=str(out), steps=step, coverage=coverage, eval_top1=top1, eval_p_accept=final["p_accept"],
         expected_acceptance_length=exp_len, train_tokens_per_s=train_tokens / train_s if train_s else 0.0,
-        draft_to_policy_cost=cost, seconds=time.perf_counter() - t_start,
+        draft_to_policy_cost=cost, seconds=time.perf_counter() - t_start, main_process=acc.is_main_process,
     )
     if acc.is_main_process:
         save_draft(d, out, extra={"policy": model.name, "policy_identity": model.identity, "ttt_steps": cfg.ttt_steps,
@@ -317,6 +329,9 @@ def _cost_ratio(policy, draft, feat) -> float:
 def render(r: InitDraftResult) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    if not r.main_process:
+        return
 
     t = Table(title=f"init-draft -> {r.out}", show_header=False)
     t.add_row("steps", str(r.steps))
