@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from spectool.cli import app
 
-COMMANDS = ["harvest", "init-draft", "sweep-k", "rollout", "export", "train-rl"]
+COMMANDS = ["harvest", "init-draft", "sweep-k", "rollout", "export", "verify", "train-rl"]
 runner = CliRunner()
 
 
@@ -38,7 +38,7 @@ def test_each_command_has_help(cmd):
     assert "Usage" in r.output
 
 
-@pytest.mark.parametrize("cmd,issue", [("sweep-k", 4), ("train-rl", 5)])
+@pytest.mark.parametrize("cmd,issue", [("train-rl", 5)])
 def test_unbuilt_commands_say_so_and_fail(cmd, issue):
     r = runner.invoke(app, [cmd])
     assert r.exit_code != 0
@@ -73,3 +73,32 @@ def test_export_refuses_non_draft(tmp_path):
     r = runner.invoke(app, ["export", "--draft", str(tmp_path), "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "not a draft folder" in r.output
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [(["sweep-k", "--out", "S", "--draft", "D", "--k", "0,3"], "--k"),
+     (["sweep-k", "--out", "S", "--draft", "D", "--batch-sizes", ","], "--batch-sizes"),
+     (["sweep-k", "--out", "S"], "--draft is required"),
+     (["verify", "--draft", "D", "--samples", "5"], "--samples"),
+     (["verify", "--draft", "D", "--temperature", "0"], "--temperature"),
+     (["rollout", "--k", "auto"], "--k auto needs --sweep"),
+     (["rollout", "--k", "three"], "--k")],
+)
+def test_sweep_verify_and_auto_k_bad_inputs_name_the_flag(tmp_path, args, needle):
+    args = [str(tmp_path / a) if a in ("S", "D") else a for a in args]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+    assert not (tmp_path / "S").exists()
+
+
+def test_sweep_refuses_a_draft_for_another_policy(tmp_path, tiny_policy):
+    from spectool.runs import atomic_write_json
+
+    d = tmp_path / "draft"
+    atomic_write_json(d / "config.json", {})
+    atomic_write_json(d / "draft.json", {"policy": "other", "policy_identity": "not-this-one"})
+    r = runner.invoke(app, ["sweep-k", "--model", str(tiny_policy), "--draft", str(d), "--out", str(tmp_path / "S")])
+    assert r.exit_code == 2 and "was trained for policy other" in r.output
+    assert not (tmp_path / "S").exists()

@@ -31,6 +31,7 @@ MAX_TOKENS = typer.Option(128, "--max-tokens", help="Max generated tokens per co
 TEMPERATURE = typer.Option(1.0, "--temperature", help="Sampling temperature.")
 TOP_P = typer.Option(1.0, "--top-p", help="Nucleus sampling mass.")
 SEED = typer.Option(0, "--seed", help="Sampling and data seed.")
+EVAL_SPLIT = typer.Option("eval", "--split", help="train | eval (held-out prompts).")
 PROMPT_COL = typer.Option("prompt", "--prompt-col", help="Prompt column of a file source.")
 ANSWER_COL = typer.Option("answer", "--answer-col", help="Answer column of a file source.")
 
@@ -117,7 +118,7 @@ def sweep_k(
     draft: Optional[Path] = typer.Option(None, "--draft", help="EAGLE-3 draft folder (needed for eagle3)."),
     model: str = MODEL,
     data: str = DATA,
-    split: str = typer.Option("eval", help="train | eval."),
+    split: str = EVAL_SPLIT,
     k: str = typer.Option("1,2,3,4,5,7", "--k", help="Draft lengths to measure, comma-separated."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Concurrent sequences, comma-separated."),
     methods: str = typer.Option("eagle3", "--methods", help="eagle3,ngram (comma-separated)."),
@@ -144,7 +145,7 @@ def sweep_k(
 def rollout(
     model: str = MODEL,
     data: str = DATA,
-    split: str = typer.Option("eval", help="train | eval."),
+    split: str = EVAL_SPLIT,
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory for the records (optional)."),
     n_prompts: int = typer.Option(32, "--n-prompts", help="Number of prompts."),
     samples: int = SAMPLES,
@@ -202,7 +203,7 @@ def verify(
     draft: Path = typer.Option(..., "--draft", help="EAGLE-3 draft folder (init-draft or export output)."),
     model: str = MODEL,
     data: str = DATA,
-    split: str = typer.Option("eval", help="train | eval."),
+    split: str = EVAL_SPLIT,
     k: int = typer.Option(3, "--k", help="Draft tokens per step."),
     n_prompts: int = typer.Option(4, "--n-prompts", help="Prompts for the token-distribution test."),
     samples: int = typer.Option(300, "--samples", help="Completions per prompt and arm."),
