@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 S=.venv/bin/spectool
 RUN=${SPECTOOL_DEMO_DIR:-runs/demo}
-$S init-draft --out "$RUN/draft" --n-prompts 192 --samples 2 --max-tokens 128 --epochs 3
+$S init-draft --out "$RUN/draft" --n-prompts 192 --samples 4 --max-tokens 128 --epochs 3
 $S export --draft "$RUN/draft" --out "$RUN/export" --k 3
 $S rollout --draft "$RUN/export" --k 3 --compare --temperature 0 --n-prompts 32 --max-tokens 128 --out "$RUN/rollout-t0"
 $S rollout --draft "$RUN/export" --k 3 --compare --temperature 1 --n-prompts 32 --max-tokens 128 --out "$RUN/rollout-t1"

@@ -1,0 +1,1 @@
+"""Online RL (GRPO) pieces for `train-rl` (issue 5)."""
