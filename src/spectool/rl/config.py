@@ -1,0 +1,176 @@
+"""train-rl's configuration: a YAML file (templates/rl.yaml) plus `--set a.b=value` overrides,
+validated before anything starts; every error names the key to change."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from spectool.config import DEFAULT_DATA, DEFAULT_MODEL
+from spectool.errors import SpectoolError
+
+
+@dataclass
+class RolloutSection:
+    prompts_per_step: int = 16
+    group_size: int = 8
+    max_tokens: int = 128
+    temperature: float = 1.0
+    mode: str = "sync"
+
+
+@dataclass
+class SpeculationSection:
+    draft: str | None = None
+    k: int | str = 3
+    sweep: str | None = None
+
+
+@dataclass
+class PolicySection:
+    lr: float = 1e-6
+    steps: int = 50
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    kl_beta: float = 0.0
+    scale_adv_by_std: bool = True
+    logprob_check_every: int = 5
+    logprob_tolerance: float = 0.01
+
+
+@dataclass
+class DraftRefreshSection:
+    mode: str = "online"
+    every: int = 5
+    lr: float = 1e-4
+    steps_per_refresh: int = 20
+    ttt_steps: int = 5
+
+
+@dataclass
+class RLConfig:
+    model: str = DEFAULT_MODEL
+    data: str = DEFAULT_DATA
+    out: str = "runs/rl"
+    seed: int = 0
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    speculation: SpeculationSection = field(default_factory=SpeculationSection)
+    policy: PolicySection = field(default_factory=PolicySection)
+    draft_refresh: DraftRefreshSection = field(default_factory=DraftRefreshSection)
+    checkpoint_every: int = 10
+
+    def validate(self) -> None:
+        r, s, p, d = self.rollout, self.speculation, self.policy, self.draft_refresh
+        _need(r.prompts_per_step >= 1, "rollout.prompts_per_step", r.prompts_per_step, ">= 1")
+        _need(r.group_size >= 2, "rollout.group_size", r.group_size, ">= 2 (GRPO compares samples within a group)")
+        _need(r.max_tokens >= 1, "rollout.max_tokens", r.max_tokens, ">= 1")
+        _need(0 < r.temperature <= 10, "rollout.temperature", r.temperature, "in (0, 10]")
+        _need(r.mode in ("sync", "async"), "rollout.mode", r.mode, "sync or async")
+        _need(s.k == "auto" or (isinstance(s.k, int) and 1 <= s.k <= 16), "speculation.k", s.k, "1..16 or auto")
+        _need(s.k != "auto" or s.sweep is not None, "speculation.sweep", s.sweep, "a sweep-k run when k is auto")
+        _need(0 < p.lr < 1, "policy.lr", p.lr, "in (0, 1)")
+        _need(p.steps >= 1, "policy.steps", p.steps, ">= 1")
+        _need(0 <= p.eps_low < 1 and p.eps_high >= 0, "policy.eps_low/eps_high", (p.eps_low, p.eps_high),
+              "eps_low in [0, 1), eps_high >= 0")
+        _need(p.kl_beta >= 0, "policy.kl_beta", p.kl_beta, ">= 0")
+        _need(p.logprob_check_every >= 1, "policy.logprob_check_every", p.logprob_check_every, ">= 1")
+        _need(p.logprob_tolerance > 0, "policy.logprob_tolerance", p.logprob_tolerance, "> 0")
+        _need(d.mode in ("off", "frozen", "online"), "draft_refresh.mode", d.mode, "off, frozen or online")
+        _need(d.mode == "off" or s.draft is not None, "speculation.draft", s.draft,
+              f"a draft folder (draft_refresh.mode is {d.mode}; set it to off for no speculation)")
+        _need(d.every >= 1 and d.steps_per_refresh >= 1, "draft_refresh.every/steps_per_refresh",
+              (d.every, d.steps_per_refresh), ">= 1")
+        _need(0 < d.lr < 1, "draft_refresh.lr", d.lr, "in (0, 1)")
+        _need(d.ttt_steps >= (s.k if isinstance(s.k, int) else 1), "draft_refresh.ttt_steps", d.ttt_steps,
+              ">= speculation.k (every draft position the engine uses is trained)")
+        _need(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _need(ok: bool, key: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise SpectoolError(f"config key {key} = {value!r} is invalid: must be {rule}")
+
+
+def _build(cls, data: dict, prefix: str):
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise SpectoolError(f"unknown config key {prefix + unknown[0]} (known in {prefix or 'top level'}: "
+                            f"{', '.join(sorted(known))})")
+    kwargs = {}
+    for name, value in data.items():
+        default = known[name].default_factory() if callable(known[name].default_factory) else known[name].default
+        if is_dataclass(default):
+            if not isinstance(value, dict):
+                raise SpectoolError(f"config key {prefix + name} must be a section (a mapping), not {value!r}")
+            kwargs[name] = _build(type(default), value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, default, prefix + name)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, default: Any, key: str) -> Any:
+    """Type-check a leaf against its default (int/float/bool/str; None defaults take str or null)."""
+    if value is None or default is None:
+        return value
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise SpectoolError(f"config key {key} = {value!r} must be true or false")
+        return value
+    if isinstance(default, int) and not isinstance(value, bool) and isinstance(value, int):
+        return value
+    if isinstance(default, float) and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            return float(value)  # YAML 1.1 reads 2e-6 (no dot) as a string
+        except ValueError:
+            pass
+    if isinstance(default, str) and isinstance(value, bool):
+        return "on" if value else "off"  # YAML 1.1 reads off/on as booleans
+    if isinstance(default, str) and isinstance(value, str):
+        return value
+    if key == "speculation.k" and value == "auto":
+        return value
+    raise SpectoolError(f"config key {key} = {value!r} has the wrong type (expected {type(default).__name__})")
+
+
+def _set(tree: dict, assignment: str) -> None:
+    import yaml
+
+    if "=" not in assignment:
+        raise SpectoolError(f"--set {assignment!r} must look like section.key=value")
+    path, raw = assignment.split("=", 1)
+    node = tree
+    parts = path.strip().split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise SpectoolError(f"--set {assignment!r}: {p} is not a section")
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def load_config(path: str | None, overrides: list[str] = ()) -> RLConfig:
+    """The validated config: template defaults <- YAML file <- --set overrides."""
+    import yaml
+
+    tree: dict = {}
+    if path:
+        p = Path(path)
+        if not p.exists():
+            raise SpectoolError(f"--config {path} does not exist (start from templates/rl.yaml)")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise SpectoolError(f"--config {path} is not valid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise SpectoolError(f"--config {path} must be a mapping of keys to values")
+    tree = copy.deepcopy(tree)
+    for a in overrides:
+        _set(tree, a)
+    cfg = _build(RLConfig, tree, "")
+    cfg.validate()
+    return cfg

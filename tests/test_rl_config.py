@@ -1,0 +1,45 @@
+"""train-rl's config: the template loads, overrides apply, bad keys and values are named."""
+
+from pathlib import Path
+
+import pytest
+
+from spectool.errors import SpectoolError
+from spectool.rl.config import load_config
+
+TEMPLATE = str(Path(__file__).resolve().parents[1] / "templates" / "rl.yaml")
+
+
+def test_template_loads_and_overrides_apply():
+    cfg = load_config(TEMPLATE, ["speculation.draft=runs/d", "rollout.group_size=4", "policy.lr=2e-6"])
+    assert cfg.rollout.group_size == 4 and cfg.policy.lr == 2e-6 and cfg.speculation.draft == "runs/d"
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [("rollout.group_sise=4", "unknown config key rollout.group_sise"),
+     ("rollout.group_size=1", "rollout.group_size"),
+     ("rollout.mode=eventually", "rollout.mode"),
+     ("policy.lr=fast", "policy.lr"),
+     ("speculation.k=0", "speculation.k"),
+     ("draft_refresh.ttt_steps=2", "draft_refresh.ttt_steps"),
+     ("rollout=3", "must be a section")],
+)
+def test_bad_keys_and_values_are_named(override, needle):
+    with pytest.raises(SpectoolError, match=needle.replace(".", r"\.")):
+        load_config(TEMPLATE, ["speculation.draft=runs/d", override])
+
+
+def test_speculation_needs_a_draft_unless_refresh_is_off():
+    with pytest.raises(SpectoolError, match="speculation.draft"):
+        load_config(TEMPLATE)
+    assert load_config(TEMPLATE, ["draft_refresh.mode=off"]).speculation.draft is None
+
+
+def test_missing_or_broken_file(tmp_path):
+    with pytest.raises(SpectoolError, match="does not exist"):
+        load_config(str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: [1, 2\n")
+    with pytest.raises(SpectoolError, match="not valid YAML"):
+        load_config(str(bad))
