@@ -253,12 +253,13 @@ def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for b in cfg.batch_sizes:
+    for i, b in enumerate(cfg.batch_sizes):  # colour = batch size, line style = method
         for m in cfg.methods:
             pts = sorted((r["k"], r["speedup"]) for r in rows if r["batch"] == b and r["method"] == m)
             if pts:
-                ax.plot(*zip(*pts), marker="o", ls="-" if m == "eagle3" else "--", label=f"{m}, batch {b}")
+                ax.plot(*zip(*pts), marker="o", color=f"C{i}", ls="-" if m == "eagle3" else "--", label=f"{m}, batch {b}")
     ax.axhline(1.0, color="grey", lw=1)
+    ax.set_xticks(cfg.ks)
     ax.set_xlabel("k (draft tokens per step)")
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title("sweep-k: speedup vs k")
@@ -271,6 +272,7 @@ def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
     for r in rows:
         if r["method"] == "eagle3" and r["batch"] == cfg.batch_sizes[0] and r["per_position"]:
             ax.plot(range(1, len(r["per_position"]) + 1), r["per_position"], marker="o", label=f"k={r['k']}")
+    ax.set_xticks(range(1, max(cfg.ks) + 1))
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1)
