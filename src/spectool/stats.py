@@ -30,16 +30,22 @@ class AcceptanceStats:
         """Fraction of drafts whose token at position i (0-based) was accepted."""
         return [a / self.num_drafts if self.num_drafts else float("nan") for a in self.accepted_per_pos]
 
-    def __sub__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+    def _combine(self, other: "AcceptanceStats", sign: int) -> "AcceptanceStats":
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
         a = self.accepted_per_pos + [0] * (n - len(self.accepted_per_pos))
         b = other.accepted_per_pos + [0] * (n - len(other.accepted_per_pos))
         return AcceptanceStats(
-            self.num_drafts - other.num_drafts,
-            self.num_draft_tokens - other.num_draft_tokens,
-            self.num_accepted_tokens - other.num_accepted_tokens,
-            [x - y for x, y in zip(a, b)],
+            self.num_drafts + sign * other.num_drafts,
+            self.num_draft_tokens + sign * other.num_draft_tokens,
+            self.num_accepted_tokens + sign * other.num_accepted_tokens,
+            [x + sign * y for x, y in zip(a, b)],
         )
+
+    def __sub__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+        return self._combine(other, -1)
+
+    def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+        return self._combine(other, +1)
 
     def as_dict(self) -> dict:
         return {

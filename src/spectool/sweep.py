@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from spectool import subproc
@@ -140,20 +140,12 @@ def measure_arm(model_path: str, method: str, k: int, draft: str | None, prompts
                                                       seed=seed * 100003 + w))
             seconds += time.perf_counter() - t0
             tokens += sum(len(c.response_ids) for per in outs for c in per)
-            stats = _add(stats, st)
+            stats = stats + st
         rows.append({"method": method, "k": k, "batch": batch, "tokens": tokens, "seconds": seconds,
                      "tokens_per_s": tokens / seconds, "sequences": waves * batch,
                      "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else None,
                      "per_position": stats.per_position_rate if stats.num_drafts else []})
     return rows
-
-
-def _add(a: AcceptanceStats, b: AcceptanceStats) -> AcceptanceStats:
-    n = max(len(a.accepted_per_pos), len(b.accepted_per_pos))
-    pa = a.accepted_per_pos + [0] * (n - len(a.accepted_per_pos))
-    pb = b.accepted_per_pos + [0] * (n - len(b.accepted_per_pos))
-    return AcceptanceStats(a.num_drafts + b.num_drafts, a.num_draft_tokens + b.num_draft_tokens,
-                           a.num_accepted_tokens + b.num_accepted_tokens, [x + y for x, y in zip(pa, pb)])
 
 
 def _arms(cfg: SweepConfig) -> list[tuple[str, int]]:
@@ -174,7 +166,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     draft = check_draft(cfg.draft, model, max(cfg.ks)) if "eagle3" in cfg.methods else None
     out = Path(cfg.out)
     rows_path = out / ROWS
-    settings = {k: v for k, v in _jsonable_cfg(cfg).items() if k not in ("out",)}
+    settings = {k: v for k, v in asdict(cfg).items() if k != "out"}
     if rows_path.exists():
         old = read_json(out / CONFIG)
         diff = sorted(k for k in settings if k not in ("ks", "batch_sizes", "methods", "min_gain") and old.get(k) != settings[k])
@@ -215,12 +207,6 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     atomic_write_json(out / MANIFEST, make_manifest("sweep", model=model.name, model_identity=model.identity,
                                                     draft=draft, data=cfg.data, rows=len(rows)))
     return result
-
-
-def _jsonable_cfg(cfg: SweepConfig) -> dict:
-    from dataclasses import asdict
-
-    return asdict(cfg)
 
 
 def _with_ratios(rows: list[dict]) -> list[dict]:
