@@ -206,8 +206,9 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     arms["speculative"] = sample_arm(draft=draft, top_p=1.0, seed=cfg.seed + 1, **common)
     if control == "unpatched":
         progress("sampling: lossy control (unpatched CPU rejection sampler, subprocess)")
-        arms["lossy control"] = subproc.call("spectool.verify", "sample_arm", dict(draft=draft, top_p=1.0, seed=cfg.seed + 2, **common),
-                                             env={"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"}, what="the lossy-control engine")
+        arms["lossy control"] = subproc.call(
+            "spectool.verify", "sample_arm", dict(draft=draft, top_p=1.0, seed=cfg.seed + 2, **common),
+            env={"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"}, what="the lossy-control engine")
         notes = {"lossy control": f"unpatched sampler ({arms['lossy control']['sampler_fix']})"}
     elif control == "truncated":
         progress("sampling: lossy control (speculative, top-p 0.9 instead of 1.0)")
