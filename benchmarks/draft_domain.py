@@ -50,8 +50,9 @@ def main() -> None:
         recs = man.get("records")
         for t in (0.0, 1.0):
             out = Path(a.out) / f"{Path(d).name}-t{t:g}"
+            samples = a.samples if t > 0 else 1  # greedy samples of one prompt are identical
             sh("rollout", "--draft", d, "--k", str(a.k), "--compare", "--temperature", str(t), "--n-prompts",
-               str(a.n_prompts), "--samples", str(a.samples), "--max-tokens", "128", "--out", str(out))
+               str(a.n_prompts), "--samples", str(samples), "--max-tokens", "128", "--out", str(out))
             s = json.loads((out / "manifest.json").read_text())["summary"]
             acc = s["acceptance"]
             rows.append((name, recs, t, acc["mean_acceptance_length"], acc["per_position_rate"],

@@ -83,7 +83,8 @@ def test_export_refuses_non_draft(tmp_path):
      (["verify", "--draft", "D", "--samples", "5"], "--samples"),
      (["verify", "--draft", "D", "--temperature", "0"], "--temperature"),
      (["rollout", "--k", "auto"], "--k auto needs --sweep"),
-     (["rollout", "--k", "three"], "--k")],
+     (["rollout", "--k", "three"], "--k"),
+     (["rollout", "--temperature", "0", "--samples", "4"], "must be 1 at --temperature 0")],
 )
 def test_sweep_verify_and_auto_k_bad_inputs_name_the_flag(tmp_path, args, needle):
     args = [str(tmp_path / a) if a in ("S", "D") else a for a in args]

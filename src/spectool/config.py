@@ -27,6 +27,8 @@ class SamplingConfig:
         check(0.0 <= self.temperature <= 10.0, "--temperature", self.temperature, "must be in [0, 10]")
         check(0.0 < self.top_p <= 1.0, "--top-p", self.top_p, "must be in (0, 1]")
         check(self.seed >= 0, "--seed", self.seed, "must be >= 0")
+        check(self.temperature > 0 or self.samples == 1, "--samples", self.samples,
+              "must be 1 at --temperature 0 (greedy completions of one prompt are identical)")
 
 
 def check(ok: bool, flag: str, value: object, rule: str) -> None:
