@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from spectool.stats import AcceptanceStats
+
 ROOT = Path(__file__).resolve().parents[1]
 SPECTOOL = [sys.executable, "-m", "spectool.cli"]
 
@@ -51,11 +53,12 @@ def main() -> None:
         for t in (0.0, 1.0):
             out = Path(a.out) / f"{Path(d).name}-t{t:g}"
             samples = a.samples if t > 0 else 1  # greedy samples of one prompt are identical
-            sh("rollout", "--draft", d, "--k", str(a.k), "--compare", "--temperature", str(t), "--n-prompts",
-               str(a.n_prompts), "--samples", str(samples), "--max-tokens", "128", "--out", str(out))
+            if not (out / "manifest.json").exists():  # a rerun reuses finished measurements
+                sh("rollout", "--draft", d, "--k", str(a.k), "--compare", "--temperature", str(t), "--n-prompts",
+                   str(a.n_prompts), "--samples", str(samples), "--max-tokens", "128", "--out", str(out))
             s = json.loads((out / "manifest.json").read_text())["summary"]
-            acc = s["acceptance"]
-            rows.append((name, recs, t, acc["mean_acceptance_length"], acc["per_position_rate"],
+            acc = AcceptanceStats(**s["acceptance"])
+            rows.append((name, recs, t, acc.mean_acceptance_length, acc.per_position_rate,
                          s["tokens_per_s"] / s["plain_tokens_per_s"]))
     print(f"held-out math, k={a.k}, {a.n_prompts} prompts x {a.samples} samples, speedup vs plain in the same run")
     print(f"{'draft':>18} {'records':>8} {'T':>4} {'accept. len':>11} {'per position':>18} {'speedup':>8}")
