@@ -24,7 +24,6 @@ class SpectoolWorkerExtension:
         of the target's aux hidden states, [tokens, n_aux * H_target]). With a path, saves the
         inputs recorded so far to a safetensors file and removes the hook. Returns the count.
         """
-        import torch
         from safetensors.torch import save_file
 
         draft = self.model_runner.get_draft_model()
