@@ -33,4 +33,6 @@ def test_verify_flags_the_uncorrected_engine(tiny_policy, random_draft):
                  env={"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"}, check=False)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     assert "verdict: NOT LOSSLESS" in r.stdout
-    assert "speculative: score" in r.stdout
+    # Which test rejects first varies with the machine's sampled streams (in one CI run only the token tests
+    # did); the verdict must name the speculative arm, whichever test caught it.
+    assert "  - speculative: " in r.stdout
