@@ -231,14 +231,25 @@ def verify(
 
 
 @app.command("train-rl")
-def train_rl() -> None:
+def train_rl(
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML config (start from templates/rl.yaml)."),
+    set_: list[str] = typer.Option([], "--set", help="Override one key: section.key=value (repeatable)."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
+) -> None:
     """Online GRPO with speculative rollouts and a draft refreshed from the policy's hidden states."""
-    _not_built("train-rl", 5)
+    try:
+        from spectool.rl.config import load_config, to_yaml
 
+        cfg = load_config(str(config) if config else None, set_)
+        if print_config:
+            typer.echo(to_yaml(cfg))
+            return
+        from spectool.rl.loop import run
+        from spectool.rl.report import render_summary
 
-def _not_built(name: str, issue: int) -> None:
-    typer.echo(f"spectool {name} is not built yet (tracked in issue {issue}); nothing was run.", err=True)
-    raise typer.Exit(3)
+        render_summary(run(cfg))
+    except SpectoolError as e:
+        _fail(e)
 
 
 def main() -> None:  # pragma: no cover

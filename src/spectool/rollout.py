@@ -142,20 +142,24 @@ def run(cfg: RolloutConfig) -> RolloutResult:
 
 
 def _sweep_schedule(cfg: RolloutConfig) -> list[tuple[int, int, int]]:
-    """The eagle3 batch-size schedule a sweep-k run recommends; fills in --draft from it."""
+    schedule, cfg.draft = sweep_schedule(cfg.sweep, cfg.draft, flag="--")
+    return schedule
+
+
+def sweep_schedule(sweep_dir: str, draft: str | None, flag: str = "--") -> tuple[list[tuple[int, int, int]], str]:
+    """The eagle3 batch-size schedule a sweep-k run recommends, and its draft (the given `draft`
+    must be that one). `flag` prefixes the option names in errors ("--" or "speculation.")."""
     from spectool.runs import read_json
 
-    path = Path(cfg.sweep) / "sweep.json"
+    path = Path(sweep_dir) / "sweep.json"
     if not path.exists():
-        raise SpectoolError(f"--sweep {cfg.sweep} has no sweep.json; run spectool sweep-k --out {cfg.sweep} first")
+        raise SpectoolError(f"{flag}sweep {sweep_dir} has no sweep.json; run spectool sweep-k --out {sweep_dir} first")
     sweep = read_json(path)
     if not sweep.get("eagle3_schedule"):
-        raise SpectoolError(f"--sweep {cfg.sweep} measured no eagle3 arms; sweep with --methods eagle3")
-    if cfg.draft is None:
-        cfg.draft = sweep["draft"]
-    elif Path(cfg.draft).resolve() != Path(sweep["draft"]).resolve():
-        raise SpectoolError(f"--draft {cfg.draft} is not the draft {sweep['draft']} that --sweep {cfg.sweep} measured")
-    return [tuple(r) for r in sweep["eagle3_schedule"]]
+        raise SpectoolError(f"{flag}sweep {sweep_dir} measured no eagle3 arms; sweep with --methods eagle3")
+    if draft is not None and Path(draft).resolve() != Path(sweep["draft"]).resolve():
+        raise SpectoolError(f"{flag}draft {draft} is not the draft {sweep['draft']} that {flag}sweep {sweep_dir} measured")
+    return [tuple(r) for r in sweep["eagle3_schedule"]], draft or sweep["draft"]
 
 
 def render(r: RolloutResult) -> None:

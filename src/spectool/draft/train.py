@@ -111,7 +111,7 @@ def _features(policy, records, layer_ids: list[int], cache: Path):
     return feats
 
 
-def _batch(items, prompt_lens):
+def collate_features(items, prompt_lens):
     """Right-pad a list of (ids, aux, last) -> ids [B,T], aux [B,T,3H], last [B,T,H], P [B], L [B]."""
     T = max(len(x[0]) for x in items)
     B = len(items)
@@ -218,8 +218,8 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         with torch.no_grad():
             for b in range(0, len(ev), cfg.batch_size):
                 idx = ev[b : b + cfg.batch_size]
-                ids, aux, last, P, L = _batch([feats[i] for i in idx], [prompt_lens[i] for i in idx])
-                s = _first_anchor(P, cfg.ttt_steps)
+                ids, aux, last, P, L = collate_features([feats[i] for i in idx], [prompt_lens[i] for i in idx])
+                s = first_anchor(P, cfg.ttt_steps)
                 m = acceptance_metrics(d.unroll(aux, ids, cfg.ttt_steps, s), last[:, s:] @ W.T, target_ids, P - s, L - s)
                 for k in ("top1", "p_accept"):
                     sums.setdefault(k, [0.0] * cfg.ttt_steps)
@@ -241,8 +241,8 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             idx = order[pos * cfg.batch_size : (pos + 1) * cfg.batch_size]
             idx = idx[acc.process_index :: acc.num_processes] or idx[:1]  # this process's share
             t0 = time.perf_counter()
-            ids, aux, last, P, L = _batch([feats[i] for i in idx], [prompt_lens[i] for i in idx])
-            s = _first_anchor(P, cfg.ttt_steps)
+            ids, aux, last, P, L = collate_features([feats[i] for i in idx], [prompt_lens[i] for i in idx])
+            s = first_anchor(P, cfg.ttt_steps)
             logits = draft(aux, ids, cfg.ttt_steps, s)  # steps x [B, T - s, Vd]
             loss, per_step = ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, cfg.step_decay)
             opt.zero_grad()
@@ -286,7 +286,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     return result
 
 
-def _first_anchor(prompt_lens: torch.Tensor, steps: int) -> int:
+def first_anchor(prompt_lens: torch.Tensor, steps: int) -> int:
     """First anchor any step's loss reads (step j needs t >= P - 2 - j): earlier ones only give keys."""
     return max(0, int(prompt_lens.min()) - 1 - steps)
 

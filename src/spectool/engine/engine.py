@@ -129,16 +129,19 @@ class Engine:
         """prompts: token ids per prompt. Returns [prompt][sample] completions and acceptance deltas."""
         from vllm import SamplingParams, TokensPrompt
 
-        params = SamplingParams(
-            n=sampling.n,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            logprobs=0,  # the sampled token's logprob only
-        )
+        def params(i: int) -> SamplingParams:  # seeded: prompt i's samples use seeds seed + i*n ... + i*n + n-1
+            return SamplingParams(
+                n=sampling.n,
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
+                logprobs=0,  # the sampled token's logprob only
+            )
+
         before = self.acceptance()
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=use_tqdm)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                 [params(i) for i in range(len(prompts))], use_tqdm=use_tqdm)
         stats = self.acceptance() - before
         result = []
         for prompt, out in zip(prompts, outs):
@@ -165,8 +168,57 @@ class Engine:
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
+    def update_policy(self, state_dict: dict[str, Any]) -> None:
+        """New policy weights (transformers names) into the running engine, then drop the prefix
+        cache: KV computed with the old weights would otherwise be reused (measured: up to 3.6 nats)."""
+        _send(self, "spectool_reload_policy", state_dict)
+        self.reset_prefix_cache()
+
+    def update_draft(self, state_dict: dict[str, Any]) -> None:
+        """New EAGLE-3 draft weights (vLLM names, as Eagle3Draft.export_state_dict) into the running drafter."""
+        if not self.cfg.draft_path:
+            raise SpectoolError("this engine runs without a draft; there is no draft to update")
+        _send(self, "spectool_reload_draft", state_dict)
+
+    def draft_fingerprint(self) -> float:
+        return float(self.rpc("spectool_draft_fingerprint")[0])
+
+    def sequence_logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        """The engine's logprob of each response token given its prompt and earlier tokens (vLLM
+        prompt logprobs over prompt + response): what the engine's current weights say."""
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p + r) for p, r in zip(prompts, responses)], params,
+                                 use_tqdm=False)
+        result = []
+        for p, r, out in zip(prompts, responses, outs):
+            steps = out.prompt_logprobs[len(p):]  # entry i: logprob of token i given tokens < i
+            result.append([float(step[tok].logprob) for step, tok in zip(steps, r)])
+        return result
+
     def rpc(self, method: str, *args: Any) -> list[Any]:
         return self.llm.collective_rpc(method, args=args)
+
+
+def _send(engine: Engine, method: str, state_dict: dict[str, Any]) -> None:
+    """Hand tensors to the workers as a safetensors file (in /dev/shm when there is one): the
+    multiprocess engine turns tensors passed directly into lists (ENVIRONMENT.md)."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(dir=shm, prefix="spectool-") as d:
+        path = os.path.join(d, "weights.safetensors")
+        seen: set[int] = set()
+        tensors = {}
+        for k, v in state_dict.items():  # tied weights (lm_head = embed_tokens) go once; vLLM ties them again
+            if v.data_ptr() not in seen:
+                seen.add(v.data_ptr())
+                tensors[k] = v.detach().contiguous()
+        save_file(tensors, path)
+        engine.rpc(method, path)
 
 
 def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:

@@ -41,8 +41,21 @@ class SpectoolWorkerExtension:
         self._spectool_captured = []
         return len(captured)
 
-    def spectool_reload_draft(self, path: str) -> None:
-        """Load new draft weights (a plain EAGLE-3 safetensors file) into the running drafter."""
+    def spectool_reload_policy(self, path: str) -> int:
+        """Load new policy weights (a safetensors file in transformers' names) in place, through the
+        worker's own `reload_weights` (CPU linear layers repack after loading; `load_weights` on the
+        model alone would leave stale packed weights). Returns the number of tensors read."""
+        from safetensors.torch import load_file
+
+        weights = load_file(path)
+        self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        return len(weights)
+
+    def spectool_reload_draft(self, path: str) -> int:
+        """Load new draft weights (a plain EAGLE-3 safetensors file) into the running drafter, in
+        place, with the draft's own model config. Returns the number of tensors read."""
+        from types import SimpleNamespace
+
         from safetensors.torch import load_file
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
@@ -50,5 +63,30 @@ class SpectoolWorkerExtension:
         draft = self.model_runner.get_draft_model()
         weights = load_file(path)
         cfg = self.vllm_config
+        draft_cfg = SimpleNamespace(model_config=cfg.speculative_config.draft_model_config,
+                                    load_config=cfg.load_config, lora_config=None)
         with set_current_vllm_config(cfg):
-            reload_weights(cfg, draft, weights_iterator=iter(weights.items()))
+            reload_weights(draft_cfg, draft, weights_iterator=iter(weights.items()), weights_path=None,
+                           is_checkpoint_format=True)
+        return len(weights)
+
+    def spectool_draft_fingerprint(self) -> float:
+        """Sum of the drafter's own weights (embeddings shared with the policy excluded): a check
+        that a reload took. CPU linear layers repack their weights into kernel closures (the
+        parameters are left empty), so each linear layer's sum is read through the layer itself:
+        sum(layer(ones)) = sum(W). Fusing (qkv, gate_up) keeps the sum."""
+        import torch
+        from vllm.model_executor.layers.linear import LinearBase
+
+        draft = self.model_runner.get_draft_model()
+        total = 0.0
+        with torch.no_grad():
+            for name, mod in draft.named_modules():
+                if isinstance(mod, LinearBase):
+                    out = mod(torch.ones(1, mod.input_size, dtype=torch.float32, device=self.device))
+                    total += float((out[0] if isinstance(out, tuple) else out).double().sum())
+            for name, p in draft.named_parameters():
+                owner = draft.get_submodule(name.rpartition(".")[0]) if "." in name else draft
+                if "embed_tokens" not in name and not isinstance(owner, LinearBase):
+                    total += float(p.double().sum())
+        return total

@@ -19,6 +19,8 @@ class RolloutSection:
     max_tokens: int = 128
     temperature: float = 1.0
     mode: str = "sync"
+    eval_every: int = 10  # held-out reward (greedy, eval split) every N steps; 0 = never
+    eval_prompts: int = 32
 
 
 @dataclass
@@ -38,6 +40,8 @@ class PolicySection:
     scale_adv_by_std: bool = True
     logprob_check_every: int = 5
     logprob_tolerance: float = 0.01
+    micro_batch_size: int = 8
+    max_grad_norm: float = 1.0
 
 
 @dataclass
@@ -47,6 +51,16 @@ class DraftRefreshSection:
     lr: float = 1e-4
     steps_per_refresh: int = 20
     ttt_steps: int = 5
+    warmup_steps: int = 10
+    batch_size: int = 16
+    buffer_steps: int = 5  # keep the features of the last N policy steps
+
+
+@dataclass
+class EngineSection:
+    kv_cache_gib: float = 2.0  # CPU build only
+    enforce_eager: bool = False  # true: no torch.compile (faster start, slower decode)
+    max_model_len: int = 0  # 0: min(2048, the model's limit)
 
 
 @dataclass
@@ -59,6 +73,7 @@ class RLConfig:
     speculation: SpeculationSection = field(default_factory=SpeculationSection)
     policy: PolicySection = field(default_factory=PolicySection)
     draft_refresh: DraftRefreshSection = field(default_factory=DraftRefreshSection)
+    engine: EngineSection = field(default_factory=EngineSection)
     checkpoint_every: int = 10
 
     def validate(self) -> None:
@@ -85,10 +100,26 @@ class RLConfig:
         _need(0 < d.lr < 1, "draft_refresh.lr", d.lr, "in (0, 1)")
         _need(d.ttt_steps >= (s.k if isinstance(s.k, int) else 1), "draft_refresh.ttt_steps", d.ttt_steps,
               ">= speculation.k (every draft position the engine uses is trained)")
+        _need(r.eval_every >= 0 and r.eval_prompts >= 1, "rollout.eval_every/eval_prompts", (r.eval_every, r.eval_prompts),
+              "eval_every >= 0 and eval_prompts >= 1")
+        _need(p.micro_batch_size >= 1, "policy.micro_batch_size", p.micro_batch_size, ">= 1")
+        _need(p.max_grad_norm > 0, "policy.max_grad_norm", p.max_grad_norm, "> 0")
+        _need(d.warmup_steps >= 0 and d.batch_size >= 1 and d.buffer_steps >= 1,
+              "draft_refresh.warmup_steps/batch_size/buffer_steps", (d.warmup_steps, d.batch_size, d.buffer_steps),
+              "warmup_steps >= 0, batch_size >= 1, buffer_steps >= 1")
+        e = self.engine
+        _need(e.kv_cache_gib > 0, "engine.kv_cache_gib", e.kv_cache_gib, "> 0")
+        _need(e.max_model_len >= 0, "engine.max_model_len", e.max_model_len, ">= 0")
         _need(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def to_yaml(cfg: RLConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg.as_dict(), sort_keys=False)
 
 
 def _need(ok: bool, key: str, value: Any, rule: str) -> None:

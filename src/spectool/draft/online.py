@@ -1,0 +1,109 @@
+"""Online draft refresh for train-rl: the EAGLE-3 draft keeps learning from the policy it serves.
+
+The trainer hands over features it already computed in its own training forward (detached: no
+gradient reaches the policy), the draft keeps them in a bounded buffer, and every N policy steps
+it trains on them with its own optimizer, learning rate and warm-up, unrolled over all `ttt_steps`
+draft positions (NeMo RL trains only position 1 online). The targets are the policy's next-token
+distributions, lm_head(last hidden state), read with the policy's current lm_head; the draft's
+token embedding follows the policy's, as it does inside vLLM (the draft shares the policy's).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from spectool.draft.loss import acceptance_metrics, ttt_loss
+from spectool.draft.model import Eagle3Draft
+from spectool.draft.train import collate_features, first_anchor
+from spectool.draft.vocab import ids_from_d2t
+
+
+@dataclass
+class Features:
+    """One sequence's features from the policy's forward (stored in float16)."""
+
+    ids: torch.Tensor  # [T] prompt + response token ids
+    aux: torch.Tensor  # [T, n_aux * H] aux hidden states, vLLM's layer convention
+    last: torch.Tensor  # [T, H] final-norm output (logits = lm_head(last))
+    prompt_len: int
+
+
+@dataclass
+class RefreshReport:
+    steps: int  # draft optimizer steps so far, over the whole run
+    loss: float  # mean TTT loss of this refresh
+    top1_before: list[float]  # per draft position, on the newest features, before training
+    top1_after: list[float]
+    sequences: int  # buffer size used
+
+
+class OnlineDraft:
+    def __init__(self, draft: Eagle3Draft, lr: float, warmup_steps: int, ttt_steps: int, batch_size: int,
+                 buffer_size: int, step_decay: float = 0.8, seed: int = 0):
+        self.draft = draft.train()
+        self.ttt_steps = ttt_steps
+        self.batch_size = batch_size
+        self.buffer: list[Features] = []
+        self.buffer_size = buffer_size
+        self.step_decay = step_decay
+        self.steps = 0
+        self.rng = random.Random(seed)
+        self.target_ids = ids_from_d2t(draft.d2t)  # [Vd] policy id of each draft id
+        params = [p for p in draft.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(warmup_steps, 1)))
+
+    def add(self, feats: list[Features]) -> None:
+        """Newest last; the oldest go once the buffer is full."""
+        self.buffer.extend(feats)
+        del self.buffer[: max(0, len(self.buffer) - self.buffer_size)]
+
+    def refresh(self, policy, n_steps: int) -> RefreshReport:
+        """Train `n_steps` TTT steps on mini-batches drawn from the buffer."""
+        with torch.no_grad():  # the draft reads tokens with the policy's current embedding, as in vLLM
+            self.draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
+        W = policy.get_output_embeddings().weight.detach()  # [V, H]
+        W_dv = W[self.target_ids]  # [Vd, H]
+        newest = self.buffer[-self.batch_size :]
+        before = self._top1(newest, W)
+        losses = []
+        for _ in range(n_steps):
+            batch = self.rng.sample(self.buffer, min(self.batch_size, len(self.buffer)))
+            ids, aux, last, P, L = collate_features([(f.ids, f.aux, f.last) for f in batch], [f.prompt_len for f in batch])
+            s = first_anchor(P, self.ttt_steps)
+            logits = self.draft(aux, ids, self.ttt_steps, s)  # steps x [B, T - s, Vd]
+            loss, _ = ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, self.step_decay)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            self.sched.step()
+            self.steps += 1
+            losses.append(float(loss.detach()))
+        return RefreshReport(self.steps, sum(losses) / len(losses), before, self._top1(newest, W), len(self.buffer))
+
+    @torch.no_grad()
+    def _top1(self, feats: list[Features], W: torch.Tensor) -> list[float]:
+        """Greedy agreement with the policy per draft position (a proxy for acceptance)."""
+        ids, aux, last, P, L = collate_features([(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats])
+        s = first_anchor(P, self.ttt_steps)
+        m = acceptance_metrics(self.draft(aux, ids, self.ttt_steps, s), last[:, s:] @ W.T, self.target_ids, P - s, L - s)
+        return m["top1"]
+
+    def state_dict(self) -> dict:
+        return {"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "steps": self.steps,
+                "rng": self.rng.getstate()}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.opt.load_state_dict(st["opt"])
+        self.sched.load_state_dict(st["sched"])
+        self.steps = st["steps"]
+        self.rng.setstate(st["rng"])
+
+    def save(self, folder: Path, extra: dict) -> None:
+        from spectool.draft.checkpoint import save_draft
+
+        save_draft(self.draft, folder, extra=extra)

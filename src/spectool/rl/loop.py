@@ -1,0 +1,368 @@
+"""`spectool train-rl`: online GRPO whose rollouts are speculative and whose draft keeps up.
+
+Workflow per step n (sync mode):
+  generate  P prompts x G samples on the running vLLM engine (policy + EAGLE-3 draft), scored
+  update    one GRPO step on the policy (transformers, accelerate); its forward also yields the
+            draft's features (detached) when the draft is refreshed online
+  sync      the new policy weights go into the running engine; prefix cache dropped
+  check     every `logprob_check_every` steps: engine logprobs == trainer logprobs, or stop
+  refresh   every `draft_refresh.every` steps (online): the draft trains on the cached features,
+            then goes into the running engine
+  eval      every `eval_every` steps: greedy reward on held-out prompts
+  log       metrics.jsonl line; checkpoint every `checkpoint_every` steps
+Async mode: the rollouts of step n+1 are generated (thread) while step n trains, by the policy of
+step n (lag 1); the objective's ratio uses the engine's behaviour logprobs, so the lag is corrected.
+A run directory resumes from its last checkpoint: the prompts and seeds of step n are functions of
+n, so no step is lost or repeated (metrics past the checkpoint are dropped and redone).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from spectool.errors import SpectoolError
+from spectool.rl.config import RLConfig
+from spectool.rl.grpo import group_advantages
+from spectool.rl.policy import PolicyTrainer, Rollout
+from spectool.stats import AcceptanceStats
+
+CHECKPOINTS = "checkpoints"
+RESUMABLE_KEYS_IGNORED = {"policy.steps", "out"}  # a resumed run may run longer
+
+
+@dataclass
+class Batch:
+    step: int
+    rollouts: list[Rollout]
+    acceptance: AcceptanceStats
+    gen_s: float
+    gen_tokens: int
+    mean_reward: float
+
+
+@dataclass
+class RLResult:
+    out: str
+    steps: int
+    resumed_from: int
+    seconds: float
+    metrics: list[dict] = field(default_factory=list)
+
+
+class _Tasks:
+    """Prompts of step n: a fixed pool, walked in a seeded order per epoch (a function of n)."""
+
+    def __init__(self, source, tokenizer, cfg: RLConfig):
+        from spectool.prompts import encode_prompt
+
+        want = min(cfg.policy.steps * cfg.rollout.prompts_per_step, 4096)
+        self.tasks = source.tasks("train", want)
+        self.ids = [encode_prompt(tokenizer, t.prompt) for t in self.tasks]
+        self.P, self.seed = cfg.rollout.prompts_per_step, cfg.seed
+
+    def for_step(self, step: int) -> list[int]:
+        per_epoch = max(len(self.tasks) // self.P, 1)
+        epoch, pos = divmod(step, per_epoch)
+        order = torch.randperm(len(self.tasks), generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
+        return order[pos * self.P : (pos + 1) * self.P].tolist() or order[: self.P].tolist()
+
+
+def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResult:
+    from transformers import AutoTokenizer
+
+    from spectool.data import load_source
+    from spectool.draft.checkpoint import check_draft, load_draft
+    from spectool.engine.engine import Engine, EngineConfig
+    from spectool.models import resolve_model
+    from spectool.runs import CONFIG, MANIFEST, atomic_write_json, make_manifest
+
+    cfg.validate()
+    t_start = time.perf_counter()
+    out = Path(cfg.out)
+    model = resolve_model(cfg.model)
+    source = load_source(cfg.data, seed=cfg.seed)
+    if not source.verifiable:
+        raise SpectoolError(f"data {cfg.data} has no verifier: GRPO needs rewards (use gym:... or a file with answers)")
+    tokenizer = AutoTokenizer.from_pretrained(model.path)
+    tasks = _Tasks(source, tokenizer, cfg)
+    eval_tasks = source.tasks("eval", cfg.rollout.eval_prompts) if cfg.rollout.eval_every else []
+    _check_resume_config(out, cfg)
+
+    spec, dr = cfg.speculation, cfg.draft_refresh
+    schedule = None
+    if dr.mode != "off" and spec.k == "auto":
+        from spectool.rollout import sweep_schedule
+
+        schedule, spec.draft = sweep_schedule(spec.sweep, spec.draft, flag="speculation.")
+    k = max(k for _, _, k in schedule) if schedule else (spec.k if dr.mode != "off" else 0)
+    draft_path = check_draft(spec.draft, model, max(k, 1)) if dr.mode != "off" else None
+
+    ckpt = _latest_checkpoint(out)
+    start = ckpt[0] if ckpt else 0
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / CONFIG, cfg.as_dict())
+    if ckpt and dr.mode == "online":
+        draft_path = str(ckpt[1] / "draft")  # the refreshed draft, as it was at the checkpoint
+
+    online = None
+    aux_ids = None
+    policy_start = str(ckpt[1] / "policy") if ckpt else model.path
+    if dr.mode == "online":
+        from spectool.draft.online import OnlineDraft
+        from transformers import AutoConfig
+
+        policy_cfg = AutoConfig.from_pretrained(model.path)
+        draft, _ = load_draft(Path(draft_path))
+        from spectool.draft.checkpoint import check_fits
+
+        check_fits(draft.config, policy_cfg, Path(draft_path))
+        aux_ids = draft.config.aux_layer_ids
+        online = OnlineDraft(draft, dr.lr, dr.warmup_steps, dr.ttt_steps, dr.batch_size,
+                             buffer_size=dr.buffer_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+                             seed=cfg.seed)
+    p = cfg.policy
+    trainer = PolicyTrainer(policy_start, p.lr, cfg.rollout.temperature, p.eps_low, p.eps_high, p.kl_beta,
+                            p.micro_batch_size, p.max_grad_norm, aux_ids, seed=cfg.seed)
+    if ckpt:
+        st = torch.load(ckpt[1] / "state.pt", weights_only=False)
+        trainer.load_state_dict(st["policy"])
+        if online is not None:
+            online.load_state_dict(st["draft"])
+    metrics_path = out / "metrics.jsonl"
+    history = _truncate_metrics(metrics_path, start)
+
+    e = cfg.engine
+    engine = Engine(EngineConfig(
+        model_path=model.path, draft_path=draft_path, k=max(k, 1), k_schedule=schedule, seed=cfg.seed,
+        kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=e.max_model_len or None,
+        logprobs_mode="processed_logprobs",  # behaviour logprobs at the sampling temperature
+    ))
+    if ckpt:
+        engine.update_policy(trainer.engine_state())  # the engine starts from the base model's weights
+
+    def generate(step: int) -> Batch:
+        return _generate(engine, source, tasks, step, cfg)
+
+    from spectool.rl.report import LiveView
+
+    pool = ThreadPoolExecutor(max_workers=1) if cfg.rollout.mode == "async" else None
+    view = LiveView(cfg, start, history)
+    try:
+        with view:
+            carried: Batch | None = None  # async: the next step's batch, generated during this step
+            for step in range(start, p.steps):
+                t0 = time.perf_counter()
+                batch, wait_s = (carried, 0.0) if carried is not None else (generate(step), None)
+                carried = None
+                nxt = pool.submit(generate, step + 1) if pool is not None and step + 1 < p.steps else None
+                rec: dict[str, Any] = {"step": step + 1, "mode": cfg.rollout.mode}
+                rec.update(_batch_metrics(batch))
+                t1 = time.perf_counter()
+                rep = trainer.update(batch.rollouts, capture=online is not None)
+                rec.update(update_s=time.perf_counter() - t1, loss=rep.loss, clip_fraction=rep.clip_fraction, kl=rep.kl,
+                           grad_norm=rep.grad_norm, behaviour_gap=rep.behaviour_gap, train_tokens=rep.tokens)
+                if online is not None:
+                    online.add(rep.features)
+                if nxt is not None:  # the engine must be idle before its weights change
+                    tw = time.perf_counter()
+                    carried = nxt.result()
+                    wait_s = (wait_s or 0.0) + time.perf_counter() - tw
+                t2 = time.perf_counter()
+                engine.update_policy(trainer.engine_state())
+                rec["sync_s"] = time.perf_counter() - t2
+                if (step + 1) % p.logprob_check_every == 0 or step + 1 == p.steps:
+                    rec.update(_check_logprobs(engine, trainer, batch.rollouts, p.logprob_tolerance, step + 1))
+                if online is not None and (step + 1) % dr.every == 0:
+                    t3 = time.perf_counter()
+                    r = online.refresh(trainer.unwrapped, dr.steps_per_refresh)
+                    engine.update_draft(online.draft.export_state_dict())
+                    rec["draft_sync_diff"] = _check_draft_sync(engine, online.draft, step + 1)
+                    rec.update(refresh_s=time.perf_counter() - t3, draft_loss=r.loss, draft_top1_before=r.top1_before,
+                               draft_top1_after=r.top1_after, draft_steps=r.steps)
+                if cfg.rollout.eval_every and ((step + 1) % cfg.rollout.eval_every == 0 or step + 1 == p.steps):
+                    t4 = time.perf_counter()
+                    rec["eval_reward"] = _eval_reward(engine, tokenizer, source, eval_tasks, cfg)
+                    rec["eval_s"] = time.perf_counter() - t4
+                rec["step_s"] = time.perf_counter() - t0
+                if wait_s is not None:
+                    rec["gen_wait_s"] = wait_s
+                # share of the step spent generating (async: the part the trainer waited for it)
+                rec["gen_share"] = (rec["gen_s"] if wait_s is None else wait_s) / rec["step_s"]
+                if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == p.steps:
+                    _save_checkpoint(out, step + 1, trainer, online, model, cfg)
+                    rec["checkpoint"] = True
+                from spectool.runs import append_jsonl
+
+                append_jsonl(metrics_path, rec)
+                history.append(rec)
+                view.update(rec)
+                if on_step:
+                    on_step(rec)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+    from spectool.rl.report import plot_run
+
+    plots = plot_run(history, out)
+    result = RLResult(str(out), p.steps, start, time.perf_counter() - t_start, history)
+    atomic_write_json(out / MANIFEST, make_manifest(
+        "train-rl", model=model.name, model_identity=model.identity, data=cfg.data, steps=p.steps,
+        resumed_from=start, sampler_fix=engine.sampler_fix, draft=spec.draft, draft_mode=dr.mode, k=spec.k,
+        plots=plots, summary=_summary(history)))
+    return result
+
+
+def _generate(engine, source, tasks: _Tasks, step: int, cfg: RLConfig) -> Batch:
+    from spectool.engine.engine import Sampling
+
+    r = cfg.rollout
+    idx = tasks.for_step(step)
+    t0 = time.perf_counter()
+    outs, acc = engine.generate([tasks.ids[i] for i in idx],
+                                Sampling(n=r.group_size, max_tokens=r.max_tokens, temperature=r.temperature,
+                                         seed=cfg.seed * 1_000_003 + step * 10_007))
+    gen_s = time.perf_counter() - t0
+    rewards = torch.tensor([[source.score(tasks.tasks[i], c.text) for c in samples] for i, samples in zip(idx, outs)])
+    adv = group_advantages(rewards, scale_by_std=cfg.policy.scale_adv_by_std)  # [P, G]
+    rollouts = [Rollout(c.prompt_ids, c.response_ids, c.logprobs, float(rewards[i, j]), float(adv[i, j]))
+                for i, samples in enumerate(outs) for j, c in enumerate(samples) if c.response_ids]
+    tokens = sum(len(x.response_ids) for x in rollouts)
+    return Batch(step, rollouts, acc, gen_s, tokens, float(rewards.mean()))
+
+
+def _batch_metrics(b: Batch) -> dict[str, Any]:
+    m: dict[str, Any] = {"reward": b.mean_reward, "gen_s": b.gen_s, "gen_tokens": b.gen_tokens,
+                         "gen_tokens_per_s": b.gen_tokens / b.gen_s if b.gen_s else 0.0,
+                         "response_len": b.gen_tokens / max(len(b.rollouts), 1)}
+    if b.acceptance.num_drafts:
+        m["acceptance_length"] = b.acceptance.mean_acceptance_length
+        m["acceptance_per_pos"] = b.acceptance.per_position_rate
+        m["spec_counters"] = asdict(b.acceptance)
+    return m
+
+
+def _check_logprobs(engine, trainer: PolicyTrainer, rollouts: list[Rollout], tol: float, step: int) -> dict:
+    """Engine vs trainer logprobs of a few sampled sequences, after the weight sync."""
+    few = rollouts[:4]
+    prompts, resps = [r.prompt_ids for r in few], [r.response_ids for r in few]
+    got = engine.sequence_logprobs(prompts, resps)
+    want = trainer.logprobs(prompts, resps)
+    diff = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w))
+    if not math.isfinite(diff) or diff > tol:
+        raise SpectoolError(
+            f"step {step}: the engine's logprobs differ from the trainer's by {diff:.3g} nats (> policy.logprob_tolerance "
+            f"= {tol}): the engine is not running the trained weights (stale weight sync). The last checkpoint is "
+            "intact; check the engine's weight loading for this model, or raise the tolerance if the engine runs in "
+            "lower precision than the trainer.")
+    return {"logprob_check_max_diff": diff}
+
+
+def _check_draft_sync(engine, draft, step: int) -> float:
+    """The running drafter's weight sum equals the refreshed draft's, or the job stops."""
+    want = float(sum(v.double().sum() for k, v in draft.export_state_dict().items() if k != "d2t"))
+    got = engine.draft_fingerprint()
+    diff = abs(got - want)
+    if not diff <= 1e-4 * max(1.0, abs(want)):
+        raise SpectoolError(f"step {step}: the engine's draft weights (sum {got:.6g}) are not the refreshed draft's "
+                            f"(sum {want:.6g}): the draft reload did not take. The last checkpoint is intact.")
+    return diff
+
+
+def _eval_reward(engine, tokenizer, source, eval_tasks, cfg: RLConfig) -> float:
+    from spectool.engine.engine import Sampling
+    from spectool.prompts import encode_prompt
+
+    outs, _ = engine.generate([encode_prompt(tokenizer, t.prompt) for t in eval_tasks],
+                              Sampling(n=1, max_tokens=cfg.rollout.max_tokens, temperature=0.0))
+    return sum(source.score(t, o[0].text) for t, o in zip(eval_tasks, outs)) / len(eval_tasks)
+
+
+def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, online, model, cfg: RLConfig) -> None:
+    """checkpoints/step-N/{policy (HF folder), draft (vLLM-loadable), state.pt}; written to a temp
+    folder, then renamed, so a crash never leaves a half checkpoint. Older ones are removed."""
+    root = out / CHECKPOINTS
+    tmp = root / f".step-{step:06d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    trainer.unwrapped.save_pretrained(tmp / "policy", safe_serialization=True)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(model.path).save_pretrained(tmp / "policy")
+    st = {"step": step, "policy": trainer.state_dict()}
+    if online is not None:
+        online.save(tmp / "draft", extra={"policy": model.name, "policy_identity": model.identity,
+                                          "ttt_steps": cfg.draft_refresh.ttt_steps, "rl_step": step})
+        st["draft"] = online.state_dict()
+    torch.save(st, tmp / "state.pt")
+    final = root / f"step-{step:06d}"
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in sorted(root.glob("step-*"))[:-1]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _latest_checkpoint(out: Path) -> tuple[int, Path] | None:
+    found = sorted((out / CHECKPOINTS).glob("step-*")) if (out / CHECKPOINTS).exists() else []
+    found = [f for f in found if (f / "state.pt").exists()]
+    return (int(found[-1].name.split("-")[1]), found[-1]) if found else None
+
+
+def _truncate_metrics(path: Path, step: int) -> list[dict]:
+    """Keep the metrics of steps <= `step` (the checkpoint); later ones are redone."""
+    import json
+
+    if not path.exists():
+        return []
+    kept = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kept = [r for r in kept if r["step"] <= step]
+    from spectool.runs import atomic_write_bytes
+
+    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+    return kept
+
+
+def _check_resume_config(out: Path, cfg: RLConfig) -> None:
+    """A run directory with checkpoints resumes only with the same settings (steps may grow)."""
+    from spectool.runs import CONFIG, read_json
+
+    if not (out / CONFIG).exists() or not (out / CHECKPOINTS).exists():
+        return
+    old = _flatten(read_json(out / CONFIG))
+    new = _flatten(cfg.as_dict())
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS_IGNORED)
+    if diff:
+        raise SpectoolError(f"{out} holds a run with other settings ({', '.join(diff)}); resume with the same config "
+                            "or choose another out")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    flat = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            flat.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            flat[prefix + k] = v
+    return flat
+
+
+def _summary(history: list[dict]) -> dict:
+    if not history:
+        return {}
+
+    def mean(key):
+        vals = [r[key] for r in history if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    evals = [r["eval_reward"] for r in history if "eval_reward" in r]
+    return {"mean_reward": mean("reward"), "mean_acceptance_length": mean("acceptance_length"),
+            "mean_step_s": mean("step_s"), "mean_gen_s": mean("gen_s"), "mean_gen_share": mean("gen_share"),
+            "gen_tokens_per_s": mean("gen_tokens_per_s"), "first_eval_reward": evals[0] if evals else None,
+            "last_eval_reward": evals[-1] if evals else None}

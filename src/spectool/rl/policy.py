@@ -1,0 +1,160 @@
+"""The policy side of train-rl: a transformers causal LM trained with GRPO under accelerate.
+
+One training forward per step does three jobs: the GRPO loss (with gradient), the trainer's
+logprobs of the sampled tokens (compared with the engine's behaviour logprobs), and, when the
+draft is refreshed online, the aux hidden states and final hidden states the draft trains on,
+detached so the draft can never send a gradient into the policy.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from spectool.draft.online import Features
+from spectool.rl.grpo import grpo_loss
+
+
+@dataclass
+class Rollout:
+    """One sampled completion with what the engine said about it."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]  # the engine's logprob of each sampled token (processed: at the temperature)
+    reward: float
+    advantage: float = 0.0
+
+
+@dataclass
+class UpdateReport:
+    loss: float
+    clip_fraction: float
+    kl: float
+    grad_norm: float
+    behaviour_gap: float  # mean |trainer - engine| logprob of the sampled tokens, before the update
+    tokens: int
+    features: list[Features] = field(default_factory=list)
+
+
+class PolicyTrainer:
+    def __init__(self, model_path: str, lr: float, temperature: float, eps_low: float, eps_high: float,
+                 kl_beta: float, micro_batch_size: int, max_grad_norm: float, aux_layer_ids: list[int] | None,
+                 seed: int = 0):
+        from accelerate import Accelerator
+        from transformers import AutoModelForCausalLM
+
+        from spectool.errors import SpectoolError
+
+        torch.manual_seed(seed)
+        self.acc = Accelerator(cpu=not torch.cuda.is_available())
+        if self.acc.num_processes > 1:
+            raise SpectoolError("train-rl trains the policy in one process (vLLM holds the rollout engine in this "
+                                "one); scale the engine with vLLM tensor parallelism instead of accelerate processes")
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model.config.use_cache = False
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if kl_beta > 0 else None
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        self.model, self.opt = self.acc.prepare(model, opt)
+        self.model.train()
+        self.temperature = temperature
+        self.eps_low, self.eps_high, self.kl_beta = eps_low, eps_high, kl_beta
+        self.micro_batch_size = micro_batch_size
+        self.max_grad_norm = max_grad_norm
+        self.aux_layer_ids = aux_layer_ids
+
+    @property
+    def unwrapped(self):
+        return self.acc.unwrap_model(self.model)
+
+    def engine_state(self) -> dict[str, torch.Tensor]:
+        """The weights to send to the rollout engine (transformers names)."""
+        return {k: v.detach().float() for k, v in self.unwrapped.state_dict().items()}
+
+    def _token_logprobs(self, model, ids: torch.Tensor, attn: torch.Tensor, hidden: bool):
+        """ids, attn: [B, T] -> logprobs of ids[:, 1:] at the sampling temperature [B, T-1], plus hidden states."""
+        out = model(input_ids=ids, attention_mask=attn, output_hidden_states=hidden)
+        logp = torch.log_softmax(out.logits[:, :-1].float() / self.temperature, -1)
+        return logp.gather(-1, ids[:, 1:, None]).squeeze(-1), (out.hidden_states if hidden else None)
+
+    def update(self, rollouts: list[Rollout], capture: bool) -> UpdateReport:
+        """One GRPO step on `rollouts` (gradient accumulation over micro-batches; token-level mean)."""
+        dev = self.acc.device
+        n_tokens = sum(len(r.response_ids) for r in rollouts)
+        self.opt.zero_grad()
+        loss_sum = clip_sum = kl_sum = gap_sum = 0.0
+        feats: list[Features] = []
+        for b in range(0, len(rollouts), self.micro_batch_size):
+            mb = rollouts[b : b + self.micro_batch_size]
+            ids, attn, mask, old = _pack(mb, dev)  # [B, T], [B, T], [B, T-1], [B, T-1]
+            logp, hs = self._token_logprobs(self.model, ids, attn, hidden=capture)
+            ref = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref, _ = self._token_logprobs(self.ref, ids, attn, hidden=False)
+            adv = torch.tensor([r.advantage for r in mb], dtype=torch.float32, device=dev)
+            parts = grpo_loss(logp, old, adv, mask, self.eps_low, self.eps_high, self.kl_beta, ref)
+            n_mb = float(mask.sum())
+            self.acc.backward(parts.loss * (n_mb / n_tokens))  # token-level mean over the whole batch
+            loss_sum += float(parts.loss.detach()) * n_mb
+            clip_sum += parts.clip_fraction * n_mb
+            kl_sum += parts.kl * n_mb
+            gap_sum += float(((logp.detach() - old).abs() * mask).sum())
+            if capture:
+                feats += _features(hs, ids, mb, self.aux_layer_ids)
+        grad_norm = float(self.acc.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+        self.opt.step()
+        n = max(n_tokens, 1)
+        return UpdateReport(loss_sum / n, clip_sum / n, kl_sum / n, grad_norm, gap_sum / n, n_tokens, feats)
+
+    @torch.no_grad()
+    def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        """The trainer's raw (temperature 1) logprob of each response token: the engine check."""
+        t = self.temperature
+        self.temperature = 1.0
+        try:
+            rs = [Rollout(p, r, [0.0] * len(r), 0.0) for p, r in zip(prompts, responses)]
+            ids, attn, mask, _ = _pack(rs, self.acc.device)
+            logp, _ = self._token_logprobs(self.model, ids, attn, hidden=False)
+        finally:
+            self.temperature = t
+        return [logp[i][mask[i]].tolist() for i in range(len(rs))]
+
+    def state_dict(self) -> dict:
+        return {"opt": self.opt.state_dict(), "rng": torch.get_rng_state()}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.opt.load_state_dict(st["opt"])
+        torch.set_rng_state(st["rng"])
+
+
+def _pack(rollouts: list[Rollout], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded prompt + response. Returns ids, attention mask [B, T]; response-token mask and
+    behaviour logprobs aligned with the next-token predictions [B, T-1] (column t predicts ids[:, t+1])."""
+    T = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
+    B = len(rollouts)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    attn = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T - 1, dtype=torch.bool)
+    old = torch.zeros(B, T - 1)
+    for i, r in enumerate(rollouts):
+        P, R = len(r.prompt_ids), len(r.response_ids)
+        ids[i, : P + R] = torch.tensor(r.prompt_ids + r.response_ids)
+        attn[i, : P + R] = 1
+        mask[i, P - 1 : P - 1 + R] = True
+        old[i, P - 1 : P - 1 + R] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
+    return ids.to(device), attn.to(device), mask.to(device), old.to(device)
+
+
+def _features(hs, ids: torch.Tensor, mb: list[Rollout], layer_ids: list[int]) -> list[Features]:
+    """Per-sequence draft features from the training forward's hidden states, detached."""
+    aux = torch.cat([hs[i] for i in layer_ids], dim=-1).detach()  # [B, T, n_aux * H]
+    last = hs[-1].detach()  # [B, T, H] (transformers: the final-norm output)
+    out = []
+    for i, r in enumerate(mb):
+        n = len(r.prompt_ids) + len(r.response_ids)
+        out.append(Features(ids[i, :n].cpu(), aux[i, :n].to(torch.float16).cpu(), last[i, :n].to(torch.float16).cpu(),
+                            len(r.prompt_ids)))
+    return out

@@ -1,0 +1,111 @@
+"""train-rl without the engine: the draft refresh never touches the policy's gradients; the pieces
+a resumed run relies on (prompts per step, metrics truncation); the CLI's config handling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from test_pipeline_e2e import spectool
+
+
+def _rollouts(policy_dir, n=6, seed=0):
+    from spectool.rl.policy import Rollout
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(10, 500, (5 + i % 3,), generator=g).tolist()
+        resp = torch.randint(10, 500, (4 + i % 4,), generator=g).tolist()
+        out.append(Rollout(prompt, resp, [-6.0] * len(resp), reward=float(i % 2), advantage=1.0 if i % 2 else -1.0))
+    return out
+
+
+def _trainer(policy_dir, aux):
+    from spectool.rl.policy import PolicyTrainer
+
+    return PolicyTrainer(str(policy_dir), lr=1e-3, temperature=1.0, eps_low=0.2, eps_high=0.2, kl_beta=0.1,
+                         micro_batch_size=4, max_grad_norm=1.0, aux_layer_ids=aux, seed=0)
+
+
+def test_policy_gradients_are_bit_identical_with_draft_refresh_on_and_off(tiny_policy, random_draft):
+    from spectool.draft.checkpoint import load_draft
+    from spectool.draft.online import OnlineDraft
+
+    draft, _ = load_draft(random_draft)
+    before = {k: v.clone() for k, v in draft.state_dict().items()}
+    online = OnlineDraft(draft, lr=1e-2, warmup_steps=0, ttt_steps=3, batch_size=4, buffer_size=64)
+    on, off = _trainer(tiny_policy, draft.config.aux_layer_ids), _trainer(tiny_policy, None)
+    grads = {}
+    for name, trainer, refresh in (("on", on, True), ("off", off, False)):
+        for step in range(2):
+            rep = trainer.update(_rollouts(tiny_policy, seed=step), capture=refresh)
+            assert rep.grad_norm > 0
+            if refresh:
+                assert len(rep.features) == 6 and not rep.features[0].aux.requires_grad
+                online.add(rep.features)
+                r = online.refresh(trainer.unwrapped, n_steps=3)  # the draft trains between policy steps
+                assert r.loss > 0
+            else:
+                assert rep.features == []
+        grads[name] = {n: p.grad.clone() for n, p in trainer.unwrapped.named_parameters()}
+        grads[name + "_w"] = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
+    for n in grads["on"]:
+        assert torch.equal(grads["on"][n], grads["off"][n]), n
+        assert torch.equal(grads["on_w"][n], grads["off_w"][n]), n
+    assert any(not torch.equal(before[k], v) for k, v in draft.state_dict().items() if k != "embed_tokens.weight")
+
+
+def test_trainer_logprobs_match_a_plain_forward(tiny_policy):
+    from transformers import AutoModelForCausalLM
+
+    t = _trainer(tiny_policy, None)
+    rs = _rollouts(tiny_policy, n=2)
+    got = t.logprobs([r.prompt_ids for r in rs], [r.response_ids for r in rs])
+    m = AutoModelForCausalLM.from_pretrained(tiny_policy)
+    for r, g in zip(rs, got):
+        ids = torch.tensor([r.prompt_ids + r.response_ids])
+        with torch.no_grad():
+            lp = torch.log_softmax(m(ids).logits[0], -1)
+        want = [float(lp[len(r.prompt_ids) - 1 + i, tok]) for i, tok in enumerate(r.response_ids)]
+        assert g == pytest.approx(want, abs=1e-5)
+
+
+def test_prompts_of_a_step_are_a_function_of_the_step(tmp_path):
+    from spectool.rl.loop import _Tasks, _truncate_metrics
+
+    class Src:
+        def tasks(self, split, n):
+            from spectool.data.sources import Task
+
+            return [Task(str(i), f"q{i}", "1") for i in range(min(n, 10))]
+
+    class Tok:
+        chat_template = None
+
+        def __call__(self, text):
+            return {"input_ids": [1, 2]}
+
+    from spectool.rl.config import load_config
+
+    cfg = load_config(None, ["rollout.prompts_per_step=4", "policy.steps=20", "draft_refresh.mode=off"])
+    a, b = _Tasks(Src(), Tok(), cfg), _Tasks(Src(), Tok(), cfg)
+    assert [a.for_step(s) for s in range(6)] == [b.for_step(s) for s in range(6)]
+    assert a.for_step(0) != a.for_step(1) and len(set(a.for_step(0) + a.for_step(1))) == 8  # no repeats in an epoch
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 6)))
+    assert [r["step"] for r in _truncate_metrics(path, 3)] == [1, 2, 3]
+    assert len(path.read_text().splitlines()) == 3
+
+
+def test_cli_print_config_and_bad_keys(tmp_path):
+    r = spectool("train-rl", "--print-config", "--set", "policy.lr=2e-6", "--set", "draft_refresh.mode=off")
+    assert "lr: 2.0e-06" in r.stdout and "mode: 'off'" in r.stdout
+    r = spectool("train-rl", "--set", "policy.lrr=1", check=False)
+    assert r.returncode == 2 and "policy.lrr" in r.stderr
+    r = spectool("train-rl", "--set", "rollout.group_size=1", check=False)
+    assert r.returncode == 2 and "rollout.group_size" in r.stderr
+    r = spectool("train-rl", "--set", "draft_refresh.mode=online", "--set", "speculation.draft=null", check=False)
+    assert r.returncode == 2 and "speculation.draft" in r.stderr
