@@ -109,3 +109,22 @@ def test_cli_print_config_and_bad_keys(tmp_path):
     assert r.returncode == 2 and "rollout.group_size" in r.stderr
     r = spectool("train-rl", "--set", "draft_refresh.mode=online", "--set", "speculation.draft=null", check=False)
     assert r.returncode == 2 and "speculation.draft" in r.stderr
+
+
+def test_stale_engine_weights_stop_the_job(tiny_policy):
+    from spectool.errors import SpectoolError
+    from spectool.rl.loop import _check_logprobs
+
+    t = _trainer(tiny_policy, None)
+    rs = _rollouts(tiny_policy, n=3)
+
+    class Engine:  # answers with the trainer's logprobs, shifted by `shift` nats
+        def __init__(self, shift):
+            self.shift = shift
+
+        def sequence_logprobs(self, prompts, responses):
+            return [[x + self.shift for x in row] for row in t.logprobs(prompts, responses)]
+
+    assert _check_logprobs(Engine(0.0), t, rs, 1e-3, 1)["logprob_check_max_diff"] < 1e-6
+    with pytest.raises(SpectoolError, match="policy.logprob_tolerance"):
+        _check_logprobs(Engine(0.05), t, rs, 1e-3, 7)

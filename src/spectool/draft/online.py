@@ -43,8 +43,9 @@ class RefreshReport:
 
 class OnlineDraft:
     def __init__(self, draft: Eagle3Draft, lr: float, warmup_steps: int, ttt_steps: int, batch_size: int,
-                 buffer_size: int, step_decay: float = 0.8, seed: int = 0):
-        self.draft = draft.train()
+                 buffer_size: int, step_decay: float = 0.8, seed: int = 0, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self.draft = draft.to(self.device).train()  # trains where the policy lives; the buffer stays on the host
         self.ttt_steps = ttt_steps
         self.batch_size = batch_size
         self.buffer: list[Features] = []
@@ -52,7 +53,7 @@ class OnlineDraft:
         self.step_decay = step_decay
         self.steps = 0
         self.rng = random.Random(seed)
-        self.target_ids = ids_from_d2t(draft.d2t)  # [Vd] policy id of each draft id
+        self.target_ids = ids_from_d2t(draft.d2t).to(self.device)  # [Vd] policy id of each draft id
         params = [p for p in draft.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(warmup_steps, 1)))
@@ -73,7 +74,7 @@ class OnlineDraft:
         losses = []
         for _ in range(n_steps):
             batch = self.rng.sample(self.buffer, min(self.batch_size, len(self.buffer)))
-            ids, aux, last, P, L = collate_features([(f.ids, f.aux, f.last) for f in batch], [f.prompt_len for f in batch])
+            ids, aux, last, P, L = self._collate(batch)
             s = first_anchor(P, self.ttt_steps)
             logits = self.draft(aux, ids, self.ttt_steps, s)  # steps x [B, T - s, Vd]
             loss, _ = ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, self.step_decay)
@@ -88,10 +89,15 @@ class OnlineDraft:
     @torch.no_grad()
     def _top1(self, feats: list[Features], W: torch.Tensor) -> list[float]:
         """Greedy agreement with the policy per draft position (a proxy for acceptance)."""
-        ids, aux, last, P, L = collate_features([(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats])
+        ids, aux, last, P, L = self._collate(feats)
         s = first_anchor(P, self.ttt_steps)
         m = acceptance_metrics(self.draft(aux, ids, self.ttt_steps, s), last[:, s:] @ W.T, self.target_ids, P - s, L - s)
         return m["top1"]
+
+    def _collate(self, feats: list[Features]):
+        """ids [B, T], aux [B, T, n_aux*H], last [B, T, H] on the draft's device; P, L [B] on the host."""
+        ids, aux, last, P, L = collate_features([(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats])
+        return ids.to(self.device), aux.to(self.device), last.to(self.device), P, L
 
     def state_dict(self) -> dict:
         return {"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "steps": self.steps,

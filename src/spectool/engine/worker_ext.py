@@ -71,7 +71,8 @@ class SpectoolWorkerExtension:
         return len(weights)
 
     def spectool_draft_fingerprint(self) -> float:
-        """Sum of the drafter's own weights (embeddings shared with the policy excluded): a check
+        """Sum of the drafter's own float weights (embeddings shared with the policy and the integer
+        draft-to-target vocabulary map excluded): a check
         that a reload took. CPU linear layers repack their weights into kernel closures (the
         parameters are left empty), so each linear layer's sum is read through the layer itself:
         sum(layer(ones)) = sum(W). Fusing (qkv, gate_up) keeps the sum."""
@@ -87,6 +88,6 @@ class SpectoolWorkerExtension:
                     total += float((out[0] if isinstance(out, tuple) else out).double().sum())
             for name, p in draft.named_parameters():
                 owner = draft.get_submodule(name.rpartition(".")[0]) if "." in name else draft
-                if "embed_tokens" not in name and not isinstance(owner, LinearBase):
+                if "embed_tokens" not in name and not isinstance(owner, LinearBase) and p.is_floating_point():
                     total += float(p.double().sum())
         return total

@@ -127,7 +127,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
         aux_ids = draft.config.aux_layer_ids
         online = OnlineDraft(draft, dr.lr, dr.warmup_steps, dr.ttt_steps, dr.batch_size,
                              buffer_size=dr.buffer_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-                             seed=cfg.seed)
+                             seed=cfg.seed, device="cuda" if torch.cuda.is_available() else "cpu")
     p = cfg.policy
     trainer = PolicyTrainer(policy_start, p.lr, cfg.rollout.temperature, p.eps_low, p.eps_high, p.kl_beta,
                             p.micro_batch_size, p.max_grad_norm, aux_ids, seed=cfg.seed)
