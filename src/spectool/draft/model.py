@@ -149,11 +149,11 @@ class Eagle3Draft(nn.Module):
     def export_state_dict(self) -> dict[str, torch.Tensor]:
         """Checkpoint tensors in vLLM's names; d2t only when the draft vocab is smaller (vLLM 0.32
         has no d2t parameter otherwise and refuses one)."""
-        sd = {k: v.detach().float().contiguous() for k, v in self.state_dict().items() if k != "embed_tokens.weight"}
+        sd = {k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items() if k != "embed_tokens.weight"}
         if self.config.draft_vocab_size == self.config.vocab_size:
             sd.pop("d2t")
         else:
-            sd["d2t"] = self.d2t.to(torch.int64).contiguous()
+            sd["d2t"] = self.d2t.to(torch.int64).cpu().contiguous()
         return sd
 
     def draft_to_target_ids(self) -> torch.Tensor:

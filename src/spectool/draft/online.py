@@ -65,9 +65,13 @@ class OnlineDraft:
 
     def refresh(self, policy, n_steps: int) -> RefreshReport:
         """Train `n_steps` TTT steps on mini-batches drawn from the buffer."""
+        W = policy.get_output_embeddings().weight.detach()  # [V, H]
+        if W.device != self.device:  # the draft trains where the policy lives (parameters keep their identity)
+            self.device = W.device
+            self.draft.to(self.device)
+            self.target_ids = self.target_ids.to(self.device)
         with torch.no_grad():  # the draft reads tokens with the policy's current embedding, as in vLLM
             self.draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
-        W = policy.get_output_embeddings().weight.detach()  # [V, H]
         W_dv = W[self.target_ids]  # [Vd, H]
         newest = self.buffer[-self.batch_size :]
         before = self._top1(newest, W)

@@ -42,5 +42,5 @@ def d2t_from_ids(target_ids: torch.Tensor) -> torch.Tensor:
 
 
 def ids_from_d2t(d2t: torch.Tensor) -> torch.Tensor:
-    return torch.arange(len(d2t), dtype=torch.int64) + d2t
+    return torch.arange(len(d2t), dtype=torch.int64, device=d2t.device) + d2t
 

@@ -216,7 +216,7 @@ def _send(engine: Engine, method: str, state_dict: dict[str, Any]) -> None:
         for k, v in state_dict.items():  # tied weights (lm_head = embed_tokens) go once; vLLM ties them again
             if v.data_ptr() not in seen:
                 seen.add(v.data_ptr())
-                tensors[k] = v.detach().contiguous()
+                tensors[k] = v.detach().cpu().contiguous()
         save_file(tensors, path)
         engine.rpc(method, path)
 

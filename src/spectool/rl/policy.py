@@ -58,6 +58,8 @@ class PolicyTrainer:
         self.ref = copy.deepcopy(model).eval().requires_grad_(False) if kl_beta > 0 else None
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.model, self.opt = self.acc.prepare(model, opt)
+        if self.ref is not None:  # frozen: no optimizer, no wrapping; only placed next to the policy
+            self.ref.to(self.acc.device)
         self.model.train()
         self.temperature = temperature
         self.eps_low, self.eps_high, self.kl_beta = eps_low, eps_high, kl_beta
