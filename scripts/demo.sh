@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on the embedded default (SmolLM2-135M-Instruct policy, offline gym math):
-# harvest -> init-draft -> export (verified on vLLM) -> speculative rollout vs plain decoding.
+# harvest -> init-draft -> export (verified on vLLM) -> speculative rollout vs plain decoding -> train-rl.
 # Idempotent: a second run resumes/reuses the harvest, the draft checkpoint and the model cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,3 +11,8 @@ $S init-draft --out "$RUN/draft" --n-prompts 192 --samples 4 --max-tokens 128 --
 $S export --draft "$RUN/draft" --out "$RUN/export" --k 3
 $S rollout --draft "$RUN/export" --k 3 --compare --temperature 0 --n-prompts 32 --max-tokens 128 --out "$RUN/rollout-t0"
 $S rollout --draft "$RUN/export" --k 3 --compare --temperature 1 --n-prompts 32 --max-tokens 128 --out "$RUN/rollout-t1"
+# Online GRPO with speculative rollouts and the draft refreshed from the trainer's own forward.
+$S train-rl --config templates/rl.yaml --set out="$RUN/rl" --set speculation.draft="$RUN/draft" \
+  --set policy.steps=6 --set policy.lr=1e-5 --set rollout.prompts_per_step=8 --set rollout.group_size=4 \
+  --set rollout.max_tokens=96 --set rollout.eval_every=3 --set draft_refresh.every=2 \
+  --set draft_refresh.steps_per_refresh=10 --set draft_refresh.ttt_steps=3
