@@ -108,11 +108,9 @@ def main() -> None:
 def plot(results: dict[str, list[dict]], out: Path, docs: str | None) -> None:
     import shutil
 
-    import matplotlib
+    from spectool.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
     for name, m in results.items():
         a1.plot([r["step"] for r in m], [r["reward"] for r in m], label=name, alpha=0.8)
@@ -121,12 +119,9 @@ def plot(results: dict[str, list[dict]], out: Path, docs: str | None) -> None:
             a2.plot(*zip(*ev), "o-", label=name, alpha=0.8)
     a1.set_title("train reward (rollouts)")
     a2.set_title("held-out reward (greedy)")
-    for a in (a1, a2):
-        a.set_xlabel("step")
-        a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "rl_reward_overlay.png", dpi=120)
-    plt.close(fig)
+    a1.set_xlabel("step")
+    a2.set_xlabel("step")
+    save(fig, out / "rl_reward_overlay.png", a1, a2)
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
     for name, m in results.items():
@@ -137,12 +132,9 @@ def plot(results: dict[str, list[dict]], out: Path, docs: str | None) -> None:
         a2.plot([r["step"] for r in m], [r["gen_s"] for r in m], "--", label=f"{name} generation")
     a1.set_title("mean acceptance length (k=3)")
     a2.set_title("seconds per step")
-    for a in (a1, a2):
-        a.set_xlabel("step")
-        a.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "rl_acceptance_and_time.png", dpi=120)
-    plt.close(fig)
+    a1.set_xlabel("step")
+    a2.set_xlabel("step")
+    save(fig, out / "rl_acceptance_and_time.png", a1, a2, legend_size=7)
     if docs:
         for f in ("rl_reward_overlay.png", "rl_acceptance_and_time.png"):
             shutil.copy(out / f, Path(docs) / f)

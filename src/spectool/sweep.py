@@ -233,11 +233,9 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
-    import matplotlib
+    from spectool.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, b in enumerate(cfg.batch_sizes):  # colour = batch size, line style = method
         for m in cfg.methods:
@@ -249,10 +247,7 @@ def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
     ax.set_xlabel("k (draft tokens per step)")
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title("sweep-k: speedup vs k")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "speedup_vs_k.png", dpi=120)
-    plt.close(fig)
+    save(fig, out / "speedup_vs_k.png", ax)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for r in rows:
@@ -263,10 +258,7 @@ def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1)
     ax.set_title(f"eagle3 acceptance by position (batch {cfg.batch_sizes[0]})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "acceptance_by_position.png", dpi=120)
-    plt.close(fig)
+    save(fig, out / "acceptance_by_position.png", ax)
 
 
 def render(result: dict, out: str) -> None:

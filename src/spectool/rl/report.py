@@ -59,11 +59,9 @@ def _f(v, fmt: str) -> str:
 
 def plot_run(history: list[dict], out: Path) -> list[str]:
     """reward.png, acceptance.png (when speculative), stage_times.png; returns the file names."""
-    import matplotlib
+    from spectool.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     if not history:
         return []
     steps = [r["step"] for r in history]
@@ -75,10 +73,7 @@ def plot_run(history: list[dict], out: Path) -> list[str]:
         ax.plot(*zip(*ev), "o-", label="held-out reward (greedy)")
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "reward.png", dpi=120)
-    plt.close(fig)
+    save(fig, out / "reward.png", ax)
     written.append("reward.png")
 
     acc = [r for r in history if "acceptance_length" in r]
@@ -96,10 +91,7 @@ def plot_run(history: list[dict], out: Path) -> list[str]:
                                                for r in acc], label=f"position {j + 1}")
         a2.set_xlabel("step")
         a2.set_ylabel("acceptance rate")
-        a2.legend()
-        fig.tight_layout()
-        fig.savefig(out / "acceptance.png", dpi=120)
-        plt.close(fig)
+        save(fig, out / "acceptance.png", a2)
         written.append("acceptance.png")
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -112,10 +104,7 @@ def plot_run(history: list[dict], out: Path) -> list[str]:
     ax.plot(steps, [r["step_s"] for r in history], "k.", label="step wall time")
     ax.set_xlabel("step")
     ax.set_ylabel("seconds")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "stage_times.png", dpi=120)
-    plt.close(fig)
+    save(fig, out / "stage_times.png", ax)
     written.append("stage_times.png")
     return written
 
