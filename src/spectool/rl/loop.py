@@ -179,7 +179,9 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
                 engine.update_policy(trainer.engine_state())
                 rec["sync_s"] = time.perf_counter() - t2
                 if (step + 1) % p.logprob_check_every == 0 or step + 1 == p.steps:
+                    tc = time.perf_counter()
                     rec.update(_check_logprobs(engine, trainer, batch.rollouts, p.logprob_tolerance, step + 1))
+                    rec["check_s"] = time.perf_counter() - tc
                 if online is not None and (step + 1) % dr.every == 0:
                     t3 = time.perf_counter()
                     r = online.refresh(trainer.unwrapped, dr.steps_per_refresh)

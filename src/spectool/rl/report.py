@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 STAGES = [("gen_s", "generation"), ("update_s", "policy update"), ("sync_s", "weight sync"),
-          ("refresh_s", "draft refresh"), ("eval_s", "held-out eval")]
+          ("check_s", "logprob check"), ("refresh_s", "draft refresh"), ("eval_s", "held-out eval")]
 
 
 class LiveView:
