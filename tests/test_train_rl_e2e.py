@@ -123,7 +123,7 @@ def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tied_policy, smal
 
 def test_async_mode_overlaps_generation_with_training(tiny_policy, random_draft, sums_answer_8, tmp_path):
     out = tmp_path / "rl_async"
-    spectool(*_args(tiny_policy, random_draft, sums_answer_8, out, steps=3, extra=["rollout.mode=async",
+    spectool(*_args(tiny_policy, random_draft, sums_answer_8, out, steps=3, extra=["rollout.mode=async", "rollout.eval_samples=2",
                                                                                     "draft_refresh.mode=frozen"]))
     m = _metrics(out)
     assert [r["step"] for r in m] == [1, 2, 3]

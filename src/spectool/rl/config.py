@@ -21,6 +21,7 @@ class RolloutSection:
     mode: str = "sync"
     eval_every: int = 10  # held-out reward (greedy, eval split) every N steps; 0 = never
     eval_prompts: int = 32
+    eval_samples: int = 1  # 1: greedy; n > 1: n samples per prompt at the rollout temperature (mean reward)
 
 
 @dataclass
@@ -102,6 +103,7 @@ class RLConfig:
               ">= speculation.k (every draft position the engine uses is trained)")
         _need(r.eval_every >= 0 and r.eval_prompts >= 1, "rollout.eval_every/eval_prompts", (r.eval_every, r.eval_prompts),
               "eval_every >= 0 and eval_prompts >= 1")
+        _need(r.eval_samples >= 1, "rollout.eval_samples", r.eval_samples, ">= 1 (1 = greedy)")
         _need(p.micro_batch_size >= 1, "policy.micro_batch_size", p.micro_batch_size, ">= 1")
         _need(p.max_grad_norm > 0, "policy.max_grad_norm", p.max_grad_norm, "> 0")
         _need(d.warmup_steps >= 0 and d.batch_size >= 1 and d.buffer_steps >= 1,

@@ -282,9 +282,14 @@ def _eval_reward(engine, tokenizer, source, eval_tasks, cfg: RLConfig) -> float:
     from spectool.engine.engine import Sampling
     from spectool.prompts import encode_prompt
 
+    r = cfg.rollout
+    greedy = r.eval_samples == 1
+    # sampled: the same seeds at every eval (common random numbers: less noise between evals)
     outs, _ = engine.generate([encode_prompt(tokenizer, t.prompt) for t in eval_tasks],
-                              Sampling(n=1, max_tokens=cfg.rollout.max_tokens, temperature=0.0))
-    return sum(source.score(t, o[0].text) for t, o in zip(eval_tasks, outs)) / len(eval_tasks)
+                              Sampling(n=r.eval_samples, max_tokens=r.max_tokens, temperature=0.0 if greedy else r.temperature,
+                                       seed=None if greedy else cfg.seed + 99_991))
+    scores = [source.score(t, c.text) for t, samples in zip(eval_tasks, outs) for c in samples]
+    return sum(scores) / len(scores)
 
 
 def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, online, model, cfg: RLConfig) -> None:
