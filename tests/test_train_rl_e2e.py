@@ -109,6 +109,7 @@ def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tied_policy, smal
     assert [r["step"] for r in refreshed] == [2, 4]  # draft refreshed every 2 steps and reloaded in place
     assert all(r["draft_loss"] > 0 for r in refreshed)
     assert [r["step"] for r in m if "eval_reward" in r] == [2, 4, 5]
+    assert 0 <= m[0]["eval_reward_initial"] <= 1  # the baseline, before any update
     for f in ("reward.png", "acceptance.png", "stage_times.png", "config.json"):
         assert (out / f).exists(), f
     ck = sorted((out / "checkpoints").iterdir())

@@ -154,6 +154,9 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     from spectool.rl.report import LiveView
 
     pool = ThreadPoolExecutor(max_workers=1) if cfg.rollout.mode == "async" else None
+    initial_eval = None
+    if start == 0 and cfg.rollout.eval_every:  # the baseline a rising held-out reward is read against
+        initial_eval = _eval_reward(engine, tokenizer, source, eval_tasks, cfg)
     view = LiveView(cfg, start, history)
     try:
         with view:
@@ -164,6 +167,8 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
                 carried = None
                 nxt = pool.submit(generate, step + 1) if pool is not None and step + 1 < p.steps else None
                 rec: dict[str, Any] = {"step": step + 1, "mode": cfg.rollout.mode}
+                if initial_eval is not None and step == 0:
+                    rec["eval_reward_initial"] = initial_eval
                 rec.update(_batch_metrics(batch))
                 t1 = time.perf_counter()
                 rep = trainer.update(batch.rollouts, capture=online is not None)
@@ -368,7 +373,8 @@ def _summary(history: list[dict]) -> dict:
         vals = [r[key] for r in history if r.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
 
-    evals = [r["eval_reward"] for r in history if "eval_reward" in r]
+    evals = [history[0]["eval_reward_initial"]] if "eval_reward_initial" in history[0] else []
+    evals += [r["eval_reward"] for r in history if "eval_reward" in r]
     return {"mean_reward": mean("reward"), "mean_acceptance_length": mean("acceptance_length"),
             "mean_step_s": mean("step_s"), "mean_gen_s": mean("gen_s"), "mean_gen_share": mean("gen_share"),
             "gen_tokens_per_s": mean("gen_tokens_per_s"), "first_eval_reward": evals[0] if evals else None,

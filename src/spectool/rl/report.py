@@ -68,9 +68,10 @@ def plot_run(history: list[dict], out: Path) -> list[str]:
     written = []
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, [r["reward"] for r in history], label="train reward (rollouts)", alpha=0.6)
-    ev = [(r["step"], r["eval_reward"]) for r in history if "eval_reward" in r]
+    ev = [(0, history[0]["eval_reward_initial"])] if "eval_reward_initial" in history[0] else []
+    ev += [(r["step"], r["eval_reward"]) for r in history if "eval_reward" in r]
     if ev:
-        ax.plot(*zip(*ev), "o-", label="held-out reward (greedy)")
+        ax.plot(*zip(*ev), "o-", label="held-out reward")
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")
     save(fig, out / "reward.png", ax)
@@ -120,7 +121,8 @@ def render_summary(result) -> None:
     if h:
         first, last = h[0], h[-1]
         t.add_row("train reward (first -> last step)", f"{first['reward']:.3f} -> {last['reward']:.3f}")
-        ev = [r["eval_reward"] for r in h if "eval_reward" in r]
+        ev = [h[0]["eval_reward_initial"]] if "eval_reward_initial" in h[0] else []
+        ev += [r["eval_reward"] for r in h if "eval_reward" in r]
         if ev:
             t.add_row("held-out reward (first -> last eval)", f"{ev[0]:.3f} -> {ev[-1]:.3f}")
         acc = [r["acceptance_length"] for r in h if "acceptance_length" in r]
