@@ -74,7 +74,8 @@ def test_trainer_logprobs_match_a_plain_forward(tiny_policy):
 
 
 def test_prompts_of_a_step_are_a_function_of_the_step(tmp_path):
-    from spectool.rl.loop import _Tasks, _truncate_metrics
+    from spectool.rl.loop import _Tasks
+    from spectool.runs import truncate_jsonl
 
     class Src:
         def tasks(self, split, n):
@@ -96,7 +97,7 @@ def test_prompts_of_a_step_are_a_function_of_the_step(tmp_path):
     assert a.for_step(0) != a.for_step(1) and len(set(a.for_step(0) + a.for_step(1))) == 8  # no repeats in an epoch
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 6)))
-    assert [r["step"] for r in _truncate_metrics(path, 3)] == [1, 2, 3]
+    assert [r["step"] for r in truncate_jsonl(path, 3)] == [1, 2, 3]
     assert len(path.read_text().splitlines()) == 3
 
 

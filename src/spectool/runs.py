@@ -52,6 +52,16 @@ def append_jsonl(path: Path, obj: Any) -> None:
         os.fsync(f.fileno())
 
 
+def truncate_jsonl(path: Path, step: int) -> list[dict]:
+    """Keep the lines of a per-step log with "step" <= `step` (a resume redoes the rest); returns them."""
+    if not Path(path).exists():
+        return []
+    kept = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    kept = [r for r in kept if r["step"] <= step]
+    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+    return kept
+
+
 def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())

@@ -134,7 +134,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     from spectool.hidden import default_aux_layer_ids
     from spectool.models import resolve_model
     from spectool.records import load_records
-    from spectool.runs import CONFIG, MANIFEST, append_jsonl, atomic_write_json, load_manifest, make_manifest
+    from spectool.runs import CONFIG, MANIFEST, append_jsonl, atomic_write_json, load_manifest, make_manifest, truncate_jsonl
 
     cfg.validate()
     t_start = time.perf_counter()
@@ -209,7 +209,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         sched.load_state_dict(st["sched"])
         step = st["step"]
     metrics_path = out / "metrics.jsonl"
-    _truncate_metrics(metrics_path, step)  # steps logged after the last checkpoint are redone
+    truncate_jsonl(metrics_path, step)  # steps logged after the last checkpoint are redone
 
     def evaluate() -> dict:
         d = acc.unwrap_model(draft).eval()
@@ -289,17 +289,6 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
 def first_anchor(prompt_lens: torch.Tensor, steps: int) -> int:
     """First anchor any step's loss reads (step j needs t >= P - 2 - j): earlier ones only give keys."""
     return max(0, int(prompt_lens.min()) - 1 - steps)
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    import json
-
-    from spectool.runs import atomic_write_bytes
-
-    if not path.exists():
-        return
-    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    atomic_write_bytes(path, ("\n".join(keep) + "\n" if keep else "").encode())
 
 
 def _coverage(records, idx, target_ids) -> float:

@@ -82,7 +82,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     from spectool.draft.checkpoint import check_draft, load_draft
     from spectool.engine.engine import Engine, EngineConfig
     from spectool.models import resolve_model
-    from spectool.runs import CONFIG, MANIFEST, atomic_write_json, make_manifest
+    from spectool.runs import CONFIG, MANIFEST, append_jsonl, atomic_write_json, make_manifest, truncate_jsonl
 
     cfg.validate()
     t_start = time.perf_counter()
@@ -137,7 +137,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
         if online is not None:
             online.load_state_dict(st["draft"])
     metrics_path = out / "metrics.jsonl"
-    history = _truncate_metrics(metrics_path, start)
+    history = truncate_jsonl(metrics_path, start)
 
     e = cfg.engine
     engine = Engine(EngineConfig(
@@ -204,10 +204,8 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
                 # share of the step spent generating (async: the part the trainer waited for it)
                 rec["gen_share"] = (rec["gen_s"] if wait_s is None else wait_s) / rec["step_s"]
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == p.steps:
-                    _save_checkpoint(out, step + 1, trainer, online, model, cfg)
+                    _save_checkpoint(out, step + 1, trainer, online, model, tokenizer, cfg)
                     rec["checkpoint"] = True
-                from spectool.runs import append_jsonl
-
                 append_jsonl(metrics_path, rec)
                 history.append(rec)
                 view.update(rec)
@@ -297,7 +295,7 @@ def _eval_reward(engine, tokenizer, source, eval_tasks, cfg: RLConfig) -> float:
     return sum(scores) / len(scores)
 
 
-def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, online, model, cfg: RLConfig) -> None:
+def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, online, model, tokenizer, cfg: RLConfig) -> None:
     """checkpoints/step-N/{policy (HF folder), draft (vLLM-loadable), state.pt}; written to a temp
     folder, then renamed, so a crash never leaves a half checkpoint. Older ones are removed."""
     root = out / CHECKPOINTS
@@ -305,9 +303,7 @@ def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, online, model
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     trainer.unwrapped.save_pretrained(tmp / "policy", safe_serialization=True)
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(model.path).save_pretrained(tmp / "policy")
+    tokenizer.save_pretrained(tmp / "policy")
     st = {"step": step, "policy": trainer.state_dict()}
     if online is not None:
         online.save(tmp / "draft", extra={"policy": model.name, "policy_identity": model.identity,
@@ -325,20 +321,6 @@ def _latest_checkpoint(out: Path) -> tuple[int, Path] | None:
     found = sorted((out / CHECKPOINTS).glob("step-*")) if (out / CHECKPOINTS).exists() else []
     found = [f for f in found if (f / "state.pt").exists()]
     return (int(found[-1].name.split("-")[1]), found[-1]) if found else None
-
-
-def _truncate_metrics(path: Path, step: int) -> list[dict]:
-    """Keep the metrics of steps <= `step` (the checkpoint); later ones are redone."""
-    import json
-
-    if not path.exists():
-        return []
-    kept = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    kept = [r for r in kept if r["step"] <= step]
-    from spectool.runs import atomic_write_bytes
-
-    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
-    return kept
 
 
 def _check_resume_config(out: Path, cfg: RLConfig) -> None:
