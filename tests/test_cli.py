@@ -83,7 +83,10 @@ def test_export_refuses_non_draft(tmp_path):
      (["verify", "--draft", "D", "--temperature", "0"], "--temperature"),
      (["rollout", "--k", "auto"], "--k auto needs --sweep"),
      (["rollout", "--k", "three"], "--k"),
-     (["rollout", "--temperature", "0", "--samples", "4"], "must be 1 at --temperature 0")],
+     (["rollout", "--temperature", "0", "--samples", "4"], "must be 1 at --temperature 0"),
+     (["rollout", "--draft-sampling", "nucleus"], "--draft-sampling"),
+     (["verify", "--draft", "D", "--draft-sampling", "top1"], "--draft-sampling"),
+     (["sweep-k", "--out", "S", "--draft", "D", "--draft-sampling", "random"], "--draft-sampling")],
 )
 def test_sweep_verify_and_auto_k_bad_inputs_name_the_flag(tmp_path, args, needle):
     args = [str(tmp_path / a) if a in ("S", "D") else a for a in args]

@@ -99,6 +99,14 @@ def test_acceptance_metrics_hand_made():
     assert m["count"] == [2] and m["top1"] == [0.0]
     p = torch.softmax(target[0, 1], -1)[2] / 2 + torch.softmax(target[0, 2], -1)[0] / 2
     assert m["p_accept"][0] == pytest.approx(float(p))
+    # sampling draft: accept with probability sum_v min(p_v, q_v); q is zero outside the draft vocab
+    overlap = []
+    for t in (0, 1):
+        pt = torch.softmax(target[0, t + 1], -1)
+        q = torch.zeros(3).index_put_((torch.tensor([0, 2]),), torch.softmax(draft[0][0, t], -1))
+        overlap.append(float(torch.minimum(pt, q).sum()))
+    assert m["p_accept_sampled"][0] == pytest.approx(sum(overlap) / 2)
+    assert m["p_accept_sampled"][0] > m["p_accept"][0]  # a hedged draft beats its own argmax here
 
 
 def test_cpu_expand_kernel_fix_writes_into_output():

@@ -135,3 +135,41 @@ def test_accelerate_launch_with_two_processes_trains_the_same_steps(tiny_policy,
     from spectool.draft.checkpoint import load_draft
 
     load_draft(out, AutoModelForCausalLM.from_pretrained(tiny_policy))
+
+
+def test_remap_vocab_keeps_shared_rows_and_fills_new_ones_from_the_policy(tiny_policy):
+    from transformers import AutoModelForCausalLM
+
+    from spectool.draft.checkpoint import new_draft, remap_vocab
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32)
+    torch.manual_seed(0)
+    old = new_draft(policy, torch.tensor([3, 5, 9, 20]), [0, 1, 2])
+    with torch.no_grad():
+        old.lm_head.weight.add_(1.0)  # trained rows differ from the policy's
+        old.fc.weight.mul_(3.0)
+    new, kept = remap_vocab(old, torch.tensor([1, 5, 20, 33, 40]), policy)
+    assert kept == 2 and new.config.draft_vocab_size == 5
+    assert new.draft_to_target_ids().tolist() == [1, 5, 20, 33, 40]  # d2t round trip
+    torch.testing.assert_close(new.lm_head.weight[1], old.lm_head.weight[1])  # token 5
+    torch.testing.assert_close(new.lm_head.weight[2], old.lm_head.weight[3])  # token 20
+    W = policy.get_output_embeddings().weight
+    torch.testing.assert_close(new.lm_head.weight[3], W[33])  # new token: the policy's row
+    torch.testing.assert_close(new.fc.weight, old.fc.weight)  # everything else as is
+
+
+def test_init_from_keeps_the_map_or_remaps_it_explicitly(tiny_policy, fake_harvest, tmp_path, capsys):
+    from spectool.draft.checkpoint import load_draft
+    from spectool.draft.train import run
+
+    run(_cfg(tiny_policy, fake_harvest, tmp_path / "warm", draft_vocab_size=64, epochs=1))
+    warm_ids = load_draft(tmp_path / "warm")[0].draft_to_target_ids().tolist()
+    run(_cfg(tiny_policy, fake_harvest, tmp_path / "keep", init_from=str(tmp_path / "warm"), epochs=1))
+    assert load_draft(tmp_path / "keep")[0].draft_to_target_ids().tolist() == warm_ids
+    r = run(_cfg(tiny_policy, fake_harvest, tmp_path / "remap", init_from=str(tmp_path / "warm"), remap_vocab=True,
+                 draft_vocab_size=96, epochs=1))
+    remapped = load_draft(tmp_path / "remap")[0].draft_to_target_ids().tolist()
+    assert len(remapped) == 96 and set(warm_ids) <= set(remapped)  # the 64 most frequent are among the 96
+    assert r.coverage >= 0.0 and "draft vocabulary 64 -> 96 tokens, 64 lm_head rows kept" in capsys.readouterr().out
+    with pytest.raises(SpectoolError, match="--remap-vocab"):
+        run(_cfg(tiny_policy, fake_harvest, tmp_path / "x", remap_vocab=True))

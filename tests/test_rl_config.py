@@ -22,6 +22,7 @@ def test_template_loads_and_overrides_apply():
      ("rollout.mode=eventually", "rollout.mode"),
      ("policy.lr=fast", "policy.lr"),
      ("speculation.k=0", "speculation.k"),
+     ("speculation.draft_sampling=sampled", "speculation.draft_sampling"),
      ("draft_refresh.ttt_steps=2", "draft_refresh.ttt_steps"),
      ("rollout=3", "must be a section")],
 )

@@ -46,3 +46,27 @@ def test_bad_inputs_name_the_flag():
     with pytest.raises(SpectoolError, match="comma-separated"):
         parse_int_list("1,two", "--k")
     assert parse_int_list("3,1,3", "--k") == [1, 3]
+
+
+def test_engine_speculative_config_carries_the_draft_sampling_method():
+    from spectool.engine.engine import EngineConfig, speculative_config
+
+    greedy = speculative_config(EngineConfig(model_path="m", draft_path="d", k=3))
+    assert "draft_sample_method" not in greedy  # vLLM's own default (greedy) stays implicit
+    sampled = speculative_config(EngineConfig(model_path="m", draft_path="d", k=3, draft_sampling="probabilistic"))
+    assert sampled == {"method": "eagle3", "model": "d", "num_speculative_tokens": 3,
+                       "draft_sample_method": "probabilistic"}
+    assert speculative_config(EngineConfig(model_path="m", draft_sampling="probabilistic")) is None  # no draft
+
+
+def test_auto_k_refuses_a_sweep_measured_with_other_draft_sampling(tmp_path):
+    from spectool.rollout import sweep_schedule
+    from spectool.runs import atomic_write_json
+
+    atomic_write_json(tmp_path / "sweep.json", {"eagle3_schedule": [[1, 1024, 3]], "draft": str(tmp_path / "d"),
+                                                "draft_sampling": "probabilistic"})
+    assert sweep_schedule(str(tmp_path), None, "probabilistic")[0] == [(1, 1024, 3)]
+    with pytest.raises(SpectoolError, match="--draft-sampling=greedy but --sweep .* measured probabilistic"):
+        sweep_schedule(str(tmp_path), None, "greedy")
+    with pytest.raises(SpectoolError, match="speculation.draft_sampling=greedy"):
+        sweep_schedule(str(tmp_path), None, "greedy", flag="speculation.")

@@ -36,3 +36,18 @@ def test_verify_flags_the_uncorrected_engine(tiny_policy, random_draft):
     # Which test rejects first varies with the machine's sampled streams (in one CI run only the token tests
     # did); the verdict must name the speculative arm, whichever test caught it.
     assert "  - speculative: " in r.stdout
+
+
+def test_verify_passes_with_a_sampling_draft(tiny_policy, random_draft, tmp_path):
+    """vLLM's draft_sample_method="probabilistic": proposals sampled from the draft's q, accepted with
+    min(1, p/q), rejected ones resampled from max(p - q, 0). A near-uniform random draft against a
+    near-uniform random policy makes the residual path run often; the samples must still be the policy's."""
+    r = spectool("verify", "--model", str(tiny_policy), "--draft", str(random_draft), *ARGS, "--control", "none",
+                 "--draft-sampling", "probabilistic", "--out", str(tmp_path))
+    assert "verdict: LOSSLESS" in r.stdout, r.stdout[-3000:]
+    plain, spec = json.loads((tmp_path / "verify.json").read_text())["arms"]
+    assert spec["logprob_max_abs_diff"] < 1e-3
+    assert abs(spec["vs_plain"]["mean"]) < 4 * spec["vs_plain"]["se"]
+    # the engine really sampled its proposals: a greedy proposal from a random draft is accepted with
+    # probability p(argmax q) ~ 1/vocab, a sampled one with sum min(p, q), which is large for two flat laws
+    assert spec["mean_acceptance_length"] > 2.0

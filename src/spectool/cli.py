@@ -34,6 +34,10 @@ SEED = typer.Option(0, "--seed", help="Sampling and data seed.")
 EVAL_SPLIT = typer.Option("eval", "--split", help="train | eval (held-out prompts).")
 PROMPT_COL = typer.Option("prompt", "--prompt-col", help="Prompt column of a file source.")
 ANSWER_COL = typer.Option("answer", "--answer-col", help="Answer column of a file source.")
+DRAFT_SAMPLING = typer.Option(
+    "greedy", "--draft-sampling",
+    help="greedy: the draft proposes its argmax | probabilistic: it samples (more accepted at T>0). Both exact.",
+)
 
 
 def _sampling(n_prompts: int, samples: int, max_tokens: int, temperature: float, top_p: float, seed: int) -> SamplingConfig:
@@ -85,6 +89,10 @@ def init_draft(
     model: str = MODEL,
     data: str = typer.Option(DEFAULT_DATA, "--data", help="A harvest run dir, or a data source to harvest first."),
     init_from: Optional[Path] = typer.Option(None, "--init-from", help="Warm-start from an EAGLE-3 draft folder."),
+    remap_vocab: bool = typer.Option(
+        False, "--remap-vocab",
+        help="With --init-from: rebuild the draft vocabulary from this data (--draft-vocab-size); shared rows kept. "
+             "Default: keep the warm start's map."),
     draft_vocab_size: int = typer.Option(4096, "--draft-vocab-size", help="Draft vocabulary size."),
     ttt_steps: int = typer.Option(5, "--ttt-steps", help="Unroll length (train positions 1..N; >= largest k)."),
     epochs: int = typer.Option(2, "--epochs", help="Passes over the harvested records."),
@@ -102,7 +110,7 @@ def init_draft(
         from spectool.draft.train import InitDraftConfig, render, run
 
         cfg = InitDraftConfig(
-            out=str(out), model=model, data=data, init_from=str(init_from) if init_from else None,
+            out=str(out), model=model, data=data, init_from=str(init_from) if init_from else None, remap_vocab=remap_vocab,
             draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, epochs=epochs, batch_size=batch_size,
             lr=lr, save_every=save_every, seed=seed,
             harvest=_sampling(n_prompts, samples, max_tokens, temperature, 1.0, seed),
@@ -127,6 +135,7 @@ def sweep_k(
     min_seqs: int = typer.Option(8, "--min-seqs", help="Sequences decoded per arm and batch size."),
     min_gain: float = typer.Option(0.03, "--min-gain", help="Recommend speculation only above 1 + this speedup."),
     seed: int = SEED,
+    draft_sampling: str = DRAFT_SAMPLING,
 ) -> None:
     """Measure acceptance and throughput per draft length k (and batch size); recommend k."""
     try:
@@ -135,7 +144,8 @@ def sweep_k(
         cfg = SweepConfig(out=str(out), draft=str(draft) if draft else None, model=model, data=data, split=split,
                           ks=parse_int_list(k, "--k"), batch_sizes=parse_int_list(batch_sizes, "--batch-sizes"),
                           methods=[m.strip() for m in methods.split(",") if m.strip()], max_tokens=max_tokens,
-                          temperature=temperature, min_seqs=min_seqs, min_gain=min_gain, seed=seed)
+                          temperature=temperature, min_seqs=min_seqs, min_gain=min_gain, seed=seed,
+                          draft_sampling=draft_sampling)
         render(run(cfg, progress=lambda m: typer.echo(m, err=True)), str(out))
     except SpectoolError as e:
         _fail(e)
@@ -159,6 +169,7 @@ def rollout(
     k: str = typer.Option("3", "--k", help="Draft tokens per step, or 'auto': per batch size from --sweep."),
     sweep: Optional[Path] = typer.Option(None, "--sweep", help="sweep-k run directory (for --k auto)."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding on the same prompts; print speedup."),
+    draft_sampling: str = DRAFT_SAMPLING,
 ) -> None:
     """Rollouts with vLLM (speculative with a draft): records with target logprobs and rewards."""
     try:
@@ -171,6 +182,7 @@ def rollout(
             model=model, data=data, split=split, out=str(out) if out else None,
             prompt_col=prompt_col, answer_col=answer_col, draft=str(draft) if draft else None,
             k=k if k == "auto" else int(k), sweep=str(sweep) if sweep else None, compare=compare,
+            draft_sampling=draft_sampling,
             sampling=_sampling(n_prompts, samples, max_tokens, temperature, top_p, seed),
         )
         render(run(cfg))
@@ -214,6 +226,7 @@ def verify(
     control: str = typer.Option("auto", "--control", help="Lossy control: auto | unpatched (CPU) | truncated | none."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory for the evidence (verify.json)."),
     seed: int = SEED,
+    draft_sampling: str = DRAFT_SAMPLING,
 ) -> None:
     """Prove on the real engine that speculative sampling equals the policy's own sampling."""
     try:
@@ -221,7 +234,8 @@ def verify(
 
         r = run(VerifyConfig(draft=str(draft), model=model, data=data, split=split, k=k, n_prompts=n_prompts,
                              samples=samples, positions=positions, temperature=temperature, alpha=alpha,
-                             logprob_tol=logprob_tol, control=control, out=str(out) if out else None, seed=seed),
+                             logprob_tol=logprob_tol, control=control, out=str(out) if out else None, seed=seed,
+                             draft_sampling=draft_sampling),
                 progress=lambda m: typer.echo(m, err=True))
         render(r)
     except SpectoolError as e:

@@ -9,6 +9,8 @@ from spectool.errors import SpectoolError
 DEFAULT_MODEL = "smollm2-135m"
 # Two-term one-digit sums: SmolLM2-135M scores ~0.4 here, a real RL signal (ENVIRONMENT.md).
 DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+# How an EAGLE-3 draft proposes (vLLM's draft_sample_method): its argmax, or a sample from it.
+DRAFT_SAMPLING = ("greedy", "probabilistic")
 
 
 @dataclass
@@ -35,3 +37,7 @@ def check(ok: bool, flag: str, value: object, rule: str) -> None:
     if not ok:
         raise SpectoolError(f"{flag}={value!r} is out of range: {rule}")
 
+
+
+def check_draft_sampling(value: str, flag: str = "--draft-sampling") -> None:
+    check(value in DRAFT_SAMPLING, flag, value, f"must be one of {', '.join(DRAFT_SAMPLING)}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spectool.config import SamplingConfig, check
+from spectool.config import SamplingConfig, check, check_draft_sampling
 from spectool.data import Task, TaskSource
 from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
@@ -30,6 +30,7 @@ class RolloutConfig:
     k: int | str = 3  # or "auto": the sweep's per-batch-size schedule (vLLM dynamic speculation)
     sweep: str | None = None  # sweep-k run directory, for k="auto"
     compare: bool = False  # also run plain decoding on the same prompts, report the speedup
+    draft_sampling: str = "greedy"  # or "probabilistic": proposals sampled from the draft (engine.EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def validate(self) -> None:
@@ -41,6 +42,7 @@ class RolloutConfig:
             check(isinstance(self.k, int) and 1 <= self.k <= 16, "--k", self.k, "must be in [1, 16] or 'auto'")
         check(not self.compare or self.draft is not None or self.sweep is not None, "--compare", self.compare,
               "needs --draft (or --k auto --sweep RUN)")
+        check_draft_sampling(self.draft_sampling)
         self.sampling.validate()
 
 
@@ -55,6 +57,7 @@ class RolloutResult:
     acceptance: AcceptanceStats
     out: str | None = None
     k: int | str | None = None
+    draft_sampling: str = "greedy"
     plain_tokens_per_s: float | None = None  # --compare: plain decoding, same prompts and settings
 
     @property
@@ -119,14 +122,15 @@ def run(cfg: RolloutConfig) -> RolloutResult:
 
         gc.collect()
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path,
-                                 k=max(max_k, 1), k_schedule=schedule))
+                                 k=max(max_k, 1), k_schedule=schedule, draft_sampling=cfg.draft_sampling))
     rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
     result = RolloutResult(
         n_prompts=len(tasks), n_completions=len(rows),
         mean_reward=sum(r["reward"] for r in rows) / len(rows),
         mean_response_len=n_tokens / len(rows), tokens_per_s=n_tokens / seconds, seconds=seconds,
-        acceptance=stats, out=cfg.out, k=cfg.k if cfg.draft else None, plain_tokens_per_s=plain_tps,
+        acceptance=stats, out=cfg.out, k=cfg.k if cfg.draft else None, draft_sampling=cfg.draft_sampling,
+        plain_tokens_per_s=plain_tps,
     )
     if cfg.out:
         out = Path(cfg.out)
@@ -142,13 +146,15 @@ def run(cfg: RolloutConfig) -> RolloutResult:
 
 
 def _sweep_schedule(cfg: RolloutConfig) -> list[tuple[int, int, int]]:
-    schedule, cfg.draft = sweep_schedule(cfg.sweep, cfg.draft, flag="--")
+    schedule, cfg.draft = sweep_schedule(cfg.sweep, cfg.draft, cfg.draft_sampling, flag="--")
     return schedule
 
 
-def sweep_schedule(sweep_dir: str, draft: str | None, flag: str = "--") -> tuple[list[tuple[int, int, int]], str]:
+def sweep_schedule(sweep_dir: str, draft: str | None, draft_sampling: str,
+                   flag: str = "--") -> tuple[list[tuple[int, int, int]], str]:
     """The eagle3 batch-size schedule a sweep-k run recommends, and its draft (the given `draft`
-    must be that one). `flag` prefixes the option names in errors ("--" or "speculation.")."""
+    and `draft_sampling` must be the ones it measured). `flag` prefixes the option names in errors
+    ("--" or "speculation.")."""
     from spectool.runs import read_json
 
     path = Path(sweep_dir) / "sweep.json"
@@ -159,6 +165,11 @@ def sweep_schedule(sweep_dir: str, draft: str | None, flag: str = "--") -> tuple
         raise SpectoolError(f"{flag}sweep {sweep_dir} measured no eagle3 arms; sweep with --methods eagle3")
     if draft is not None and Path(draft).resolve() != Path(sweep["draft"]).resolve():
         raise SpectoolError(f"{flag}draft {draft} is not the draft {sweep['draft']} that {flag}sweep {sweep_dir} measured")
+    measured = sweep.get("draft_sampling", "greedy")
+    if draft_sampling != measured:
+        sep = "-" if flag == "--" else "_"
+        raise SpectoolError(f"{flag}draft{sep}sampling={draft_sampling} but {flag}sweep {sweep_dir} measured "
+                            f"{measured} drafting; set {flag}draft{sep}sampling={measured} or sweep again")
     return [tuple(r) for r in sweep["eagle3_schedule"]], draft or sweep["draft"]
 
 
@@ -175,7 +186,8 @@ def render(r: RolloutResult) -> None:
         t.add_row("plain decoding (same prompts)", f"{r.plain_tokens_per_s:.1f} tokens/s")
         t.add_row("speedup", f"{r.speedup:.2f}x")
     if r.acceptance.num_drafts:
-        t.add_row(f"mean acceptance length (k={r.k})", f"{r.acceptance.mean_acceptance_length:.2f}")
+        t.add_row(f"mean acceptance length (k={r.k}, {r.draft_sampling} draft)",
+                  f"{r.acceptance.mean_acceptance_length:.2f}")
         t.add_row("per-position acceptance", " ".join(f"{x:.2f}" for x in r.acceptance.per_position_rate))
     if r.out:
         t.add_row("records", r.out)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spectool import subproc
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, check
+from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, check, check_draft_sampling
 from spectool.errors import SpectoolError
 from spectool.lossless import (
     ScoreTest,
@@ -52,8 +52,10 @@ class VerifyConfig:
     control: str = "auto"  # auto: unpatched on the CPU build, truncated elsewhere
     out: str | None = None
     seed: int = 0
+    draft_sampling: str = "greedy"  # how the speculative arm's draft proposes (engine.EngineConfig)
 
     def validate(self) -> None:
+        check_draft_sampling(self.draft_sampling)
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
         check(self.n_prompts >= 1, "--n-prompts", self.n_prompts, "must be >= 1")
@@ -110,11 +112,11 @@ class VerifyResult:
 
 
 def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[int]], samples: int,
-               positions: int, temperature: float, top_p: float, seed: int) -> dict:
+               positions: int, temperature: float, top_p: float, seed: int, draft_sampling: str = "greedy") -> dict:
     """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance."""
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
-    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, k=k, seed=seed))
+    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, k=k, seed=seed, draft_sampling=draft_sampling))
     outs, stats = engine.generate(prompts, Sampling(n=samples, max_tokens=positions, temperature=temperature, top_p=top_p))
     arm = {
         "responses": [[c.response_ids for c in per] for per in outs],
@@ -198,11 +200,11 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     tok = AutoTokenizer.from_pretrained(model.path)
     prompts = [encode_prompt(tok, t.prompt) for t in tasks]
     common = dict(model_path=model.path, k=cfg.k, prompts=prompts, samples=cfg.samples, positions=cfg.positions,
-                  temperature=cfg.temperature)
+                  temperature=cfg.temperature, draft_sampling=cfg.draft_sampling)
 
     progress("sampling: plain decoding")
     arms = {"plain": sample_arm(draft=None, top_p=1.0, seed=cfg.seed, **common)}
-    progress(f"sampling: speculative decoding (k={cfg.k})")
+    progress(f"sampling: speculative decoding (k={cfg.k}, {cfg.draft_sampling} draft)")
     arms["speculative"] = sample_arm(draft=draft, top_p=1.0, seed=cfg.seed + 1, **common)
     if control == "unpatched":
         progress("sampling: lossy control (unpatched CPU rejection sampler, subprocess)")

@@ -31,6 +31,35 @@ def new_draft(policy, target_ids: torch.Tensor, aux_layer_ids: list[int]) -> Eag
     return draft
 
 
+def remap_vocab(draft: Eagle3Draft, target_ids: torch.Tensor, policy) -> tuple[Eagle3Draft, int]:
+    """The same draft over a new draft vocabulary `target_ids` [Vd'] (sorted target ids).
+
+    lm_head rows of tokens in both vocabularies are kept; rows of new tokens come from the policy's
+    output embedding when the draft's hidden size is the policy's, else stay freshly initialised.
+    Returns (new draft, rows kept). Every other weight is copied as is."""
+    import dataclasses
+
+    from spectool.draft.vocab import d2t_from_ids
+
+    c = dataclasses.replace(draft.config, draft_vocab_size=len(target_ids))
+    new = Eagle3Draft(c).to(draft.lm_head.weight.device)
+    sd = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t")}
+    new.load_state_dict(sd, strict=False)
+    old_ids = draft.draft_to_target_ids().cpu()
+    row_of = {int(t): i for i, t in enumerate(old_ids.tolist())}
+    W = policy.get_output_embeddings().weight  # [V, H_policy]
+    kept = 0
+    with torch.no_grad():
+        for j, t in enumerate(target_ids.tolist()):
+            if t in row_of:
+                new.lm_head.weight[j] = draft.lm_head.weight[row_of[t]]
+                kept += 1
+            elif W.shape[1] == c.hidden_size:
+                new.lm_head.weight[j] = W[t]
+        new.d2t.copy_(d2t_from_ids(target_ids))
+    return new, kept
+
+
 def save_draft(draft: Eagle3Draft, out: Path, extra: dict | None = None) -> None:
     """Write a vLLM-loadable draft folder (files written atomically)."""
     from safetensors.torch import save

@@ -62,15 +62,21 @@ def acceptance_metrics(
     top1      fraction where the draft's greedy token equals the policy's greedy token
               (greedy acceptance of that position given an accepted prefix);
     p_accept  mean policy probability of the draft's greedy token = acceptance probability at
-              temperature 1 for a greedy draft (min(1, p/q) with one-hot q).
+              temperature 1 for a greedy draft (min(1, p/q) with one-hot q);
+    p_accept_sampled  mean of sum_v min(p_v, q_v) = acceptance probability at temperature 1 for
+              a draft that samples its proposal from q (vLLM's draft_sample_method="probabilistic").
     """
     B, T, _ = target_logits_full.shape
-    top1, p_acc, counts = [], [], []
+    top1, p_acc, p_samp, counts = [], [], [], []
     for j, logits in enumerate(draft_logits):
         m = step_mask(prompt_lens, lengths, T, j)
         tgt = shift(target_logits_full, j + 1)[m]  # [N, V]
         guess = draft_ids[logits[m].argmax(-1)]  # [N] target ids
         top1.append(float((guess == tgt.argmax(-1)).float().mean()) if m.any() else float("nan"))
-        p_acc.append(float(torch.softmax(tgt.float(), -1).gather(-1, guess[:, None]).mean()) if m.any() else float("nan"))
+        p = torch.softmax(tgt.float(), -1)  # [N, V]
+        p_acc.append(float(p.gather(-1, guess[:, None]).mean()) if m.any() else float("nan"))
+        q = torch.softmax(logits[m].float(), -1)  # [N, Vd]; zero outside the draft vocabulary
+        overlap = torch.minimum(p[:, draft_ids], q).sum(-1)  # [N]
+        p_samp.append(float(overlap.mean()) if m.any() else float("nan"))
         counts.append(int(m.sum()))
-    return {"top1": top1, "p_accept": p_acc, "count": counts}
+    return {"top1": top1, "p_accept": p_acc, "p_accept_sampled": p_samp, "count": counts}

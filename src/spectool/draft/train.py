@@ -25,6 +25,8 @@ import torch
 from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, SamplingConfig, check
 from spectool.errors import SpectoolError
 
+METRICS = ("top1", "p_accept", "p_accept_sampled")  # held-out, per draft position (loss.acceptance_metrics)
+
 
 @dataclass
 class InitDraftConfig:
@@ -32,6 +34,7 @@ class InitDraftConfig:
     model: str = DEFAULT_MODEL
     data: str = DEFAULT_DATA  # data source (harvested first) or a harvest run directory
     init_from: str | None = None  # warm start from an existing EAGLE-3 draft folder
+    remap_vocab: bool = False  # with init_from: rebuild the draft vocabulary from this data (rows kept where shared)
     draft_vocab_size: int = 4096
     ttt_steps: int = 5  # unroll length: trains draft positions 1..ttt_steps
     step_decay: float = 0.8
@@ -47,6 +50,8 @@ class InitDraftConfig:
     def validate(self) -> None:
         check(self.ttt_steps >= 1, "--ttt-steps", self.ttt_steps, "must be >= 1 (use >= the largest k you run)")
         check(self.draft_vocab_size >= 2, "--draft-vocab-size", self.draft_vocab_size, "must be >= 2")
+        check(not self.remap_vocab or self.init_from is not None, "--remap-vocab", self.remap_vocab,
+              "needs --init-from (a fresh draft always builds its vocabulary from the data)")
         check(self.epochs >= 1, "--epochs", self.epochs, "must be >= 1")
         check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
         check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
@@ -61,7 +66,8 @@ class InitDraftResult:
     steps: int
     coverage: float
     eval_top1: list[float]
-    eval_p_accept: list[float]
+    eval_p_accept: list[float]  # T=1, greedy proposals
+    eval_p_accept_sampled: list[float]  # T=1, proposals sampled from the draft
     expected_acceptance_length: float  # greedy proxy at k = ttt_steps, from top1 chain
     train_tokens_per_s: float
     draft_to_policy_cost: float  # measured forward time ratio per token
@@ -128,7 +134,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from transformers import AutoModelForCausalLM
 
-    from spectool.draft.checkpoint import load_draft, new_draft, save_draft
+    from spectool.draft.checkpoint import load_draft, new_draft, remap_vocab, save_draft
     from spectool.draft.loss import acceptance_metrics, ttt_loss
     from spectool.draft.vocab import build_vocab, ids_from_d2t
     from spectool.hidden import default_aux_layer_ids
@@ -177,12 +183,20 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     tr = [i for i, h in enumerate(held) if not h]
     prompt_lens = [len(p) for p in records["prompt_ids"]]
 
-    if cfg.init_from:
+    vsize = min(cfg.draft_vocab_size, policy.config.vocab_size)
+    if cfg.init_from and not cfg.remap_vocab:
         draft = warm
         target_ids = ids_from_d2t(draft.d2t)  # keep the warm start's vocabulary map
         coverage = _coverage(records, tr, target_ids)
+    elif cfg.init_from:
+        old_coverage = _coverage(records, tr, ids_from_d2t(warm.d2t))
+        target_ids, coverage = build_vocab((records[i]["response_ids"] for i in tr), policy.config.vocab_size, vsize)
+        draft, kept = remap_vocab(warm, target_ids, policy)
+        if acc.is_main_process:
+            print(f"--remap-vocab: draft vocabulary {warm.config.draft_vocab_size} -> {len(target_ids)} tokens, "
+                  f"{kept} lm_head rows kept from {cfg.init_from}; coverage of these responses "
+                  f"{old_coverage:.1%} -> {coverage:.1%}")
     else:
-        vsize = min(cfg.draft_vocab_size, policy.config.vocab_size)
         target_ids, coverage = build_vocab((records[i]["response_ids"] for i in tr), policy.config.vocab_size, vsize)
         torch.manual_seed(cfg.seed)
         draft = new_draft(policy, target_ids, default_aux_layer_ids(policy.config.num_hidden_layers))
@@ -221,14 +235,14 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
                 ids, aux, last, P, L = collate_features([feats[i] for i in idx], [prompt_lens[i] for i in idx])
                 s = first_anchor(P, cfg.ttt_steps)
                 m = acceptance_metrics(d.unroll(aux, ids, cfg.ttt_steps, s), last[:, s:] @ W.T, target_ids, P - s, L - s)
-                for k in ("top1", "p_accept"):
+                for k in METRICS:
                     sums.setdefault(k, [0.0] * cfg.ttt_steps)
                     sums[k] = [s + (0 if math.isnan(v) else v) * c for s, v, c in zip(sums[k], m[k], m["count"])]
                 sums.setdefault("count", [0] * cfg.ttt_steps)
                 sums["count"] = [a + c for a, c in zip(sums["count"], m["count"])]
                 n += 1
         d.train()
-        return {k: [s / max(c, 1) for s, c in zip(sums[k], sums["count"])] for k in ("top1", "p_accept")}
+        return {k: [s / max(c, 1) for s, c in zip(sums[k], sums["count"])] for k in METRICS}
 
     train_tokens, train_s = 0, 0.0
     with Progress(TextColumn("init-draft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -264,7 +278,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             if acc.is_main_process:
                 append_jsonl(metrics_path, rec)
             top1 = rec.get("eval", {}).get("top1")
-            bar.update(job, completed=step, info=f"loss {float(loss):.3f}" + (f" top1 {top1[0]:.2f}" if top1 else ""))
+            bar.update(job, completed=step, info=f"loss {float(loss.detach()):.3f}" + (f" top1 {top1[0]:.2f}" if top1 else ""))
 
     final = evaluate()
     d = acc.unwrap_model(draft)
@@ -273,6 +287,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     exp_len = 1 + sum(math.prod(top1[: i + 1]) for i in range(len(top1)))
     result = InitDraftResult(
         out=str(out), steps=step, coverage=coverage, eval_top1=top1, eval_p_accept=final["p_accept"],
+        eval_p_accept_sampled=final["p_accept_sampled"],
         expected_acceptance_length=exp_len, train_tokens_per_s=train_tokens / train_s if train_s else 0.0,
         draft_to_policy_cost=cost, seconds=time.perf_counter() - t_start, main_process=acc.is_main_process,
     )
@@ -326,7 +341,9 @@ def render(r: InitDraftResult) -> None:
     t.add_row("steps", str(r.steps))
     t.add_row("draft vocab coverage of responses", f"{r.coverage:.1%}")
     t.add_row("held-out top-1 agreement by position", " ".join(f"{x:.2f}" for x in r.eval_top1))
-    t.add_row("held-out P(accept) at T=1 by position", " ".join(f"{x:.2f}" for x in r.eval_p_accept))
+    t.add_row("held-out P(accept) at T=1 by position, greedy draft", " ".join(f"{x:.2f}" for x in r.eval_p_accept))
+    t.add_row("held-out P(accept) at T=1 by position, sampling draft",
+              " ".join(f"{x:.2f}" for x in r.eval_p_accept_sampled))
     t.add_row("expected acceptance length (greedy proxy)", f"{r.expected_acceptance_length:.2f}")
     t.add_row("training throughput", f"{r.train_tokens_per_s:.0f} tokens/s")
     t.add_row("draft / policy forward cost", f"{r.draft_to_policy_cost:.3f}")

@@ -32,6 +32,10 @@ class EngineConfig:
     draft_path: str | None = None  # plain EAGLE-3 folder (config.json + model.safetensors)
     k: int = 3  # num_speculative_tokens (the largest k when k_schedule is set)
     method: str = "eagle3"  # "eagle3" (plain decoding when draft_path is None) or "ngram" (prompt lookup)
+    # eagle3 proposals: "greedy" (the draft's argmax; accepted with probability p(token)) or
+    # "probabilistic" (sampled from the draft's q at the request's temperature; accepted with
+    # min(1, p/q), so a position is accepted with probability sum_v min(p_v, q_v)). Both are exact.
+    draft_sampling: str = "greedy"
     # vLLM's dynamic speculation: [(batch_from, batch_to, k)], inclusive ranges from 1, k = 0 for none
     k_schedule: list[tuple[int, int, int]] | None = None
     seed: int = 0
@@ -228,6 +232,8 @@ def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
                                 "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     elif cfg.draft_path:
         spec = {"method": cfg.method, "model": cfg.draft_path, "num_speculative_tokens": cfg.k}
+        if cfg.draft_sampling != "greedy":
+            spec["draft_sample_method"] = cfg.draft_sampling
     else:
         return None
     if cfg.k_schedule:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL
+from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, DRAFT_SAMPLING
 from spectool.errors import SpectoolError
 
 
@@ -29,6 +29,7 @@ class SpeculationSection:
     draft: str | None = None
     k: int | str = 3
     sweep: str | None = None
+    draft_sampling: str = "greedy"  # or "probabilistic": proposals sampled from the draft (both exact)
 
 
 @dataclass
@@ -86,6 +87,8 @@ class RLConfig:
         _need(r.mode in ("sync", "async"), "rollout.mode", r.mode, "sync or async")
         _need(s.k == "auto" or (isinstance(s.k, int) and 1 <= s.k <= 16), "speculation.k", s.k, "1..16 or auto")
         _need(s.k != "auto" or s.sweep is not None, "speculation.sweep", s.sweep, "a sweep-k run when k is auto")
+        _need(s.draft_sampling in DRAFT_SAMPLING, "speculation.draft_sampling", s.draft_sampling,
+              f"one of {', '.join(DRAFT_SAMPLING)}")
         _need(0 < p.lr < 1, "policy.lr", p.lr, "in (0, 1)")
         _need(p.steps >= 1, "policy.steps", p.steps, ">= 1")
         _need(0 <= p.eps_low < 1 and p.eps_high >= 0, "policy.eps_low/eps_high", (p.eps_low, p.eps_high),

@@ -101,7 +101,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     if dr.mode != "off" and spec.k == "auto":
         from spectool.rollout import sweep_schedule
 
-        schedule, spec.draft = sweep_schedule(spec.sweep, spec.draft, flag="speculation.")
+        schedule, spec.draft = sweep_schedule(spec.sweep, spec.draft, spec.draft_sampling, flag="speculation.")
     k = max(k for _, _, k in schedule) if schedule else (spec.k if dr.mode != "off" else 0)
     draft_path = check_draft(spec.draft, model, max(k, 1)) if dr.mode != "off" else None
 
@@ -142,6 +142,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     e = cfg.engine
     engine = Engine(EngineConfig(
         model_path=model.path, draft_path=draft_path, k=max(k, 1), k_schedule=schedule, seed=cfg.seed,
+        draft_sampling=spec.draft_sampling,
         kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=e.max_model_len or None,
         logprobs_mode="processed_logprobs",  # behaviour logprobs at the sampling temperature
     ))
