@@ -48,6 +48,7 @@ def test_verify_passes_with_a_sampling_draft(tiny_policy, random_draft, tmp_path
     plain, spec = json.loads((tmp_path / "verify.json").read_text())["arms"]
     assert spec["logprob_max_abs_diff"] < 1e-3
     assert abs(spec["vs_plain"]["mean"]) < 4 * spec["vs_plain"]["se"]
-    # the engine really sampled its proposals: a greedy proposal from a random draft is accepted with
-    # probability p(argmax q) ~ 1/vocab, a sampled one with sum min(p, q), which is large for two flat laws
-    assert spec["mean_acceptance_length"] > 2.0
+    # the engine really sampled its proposals: a greedy proposal from this random draft is accepted with
+    # probability p(argmax q), tiny for a flat policy (measured 1.00 acceptance length with greedy drafting,
+    # same settings); a sampled one with sum min(p, q) (measured 1.26)
+    assert spec["mean_acceptance_length"] > 1.1, spec["mean_acceptance_length"]

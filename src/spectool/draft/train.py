@@ -284,7 +284,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     d = acc.unwrap_model(draft)
     cost = _cost_ratio(policy, d, feats[tr[0]])
     top1 = final["top1"]
-    exp_len = 1 + sum(math.prod(top1[: i + 1]) for i in range(len(top1)))
+    exp_len = chain_length(top1)
     result = InitDraftResult(
         out=str(out), steps=step, coverage=coverage, eval_top1=top1, eval_p_accept=final["p_accept"],
         eval_p_accept_sampled=final["p_accept_sampled"],
@@ -299,6 +299,12 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             harvest_data=hm.get("data"), records=len(records), train_records=len(tr), eval_records=len(ev),
             ttt_steps=cfg.ttt_steps, result=result))
     return result
+
+
+def chain_length(rates: list[float]) -> float:
+    """Expected tokens per verify step when position j is accepted with probability rates[j] given
+    its prefix was: 1 + r1 + r1 r2 + ... (the proxies are measured on the policy's own path)."""
+    return 1 + sum(math.prod(rates[: i + 1]) for i in range(len(rates)))
 
 
 def first_anchor(prompt_lens: torch.Tensor, steps: int) -> int:
@@ -341,10 +347,12 @@ def render(r: InitDraftResult) -> None:
     t.add_row("steps", str(r.steps))
     t.add_row("draft vocab coverage of responses", f"{r.coverage:.1%}")
     t.add_row("held-out top-1 agreement by position", " ".join(f"{x:.2f}" for x in r.eval_top1))
-    t.add_row("held-out P(accept) at T=1 by position, greedy draft", " ".join(f"{x:.2f}" for x in r.eval_p_accept))
-    t.add_row("held-out P(accept) at T=1 by position, sampling draft",
-              " ".join(f"{x:.2f}" for x in r.eval_p_accept_sampled))
-    t.add_row("expected acceptance length (greedy proxy)", f"{r.expected_acceptance_length:.2f}")
+    t.add_row("held-out P(accept), T=1, greedy draft", " ".join(f"{x:.2f}" for x in r.eval_p_accept))
+    t.add_row("held-out P(accept), T=1, sampling draft", " ".join(f"{x:.2f}" for x in r.eval_p_accept_sampled))
+    k = len(r.eval_top1)
+    t.add_row(f"expected acceptance length, k={k}",
+              f"T=0 {r.expected_acceptance_length:.2f}, T=1 greedy {chain_length(r.eval_p_accept):.2f}, "
+              f"T=1 sampling {chain_length(r.eval_p_accept_sampled):.2f}")
     t.add_row("training throughput", f"{r.train_tokens_per_s:.0f} tokens/s")
     t.add_row("draft / policy forward cost", f"{r.draft_to_policy_cost:.3f}")
     t.add_row("wall time", f"{r.seconds:.0f} s")
