@@ -45,18 +45,17 @@ def remap_vocab(draft: Eagle3Draft, target_ids: torch.Tensor, policy) -> tuple[E
     new = Eagle3Draft(c).to(draft.lm_head.weight.device)
     sd = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t")}
     new.load_state_dict(sd, strict=False)
-    old_ids = draft.draft_to_target_ids().cpu()
-    row_of = {int(t): i for i, t in enumerate(old_ids.tolist())}
+    slot = torch.full((c.vocab_size,), -1, dtype=torch.int64)  # [V] old draft row of each target id
+    slot[draft.draft_to_target_ids().cpu()] = torch.arange(draft.config.draft_vocab_size)
+    src = slot[target_ids]  # [Vd'] old row, or -1 for a token new to the draft
+    shared = src >= 0
     W = policy.get_output_embeddings().weight  # [V, H_policy]
-    kept = 0
     with torch.no_grad():
-        for j, t in enumerate(target_ids.tolist()):
-            if t in row_of:
-                new.lm_head.weight[j] = draft.lm_head.weight[row_of[t]]
-                kept += 1
-            elif W.shape[1] == c.hidden_size:
-                new.lm_head.weight[j] = W[t]
+        new.lm_head.weight[shared] = draft.lm_head.weight[src[shared]]
+        if W.shape[1] == c.hidden_size:
+            new.lm_head.weight[~shared] = W[target_ids[~shared]].to(new.lm_head.weight)
         new.d2t.copy_(d2t_from_ids(target_ids))
+    kept = int(shared.sum())
     return new, kept
 
 
