@@ -186,8 +186,8 @@ def render(r: RolloutResult) -> None:
         t.add_row("plain decoding (same prompts)", f"{r.plain_tokens_per_s:.1f} tokens/s")
         t.add_row("speedup", f"{r.speedup:.2f}x")
     if r.acceptance.num_drafts:
-        t.add_row(f"mean acceptance length (k={r.k}, {r.draft_sampling} draft)",
-                  f"{r.acceptance.mean_acceptance_length:.2f}")
+        t.add_row(f"mean acceptance length (k={r.k})", f"{r.acceptance.mean_acceptance_length:.2f}")
+        t.add_row("draft proposals", r.draft_sampling)
         t.add_row("per-position acceptance", " ".join(f"{x:.2f}" for x in r.acceptance.per_position_rate))
     if r.out:
         t.add_row("records", r.out)
