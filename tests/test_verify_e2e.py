@@ -24,7 +24,9 @@ def test_verify_passes_with_the_fix_and_the_control_is_rejected(tiny_policy, ran
     assert spec["logprob_max_abs_diff"] < 1e-3  # engine logprobs are the policy's own
     assert abs(spec["vs_plain"]["mean"]) < 4 * spec["vs_plain"]["se"]
     assert "disabled" in lossy["engine_note"]
-    assert abs(lossy["vs_plain"]["mean"]) > 5 * lossy["vs_plain"]["se"]  # the bug is caught, with margin
+    # the bug is caught: LOSSLESS needs the same tests to reject the control. Which test catches it varies
+    # with the sampled streams (one CI run: score shift 0.011 +- 0.05, caught by the token tests only).
+    assert any(r.startswith("lossy control rejected: ") for r in v["reasons"])
     assert 0 < v["detectable_score_shift"] < 0.5
 
 
