@@ -85,12 +85,13 @@ def random_draft(tiny_policy, tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from spectool.draft.checkpoint import new_draft, save_draft
+    from spectool.draft.checkpoint import draft_metadata, new_draft, save_draft
     from spectool.hidden import default_aux_layer_ids
+    from spectool.models import resolve_model
 
     policy = AutoModelForCausalLM.from_pretrained(tiny_policy)
     torch.manual_seed(0)
     d = new_draft(policy, torch.arange(policy.config.vocab_size), default_aux_layer_ids(policy.config.num_hidden_layers))
     out = tmp_path_factory.mktemp("random_draft")
-    save_draft(d, out, extra={"ttt_steps": 3})
+    save_draft(d, out, extra=draft_metadata(resolve_model(str(tiny_policy)), 3))
     return out

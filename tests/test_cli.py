@@ -101,7 +101,7 @@ def test_sweep_refuses_a_draft_for_another_policy(tmp_path, tiny_policy):
 
     d = tmp_path / "draft"
     atomic_write_json(d / "config.json", {})
-    atomic_write_json(d / "draft.json", {"policy": "other", "policy_identity": "not-this-one"})
+    atomic_write_json(d / "draft.json", {"policy": "other", "policy_fingerprint": {"hidden_size": 960}})
     r = runner.invoke(app, ["sweep-k", "--model", str(tiny_policy), "--draft", str(d), "--out", str(tmp_path / "S")])
-    assert r.exit_code == 2 and "was trained for policy other" in r.output
+    assert r.exit_code == 2 and "hidden_size: 960 vs 128" in r.output, r.output
     assert not (tmp_path / "S").exists()

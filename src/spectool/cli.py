@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, SamplingConfig
+from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, SamplingConfig
 from spectool.errors import SpectoolError
 
 app = typer.Typer(
@@ -37,6 +37,10 @@ ANSWER_COL = typer.Option("answer", "--answer-col", help="Answer column of a fil
 DRAFT_SAMPLING = typer.Option(
     "greedy", "--draft-sampling",
     help="greedy: the draft proposes its argmax | probabilistic: it samples (more accepted at T>0). Both exact.",
+)
+GPU_MEMORY = typer.Option(
+    GPU_MEMORY_UTILIZATION, "--gpu-memory-utilization",
+    help="GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU.",
 )
 
 
@@ -68,6 +72,7 @@ def harvest(
     hidden_states: bool = typer.Option(False, "--hidden-states", help="Also store the policy's EAGLE-3 aux hidden states."),
     prompt_col: str = PROMPT_COL,
     answer_col: str = ANSWER_COL,
+    gpu_memory_utilization: float = GPU_MEMORY,
 ) -> None:
     """Run the policy on in-domain prompts (vLLM) and store its rollouts: the draft's training data."""
     try:
@@ -75,7 +80,7 @@ def harvest(
 
         cfg = HarvestConfig(
             model=model, data=data, out=str(out), split=split, hidden_states=hidden_states,
-            prompt_col=prompt_col, answer_col=answer_col,
+            prompt_col=prompt_col, answer_col=answer_col, gpu_memory_utilization=gpu_memory_utilization,
             sampling=_sampling(n_prompts, samples, max_tokens, temperature, top_p, seed),
         )
         render(run(cfg))
@@ -104,6 +109,7 @@ def init_draft(
     max_tokens: int = typer.Option(128, "--max-tokens", help="Max tokens per harvested completion."),
     temperature: float = typer.Option(1.0, "--temperature", help="Harvest sampling temperature."),
     seed: int = typer.Option(0, "--seed", help="Seed."),
+    gpu_memory_utilization: float = GPU_MEMORY,
 ) -> None:
     """Build and train an EAGLE-3 draft for the policy on in-domain data."""
     try:
@@ -112,7 +118,7 @@ def init_draft(
         cfg = InitDraftConfig(
             out=str(out), model=model, data=data, init_from=str(init_from) if init_from else None, remap_vocab=remap_vocab,
             draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, epochs=epochs, batch_size=batch_size,
-            lr=lr, save_every=save_every, seed=seed,
+            lr=lr, save_every=save_every, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
             harvest=_sampling(n_prompts, samples, max_tokens, temperature, 1.0, seed),
         )
         render(run(cfg))
@@ -136,6 +142,7 @@ def sweep_k(
     min_gain: float = typer.Option(0.03, "--min-gain", help="Recommend speculation only above 1 + this speedup."),
     seed: int = SEED,
     draft_sampling: str = DRAFT_SAMPLING,
+    gpu_memory_utilization: float = GPU_MEMORY,
 ) -> None:
     """Measure acceptance and throughput per draft length k (and batch size); recommend k."""
     try:
@@ -145,7 +152,7 @@ def sweep_k(
                           ks=parse_int_list(k, "--k"), batch_sizes=parse_int_list(batch_sizes, "--batch-sizes"),
                           methods=[m.strip() for m in methods.split(",") if m.strip()], max_tokens=max_tokens,
                           temperature=temperature, min_seqs=min_seqs, min_gain=min_gain, seed=seed,
-                          draft_sampling=draft_sampling)
+                          draft_sampling=draft_sampling, gpu_memory_utilization=gpu_memory_utilization)
         render(run(cfg, progress=lambda m: typer.echo(m, err=True)), str(out))
     except SpectoolError as e:
         _fail(e)
@@ -170,6 +177,7 @@ def rollout(
     sweep: Optional[Path] = typer.Option(None, "--sweep", help="sweep-k run directory (for --k auto)."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding on the same prompts; print speedup."),
     draft_sampling: str = DRAFT_SAMPLING,
+    gpu_memory_utilization: float = GPU_MEMORY,
 ) -> None:
     """Rollouts with vLLM (speculative with a draft): records with target logprobs and rewards."""
     try:
@@ -182,7 +190,7 @@ def rollout(
             model=model, data=data, split=split, out=str(out) if out else None,
             prompt_col=prompt_col, answer_col=answer_col, draft=str(draft) if draft else None,
             k=k if k == "auto" else int(k), sweep=str(sweep) if sweep else None, compare=compare,
-            draft_sampling=draft_sampling,
+            draft_sampling=draft_sampling, gpu_memory_utilization=gpu_memory_utilization,
             sampling=_sampling(n_prompts, samples, max_tokens, temperature, top_p, seed),
         )
         render(run(cfg))
@@ -199,13 +207,14 @@ def export(
     k: int = typer.Option(3, "--k", help="Default k recorded (speculators) and used for verification."),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="Load into vLLM and check acceptance."),
     min_acceptance: float = typer.Option(1.2, "--min-acceptance", help="Refuse below this mean acceptance length."),
+    gpu_memory_utilization: float = GPU_MEMORY,
 ) -> None:
     """Write a draft that vLLM (and RL frameworks) load: plain EAGLE-3 or speculators format."""
     try:
         from spectool.export import ExportConfig, render, run
 
         render(run(ExportConfig(draft=str(draft), out=str(out), format=format, model=model, k=k, verify=verify,
-                                min_acceptance_length=min_acceptance)))
+                                min_acceptance_length=min_acceptance, gpu_memory_utilization=gpu_memory_utilization)))
     except SpectoolError as e:
         _fail(e)
 
@@ -227,6 +236,7 @@ def verify(
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory for the evidence (verify.json)."),
     seed: int = SEED,
     draft_sampling: str = DRAFT_SAMPLING,
+    gpu_memory_utilization: float = GPU_MEMORY,
 ) -> None:
     """Prove on the real engine that speculative sampling equals the policy's own sampling."""
     try:
@@ -235,7 +245,7 @@ def verify(
         r = run(VerifyConfig(draft=str(draft), model=model, data=data, split=split, k=k, n_prompts=n_prompts,
                              samples=samples, positions=positions, temperature=temperature, alpha=alpha,
                              logprob_tol=logprob_tol, control=control, out=str(out) if out else None, seed=seed,
-                             draft_sampling=draft_sampling),
+                             draft_sampling=draft_sampling, gpu_memory_utilization=gpu_memory_utilization),
                 progress=lambda m: typer.echo(m, err=True))
         render(r)
     except SpectoolError as e:

@@ -11,6 +11,9 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
 # How an EAGLE-3 draft proposes (vLLM's draft_sample_method): its argmax, or a sample from it.
 DRAFT_SAMPLING = ("greedy", "probabilistic")
+# The engine's share of GPU memory when nothing else runs on the GPU (train-rl has its own default,
+# engine.gpu_memory_utilization, that leaves the colocated trainer room). Ignored on the CPU build.
+GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass
@@ -37,6 +40,10 @@ def check(ok: bool, flag: str, value: object, rule: str) -> None:
     if not ok:
         raise SpectoolError(f"{flag}={value!r} is out of range: {rule}")
 
+
+
+def check_gpu_memory(value: float, flag: str = "--gpu-memory-utilization") -> None:
+    check(0 < value <= 0.98, flag, value, "must be a fraction of the GPU's memory in (0, 0.98]")
 
 
 def check_draft_sampling(value: str, flag: str = "--draft-sampling") -> None:

@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from spectool.config import GPU_MEMORY_UTILIZATION
 from spectool.errors import SpectoolError
 
 
@@ -27,10 +28,12 @@ class ExportConfig:
     verify: bool = True
     min_acceptance_length: float = 1.2
     verify_data: str = "auto"
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
 
     def validate(self) -> None:
-        from spectool.config import check
+        from spectool.config import check, check_gpu_memory
 
+        check_gpu_memory(self.gpu_memory_utilization)
         check(self.format in ("vllm", "speculators"), "--format", self.format, "must be 'vllm' or 'speculators'")
         check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
 
@@ -67,9 +70,9 @@ def speculators_config(vllm_cfg: dict, k: int, verifier: str) -> dict:
 
 
 def run(cfg: ExportConfig) -> ExportResult:
-    from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS, replace_dir
+    from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS, check_draft, replace_dir
     from spectool.models import resolve_model
-    from spectool.runs import MANIFEST, atomic_write_json, read_json
+    from spectool.runs import MANIFEST, atomic_write_json, make_manifest, read_json
 
     cfg.validate()
     src = Path(cfg.draft)
@@ -80,8 +83,7 @@ def run(cfg: ExportConfig) -> ExportResult:
     if not model_name:
         raise SpectoolError("the draft does not record its policy; pass --model")
     model = resolve_model(model_name)
-    if meta.get("policy_identity") and meta["policy_identity"] != model.identity:
-        raise SpectoolError(f"draft {src} was trained for policy {meta.get('policy')}, not {model_name}")
+    check_draft(str(src), model, cfg.k)
     _check_weights(src / WEIGHTS, model.path)
 
     dest = Path(cfg.out)
@@ -91,8 +93,10 @@ def run(cfg: ExportConfig) -> ExportResult:
     try:
         shutil.copy2(src / WEIGHTS, tmp / WEIGHTS)
         vcfg = read_json(src / "config.json")
-        conf = vcfg if cfg.format == "vllm" else speculators_config(vcfg, cfg.k, model.path)
+        conf = vcfg if cfg.format == "vllm" else speculators_config(vcfg, cfg.k, _portable_name(model_name))
         atomic_write_json(tmp / "config.json", conf)
+        if meta:  # the draft's metadata travels with it: every draft check applies to the export too
+            atomic_write_json(tmp / DRAFT_JSON, {**meta, "export_format": cfg.format})
         if cfg.verify_data == "auto":  # held-out prompts of the data the draft was trained on
             cfg.verify_data = _draft_data(src) or "chat"
         acc = _verify(tmp, model.path, cfg) if cfg.verify else None
@@ -101,14 +105,20 @@ def run(cfg: ExportConfig) -> ExportResult:
                 f"export refused: mean acceptance length {acc:.2f} < floor {cfg.min_acceptance_length} "
                 "(wrong policy or vocabulary map?); nothing was written"
             )
-        atomic_write_json(tmp / MANIFEST, {"kind": "export", "format": cfg.format, "policy": model_name,
-                                           "policy_identity": model.identity, "k": cfg.k, "from": str(src),
-                                           "verified_mean_acceptance_length": acc})
+        atomic_write_json(tmp / MANIFEST, make_manifest(
+            "export", format=cfg.format, model=model_name, model_identity=model.identity, k=cfg.k, source=str(src),
+            verified_mean_acceptance_length=acc))
         replace_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ExportResult(out=str(dest), format=cfg.format, mean_acceptance_length=acc)
+
+
+def _portable_name(model_name: str) -> str:
+    """The verifier named without this machine's paths: a hub id or embedded name as given, a
+    local folder by its own name."""
+    return Path(model_name).name if Path(model_name).exists() else model_name
 
 
 def _draft_data(src: Path) -> str | None:
@@ -148,7 +158,8 @@ def _verify(folder: Path, model_path: str, cfg: ExportConfig) -> float:
     from spectool.prompts import encode_prompt
 
     draft_arg = str(folder)
-    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft_arg, k=cfg.k, kv_cache_gib=1))
+    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft_arg, k=cfg.k, kv_cache_gib=1,
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization))
     tok = AutoTokenizer.from_pretrained(model_path)
     tasks = load_source(cfg.verify_data).tasks("eval", 8)
     _, stats = engine.generate([encode_prompt(tok, t.prompt) for t in tasks], Sampling(max_tokens=32, temperature=0.0))

@@ -11,10 +11,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from spectool.config import SamplingConfig, check
+from spectool.config import GPU_MEMORY_UTILIZATION, SamplingConfig, check, check_gpu_memory
 from spectool.errors import SpectoolError
 
-CHUNK_PROMPTS = 16  # prompts per shard: the unit of resume
+CPU_CHUNK_PROMPTS = 16  # prompts per shard on the CPU build: the unit of resume
+GPU_CHUNK_SEQUENCES = 1024  # sequences per generate call on a GPU: few enough waves to run at engine speed
+
+
+def chunk_prompts(samples: int, cpu_build: bool) -> int:
+    """Prompts per shard. On a GPU, 16 prompts x 4 samples kept the engine at 42% of its throughput
+    (4,799 vs 11,340 tokens/s on an H100): each call ends in a long tail of few live sequences."""
+    return CPU_CHUNK_PROMPTS if cpu_build else max(CPU_CHUNK_PROMPTS, GPU_CHUNK_SEQUENCES // samples)
 
 
 @dataclass
@@ -27,9 +34,11 @@ class HarvestConfig:
     prompt_col: str = "prompt"
     answer_col: str = "answer"
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
 
     def validate(self) -> None:
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        check_gpu_memory(self.gpu_memory_utilization)
         self.sampling.validate()
 
 
@@ -56,7 +65,7 @@ def run(cfg: HarvestConfig) -> HarvestResult:
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
-    from spectool.engine.engine import Engine, EngineConfig
+    from spectool.engine.engine import Engine, EngineConfig, is_cpu_build
     from spectool.models import resolve_model
     from spectool.records import load_records, shard_paths, write_shard
     from spectool.rollout import rollout_tasks
@@ -68,8 +77,10 @@ def run(cfg: HarvestConfig) -> HarvestResult:
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
     out = Path(cfg.out)
     settings = _settings(cfg, model.identity)
+    chunk = chunk_prompts(cfg.sampling.samples, is_cpu_build())
     if (out / MANIFEST).exists():
         old = load_manifest(out, "harvest")
+        chunk = old.get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps the run's shard boundaries
         diff = [k for k in settings if old.get("settings", {}).get(k) != settings[k]]
         if diff:
             raise SpectoolError(
@@ -79,7 +90,8 @@ def run(cfg: HarvestConfig) -> HarvestResult:
     elif out.exists() and any(out.iterdir()):
         raise SpectoolError(f"--out {out} exists and is not a harvest run; pick a new folder")
     manifest = make_manifest("harvest", model=model.name, model_path=model.path, model_identity=model.identity,
-                             data=cfg.data, settings=settings, status="running")
+                             model_fingerprint=model.fingerprint,
+                             data=cfg.data, settings=settings, chunk_prompts=chunk, status="running")
     atomic_write_json(out / MANIFEST, manifest)
     atomic_write_json(out / CONFIG, cfg)
 
@@ -88,16 +100,17 @@ def run(cfg: HarvestConfig) -> HarvestResult:
     n_shards = len(shard_paths(out))
     tokenizer = AutoTokenizer.from_pretrained(model.path)
     policy = _load_policy(model.path) if cfg.hidden_states and todo else None
-    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed)) if todo else None
+    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed,
+                                  gpu_memory_utilization=cfg.gpu_memory_utilization)) if todo else None
     n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = 0, 0, 0.0, 0, 0
     with Progress(TextColumn("harvest"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                   TimeRemainingColumn()) as bar:
         job = bar.add_task("", total=len(tasks), completed=len(tasks) - len(todo), rate="")
-        for i in range(0, len(todo), CHUNK_PROMPTS):
-            chunk = todo[i : i + CHUNK_PROMPTS]
+        for i in range(0, len(todo), chunk):
+            part = todo[i : i + chunk]
             # Per-chunk seed: a resumed harvest samples exactly what an uninterrupted one would.
             s = SamplingConfig(**{**asdict(cfg.sampling), "seed": cfg.sampling.seed + n_shards})
-            rows, _, toks, secs = rollout_tasks(engine, tokenizer, source, chunk, s)
+            rows, _, toks, secs = rollout_tasks(engine, tokenizer, source, part, s)
             if policy is not None:
                 hidden_bytes += _store_hidden(policy, rows, out / "hidden" / f"shard-{n_shards:05d}.safetensors")
                 hidden_tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
@@ -106,7 +119,7 @@ def run(cfg: HarvestConfig) -> HarvestResult:
             n_new += len(rows)
             n_tokens += toks
             gen_s += secs
-            bar.update(job, advance=len(chunk), rate=f"{n_tokens / gen_s:.0f} tok/s")
+            bar.update(job, advance=len(part), rate=f"{n_tokens / gen_s:.0f} tok/s")
 
     records = load_records(out)
     mean_reward = float(sum(records["reward"]) / max(len(records), 1))

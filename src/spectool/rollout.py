@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spectool.config import SamplingConfig, check, check_draft_sampling
+from spectool.config import GPU_MEMORY_UTILIZATION, SamplingConfig, check, check_draft_sampling, check_gpu_memory
 from spectool.data import Task, TaskSource
 from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
@@ -32,8 +32,10 @@ class RolloutConfig:
     compare: bool = False  # also run plain decoding on the same prompts, report the speedup
     draft_sampling: str = "greedy"  # or "probabilistic": proposals sampled from the draft (engine.EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
 
     def validate(self) -> None:
+        check_gpu_memory(self.gpu_memory_utilization)
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         if self.k == "auto":
             if self.sweep is None:
@@ -113,7 +115,8 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     draft_path = check_draft(cfg.draft, model, max(max_k, 1)) if cfg.draft else None
     plain_tps = None
     if cfg.compare:
-        plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed))
+        plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed,
+                                    gpu_memory_utilization=cfg.gpu_memory_utilization))
         rollout_tasks(plain, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
         _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling)
         plain_tps = n_plain / s_plain
@@ -122,7 +125,8 @@ def run(cfg: RolloutConfig) -> RolloutResult:
 
         gc.collect()
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path,
-                                 k=max(max_k, 1), k_schedule=schedule, draft_sampling=cfg.draft_sampling))
+                                 k=max(max_k, 1), k_schedule=schedule, draft_sampling=cfg.draft_sampling,
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization))
     rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
     result = RolloutResult(

@@ -8,7 +8,6 @@ manifest and refuses inputs that do not fit (wrong model, other settings) before
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import tempfile
@@ -81,17 +80,6 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return obj
-
-
-def hash_files(paths: list[Path]) -> str:
-    """sha256 over the contents of existing files, in the given order (short hex)."""
-    h = hashlib.sha256()
-    for p in paths:
-        p = Path(p)
-        if p.exists():
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def make_manifest(kind: str, **fields: Any) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from spectool import subproc
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, check, check_draft_sampling
+from spectool.config import (DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check, check_draft_sampling,
+                             check_gpu_memory)
 from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
 
@@ -47,9 +48,11 @@ class SweepConfig:
     min_gain: float = 0.03  # speculation is recommended only when >= 3% faster than plain
     seed: int = 0
     draft_sampling: str = "greedy"  # eagle3 proposals: "greedy" or "probabilistic" (engine.EngineConfig)
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
 
     def validate(self) -> None:
         check_draft_sampling(self.draft_sampling)
+        check_gpu_memory(self.gpu_memory_utilization)
         check(len(self.ks) > 0 and all(k >= 1 for k in self.ks), "--k", self.ks, "must be a list of integers >= 1")
         check(len(self.batch_sizes) > 0 and all(b >= 1 for b in self.batch_sizes), "--batch-sizes",
               self.batch_sizes, "must be a non-empty list of integers >= 1")
@@ -122,14 +125,15 @@ def k_schedule(rec: dict[int, dict], max_batch: int = 1024) -> list[tuple[int, i
 
 def measure_arm(model_path: str, method: str, k: int, draft: str | None, prompts: list[list[int]],
                 batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int,
-                draft_sampling: str = "greedy") -> list[dict]:
+                draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> list[dict]:
     """One engine (method "none" = plain decoding): per batch size, decode >= min_seqs sequences in
     waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves."""
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
     engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1),
                                  method="eagle3" if method == "none" else method,
-                                 draft_path=draft if method == "eagle3" else None, draft_sampling=draft_sampling))
+                                 draft_path=draft if method == "eagle3" else None, draft_sampling=draft_sampling,
+                                 gpu_memory_utilization=gpu_memory_utilization))
     for batch in batch_sizes:  # warm-up at every measured shape
         engine.generate(prompts[:batch], Sampling(n=1, max_tokens=8, temperature=temperature))
     rows = []
@@ -194,7 +198,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
         rows = subproc.call("spectool.sweep", "measure_arm", dict(
             model_path=model.path, method=method, k=k, draft=draft, prompts=prompts, batch_sizes=todo,
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
-            draft_sampling=cfg.draft_sampling),
+            draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization),
             what=f"the {method} k={k} engine")
         for row in rows:
             append_jsonl(rows_path, row)

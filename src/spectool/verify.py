@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spectool import subproc
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, check, check_draft_sampling
+from spectool.config import (DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check, check_draft_sampling,
+                             check_gpu_memory)
 from spectool.errors import SpectoolError
 from spectool.lossless import (
     ScoreTest,
@@ -53,9 +54,11 @@ class VerifyConfig:
     out: str | None = None
     seed: int = 0
     draft_sampling: str = "greedy"  # how the speculative arm's draft proposes (engine.EngineConfig)
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
 
     def validate(self) -> None:
         check_draft_sampling(self.draft_sampling)
+        check_gpu_memory(self.gpu_memory_utilization)
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
         check(self.n_prompts >= 1, "--n-prompts", self.n_prompts, "must be >= 1")
@@ -112,11 +115,15 @@ class VerifyResult:
 
 
 def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[int]], samples: int,
-               positions: int, temperature: float, top_p: float, seed: int, draft_sampling: str = "greedy") -> dict:
-    """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance."""
+               positions: int, temperature: float, top_p: float, seed: int, draft_sampling: str = "greedy",
+               gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> dict:
+    """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance.
+    float32 on every device: the proof is about the sampling algorithm, and its tests compare
+    against a float32 transformers forward (a bfloat16 engine differs from it by precision alone)."""
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
-    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, k=k, seed=seed, draft_sampling=draft_sampling))
+    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, k=k, seed=seed, draft_sampling=draft_sampling,
+                                 dtype="float32", gpu_memory_utilization=gpu_memory_utilization))
     outs, stats = engine.generate(prompts, Sampling(n=samples, max_tokens=positions, temperature=temperature, top_p=top_p))
     arm = {
         "responses": [[c.response_ids for c in per] for per in outs],
@@ -200,7 +207,8 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     tok = AutoTokenizer.from_pretrained(model.path)
     prompts = [encode_prompt(tok, t.prompt) for t in tasks]
     common = dict(model_path=model.path, k=cfg.k, prompts=prompts, samples=cfg.samples, positions=cfg.positions,
-                  temperature=cfg.temperature, draft_sampling=cfg.draft_sampling)
+                  temperature=cfg.temperature, draft_sampling=cfg.draft_sampling,
+                  gpu_memory_utilization=cfg.gpu_memory_utilization)
 
     progress("sampling: plain decoding")
     arms = {"plain": sample_arm(draft=None, top_p=1.0, seed=cfg.seed, **common)}

@@ -105,24 +105,32 @@ def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
     if missing or unexpected:
         raise SpectoolError(f"draft weights in {path} do not fit an EAGLE-3 draft: missing {missing}, unexpected {unexpected}")
     if policy is not None:
-        check_fits(cfg, policy.config, path)
+        check_fits(cfg, policy_shape(policy.config), path)
         if not has_embed:
             with torch.no_grad():
                 draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
     return draft, meta
 
 
-def check_fits(cfg: DraftConfig, policy_config, where: Path) -> None:
-    """Refuse a draft made for another policy (hidden size, vocab, layer ids)."""
+def check_fits(cfg: DraftConfig, policy: dict, where: Path) -> None:
+    """Refuse a draft whose shapes do not fit the policy. `policy`: a model fingerprint
+    (models.FINGERPRINT_FIELDS: hidden_size, vocab_size, num_hidden_layers are read)."""
     problems = []
-    if cfg.target_hidden_size != policy_config.hidden_size:
-        problems.append(f"target hidden size {cfg.target_hidden_size} != policy's {policy_config.hidden_size}")
-    if cfg.vocab_size != policy_config.vocab_size:
-        problems.append(f"vocab size {cfg.vocab_size} != policy's {policy_config.vocab_size}")
-    if max(cfg.aux_layer_ids) >= policy_config.num_hidden_layers:
-        problems.append(f"aux layers {cfg.aux_layer_ids} beyond the policy's {policy_config.num_hidden_layers} layers")
+    if cfg.target_hidden_size != policy["hidden_size"]:
+        problems.append(f"hidden_size: draft reads {cfg.target_hidden_size}, policy has {policy['hidden_size']}")
+    if cfg.vocab_size != policy["vocab_size"]:
+        problems.append(f"vocab_size: draft maps into {cfg.vocab_size}, policy has {policy['vocab_size']}")
+    if max(cfg.aux_layer_ids) >= policy["num_hidden_layers"]:
+        problems.append(f"num_hidden_layers: draft reads aux layers {cfg.aux_layer_ids}, policy has "
+                        f"{policy['num_hidden_layers']}")
     if problems:
         raise SpectoolError(f"draft {where} does not fit this policy: " + "; ".join(problems))
+
+
+def policy_shape(config) -> dict:
+    """The fingerprint fields check_fits reads, from a transformers config."""
+    return {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
+            "num_hidden_layers": config.num_hidden_layers}
 
 
 def _config_from_vllm(c: dict, policy) -> DraftConfig:
@@ -155,22 +163,31 @@ def replace_dir(tmp: Path, dest: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def check_draft(draft: str, model, k: int) -> str:
-    """Refuse a draft folder made for another policy, or asked for more positions than it was
-    trained on (`model` is a resolved ModelRef). Returns the folder as a string."""
+def draft_metadata(model, ttt_steps: int, **extra) -> dict:
+    """What every draft folder spectool writes carries in draft.json besides its DraftConfig: the
+    policy it was trained for (name and fingerprint) and its trained unroll length."""
+    return {"policy": model.name, "policy_fingerprint": model.fingerprint, "ttt_steps": ttt_steps, **extra}
+
+
+def check_draft(draft: str, model, k: int, flag: str = "--draft") -> str:
+    """Refuse a draft folder (init-draft output or export) made for another policy, or asked for
+    more positions than it was trained on (`model` is a resolved ModelRef). A mismatch names the
+    field and both values. Returns the folder as a string."""
+    from spectool.models import fingerprint_mismatch
     from spectool.runs import read_json
 
     d = Path(draft)
     if not (d / "config.json").exists():
-        raise SpectoolError(f"--draft {d} is not a draft folder (no config.json); make one with init-draft/export")
-    meta_path = d / DRAFT_JSON
-    if meta_path.exists():
-        meta = read_json(meta_path)
-        if meta.get("policy_identity") and meta["policy_identity"] != model.identity:
-            raise SpectoolError(f"--draft {d} was trained for policy {meta.get('policy')}, not {model.name}")
-        if meta.get("ttt_steps") and k > meta["ttt_steps"]:
-            raise SpectoolError(
-                f"--k {k} exceeds the {meta['ttt_steps']} positions the draft was trained for; "
-                f"use --k <= {meta['ttt_steps']} or retrain with --ttt-steps {k}"
-            )
+        raise SpectoolError(f"{flag} {d} is not a draft folder (no config.json); make one with init-draft/export")
+    meta = read_json(d / DRAFT_JSON) if (d / DRAFT_JSON).exists() else {}
+    diff = fingerprint_mismatch(meta.get("policy_fingerprint", {}), model.fingerprint)
+    if diff:
+        raise SpectoolError(f"{flag} {d} was trained for another policy ({meta.get('policy')}) than {model.name}: "
+                            + "; ".join(f"{x} (draft's policy vs this one)" for x in diff))
+    if "config" in meta:
+        check_fits(DraftConfig(**meta["config"]), model.fingerprint, d)
+    ttt = meta.get("ttt_steps")
+    if ttt and k > ttt:
+        raise SpectoolError(f"--k {k} exceeds the {ttt} positions the draft {d} was trained for; "
+                            f"use --k <= {ttt} or retrain with --ttt-steps {k}")
     return str(d)

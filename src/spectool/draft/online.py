@@ -100,8 +100,7 @@ class OnlineDraft:
 
     def _collate(self, feats: list[Features]):
         """ids [B, T], aux [B, T, n_aux*H], last [B, T, H] on the draft's device; P, L [B] on the host."""
-        ids, aux, last, P, L = collate_features([(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats])
-        return ids.to(self.device), aux.to(self.device), last.to(self.device), P, L
+        return collate_features([(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats], self.device)
 
     def state_dict(self) -> dict:
         return {"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "steps": self.steps,

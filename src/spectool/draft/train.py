@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, SamplingConfig, check
+from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, SamplingConfig, check, check_gpu_memory
 from spectool.errors import SpectoolError
 
 METRICS = ("top1", "p_accept", "p_accept_sampled")  # held-out, per draft position (loss.acceptance_metrics)
@@ -46,8 +46,10 @@ class InitDraftConfig:
     eval_fraction: float = 0.05
     seed: int = 0
     harvest: SamplingConfig = field(default_factory=lambda: SamplingConfig(n_prompts=256, samples=4, max_tokens=128))
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION  # the harvest engine's share (it stops before training)
 
     def validate(self) -> None:
+        check_gpu_memory(self.gpu_memory_utilization)
         check(self.ttt_steps >= 1, "--ttt-steps", self.ttt_steps, "must be >= 1 (use >= the largest k you run)")
         check(self.draft_vocab_size >= 2, "--draft-vocab-size", self.draft_vocab_size, "must be >= 2")
         check(not self.remap_vocab or self.init_from is not None, "--remap-vocab", self.remap_vocab,
@@ -86,12 +88,17 @@ def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
     from spectool.harvest import run as harvest
 
     run_dir = Path(cfg.out) / "harvest"
-    harvest(HarvestConfig(model=cfg.model, data=cfg.data, out=str(run_dir), split="train", sampling=cfg.harvest))
+    harvest(HarvestConfig(model=cfg.model, data=cfg.data, out=str(run_dir), split="train", sampling=cfg.harvest,
+                          gpu_memory_utilization=cfg.gpu_memory_utilization))
+    import gc
+
+    gc.collect()  # the harvest's engine goes before the policy and the draft take the device
     return run_dir
 
 
 def _features(policy, records, layer_ids: list[int], cache: Path):
-    """Per record: ids [T], aux [T, 3H] fp16, last [T, H] fp16; cached in `cache`."""
+    """Per record: ids [T], aux [T, 3H] fp16, last [T, H] fp16 (host); cached in `cache`.
+    Computed on the policy's device in right-padded batches of similar length."""
     from safetensors.torch import load_file, save_file
     from rich.progress import Progress
 
@@ -101,14 +108,26 @@ def _features(policy, records, layer_ids: list[int], cache: Path):
         d = load_file(cache)
         lengths = d["lengths"].tolist()
         return list(zip(d["ids"].split(lengths), d["aux"].split(lengths), d["last"].split(lengths)))
-    feats = []
+    dev = next(policy.parameters()).device
+    seqs = [torch.tensor(r["prompt_ids"] + r["response_ids"]) for r in records]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    batch = 32 if dev.type == "cuda" else 4
+    feats: list = [None] * len(seqs)
     with Progress() as bar:
         job = bar.add_task("policy hidden states", total=len(records))
-        for r in records:
-            ids = torch.tensor(r["prompt_ids"] + r["response_ids"])
-            a, h = policy_features(policy, ids[None], layer_ids)
-            feats.append((ids, a[0].half(), h[0].half()))
-            bar.advance(job)
+        for b in range(0, len(order), batch):
+            idx = order[b : b + batch]
+            T = len(seqs[idx[-1]])
+            ids = torch.zeros(len(idx), T, dtype=torch.int64)  # [B, T] right-padded
+            mask = torch.zeros(len(idx), T, dtype=torch.int64)
+            for j, i in enumerate(idx):
+                ids[j, : len(seqs[i])], mask[j, : len(seqs[i])] = seqs[i], 1
+            a, h = policy_features(policy, ids.to(dev), layer_ids, mask.to(dev))  # [B, T, 3H], [B, T, H]
+            a, h = a.half().cpu(), h.half().cpu()
+            for j, i in enumerate(idx):
+                n = len(seqs[i])
+                feats[i] = (seqs[i], a[j, :n], h[j, :n])
+            bar.advance(job, len(idx))
     tmp = cache.with_suffix(".tmp")
     save_file({"ids": torch.cat([f[0] for f in feats]), "aux": torch.cat([f[1] for f in feats]),
                "last": torch.cat([f[2] for f in feats]),
@@ -117,8 +136,9 @@ def _features(policy, records, layer_ids: list[int], cache: Path):
     return feats
 
 
-def collate_features(items, prompt_lens):
-    """Right-pad a list of (ids, aux, last) -> ids [B,T], aux [B,T,3H], last [B,T,H], P [B], L [B]."""
+def collate_features(items, prompt_lens, device: torch.device | str = "cpu"):
+    """Right-pad a list of (ids, aux, last) -> ids [B,T], aux [B,T,3H], last [B,T,H] on `device`;
+    P [B], L [B] on the host."""
     T = max(len(x[0]) for x in items)
     B = len(items)
     ids = torch.zeros(B, T, dtype=torch.int64)
@@ -126,7 +146,8 @@ def collate_features(items, prompt_lens):
     last = torch.zeros(B, T, items[0][2].shape[-1])
     for i, (x, a, h) in enumerate(items):
         ids[i, : len(x)], aux[i, : len(x)], last[i, : len(x)] = x, a.float(), h.float()
-    return ids, aux, last, torch.tensor(prompt_lens), torch.tensor([len(x[0]) for x in items])
+    P, L = torch.tensor(prompt_lens), torch.tensor([len(x[0]) for x in items])
+    return ids.to(device), aux.to(device), last.to(device), P, L
 
 
 def run(cfg: InitDraftConfig) -> InitDraftResult:
@@ -134,7 +155,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from transformers import AutoModelForCausalLM
 
-    from spectool.draft.checkpoint import load_draft, new_draft, remap_vocab, save_draft
+    from spectool.draft.checkpoint import draft_metadata, load_draft, new_draft, remap_vocab, save_draft
     from spectool.draft.loss import acceptance_metrics, ttt_loss
     from spectool.draft.vocab import build_vocab, ids_from_d2t
     from spectool.hidden import default_aux_layer_ids
@@ -146,11 +167,13 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     t_start = time.perf_counter()
     out = Path(cfg.out)
     model = resolve_model(cfg.model)
-    if cfg.init_from and not Path(cfg.init_from).exists():
-        raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
-    policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).eval().requires_grad_(False)
     if cfg.init_from:  # fail before any harvesting or training
-        warm, _ = load_draft(Path(cfg.init_from), policy)
+        from spectool.draft.checkpoint import check_draft
+
+        if not Path(cfg.init_from).exists():
+            raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
+        check_draft(cfg.init_from, model, 1, flag="--init-from")
+        load_draft(Path(cfg.init_from))
     # Under `accelerate launch`, the main process harvests and caches features; the others wait.
     acc = Accelerator(cpu=not torch.cuda.is_available())
     if cfg.batch_size < acc.num_processes:
@@ -162,10 +185,20 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     run_dir = _harvest_if_needed(cfg)
     hm = load_manifest(run_dir, "harvest")
     if hm["model_identity"] != model.identity:
-        raise SpectoolError(f"harvest run {run_dir} was made with model {hm['model']}, not {cfg.model}")
+        from spectool.models import fingerprint_mismatch
+
+        diff = fingerprint_mismatch(hm.get("model_fingerprint", {}), model.fingerprint)
+        raise SpectoolError(f"harvest run {run_dir} was made with model {hm['model']}, not {cfg.model}"
+                            + (f" ({'; '.join(diff)}: harvest's model vs this one)" if diff else ""))
     records = load_records(run_dir)
     if len(records) < 4:
         raise SpectoolError(f"harvest run {run_dir} has {len(records)} records; at least 4 are needed")
+    # The policy is loaded after the harvest's engine is gone: on a GPU it then has the memory to
+    # itself, and features and training run there (accelerate's device).
+    policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).eval().requires_grad_(False)
+    policy.to(acc.device)
+    if cfg.init_from:
+        warm, _ = load_draft(Path(cfg.init_from), policy)
     state_dir = out / ".train"
     if acc.is_main_process:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -205,6 +238,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         feats = _features(policy, records, layer_ids, state_dir / "features.safetensors")
     W = policy.get_output_embeddings().weight  # [V, H]
     W_dv = W[target_ids]  # [Vd, H]
+    target_on_device = target_ids.to(acc.device)  # [Vd]
 
     params = [p for n, p in draft.named_parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
@@ -232,9 +266,9 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         with torch.no_grad():
             for b in range(0, len(ev), cfg.batch_size):
                 idx = ev[b : b + cfg.batch_size]
-                ids, aux, last, P, L = collate_features([feats[i] for i in idx], [prompt_lens[i] for i in idx])
+                ids, aux, last, P, L = collate_features([feats[i] for i in idx], [prompt_lens[i] for i in idx], acc.device)
                 s = first_anchor(P, cfg.ttt_steps)
-                m = acceptance_metrics(d.unroll(aux, ids, cfg.ttt_steps, s), last[:, s:] @ W.T, target_ids, P - s, L - s)
+                m = acceptance_metrics(d.unroll(aux, ids, cfg.ttt_steps, s), last[:, s:] @ W.T, target_on_device, P - s, L - s)
                 for k in METRICS:
                     sums.setdefault(k, [0.0] * cfg.ttt_steps)
                     sums[k] = [s + (0 if math.isnan(v) else v) * c for s, v, c in zip(sums[k], m[k], m["count"])]
@@ -255,7 +289,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             idx = order[pos * cfg.batch_size : (pos + 1) * cfg.batch_size]
             idx = idx[acc.process_index :: acc.num_processes] or idx[:1]  # this process's share
             t0 = time.perf_counter()
-            ids, aux, last, P, L = collate_features([feats[i] for i in idx], [prompt_lens[i] for i in idx])
+            ids, aux, last, P, L = collate_features([feats[i] for i in idx], [prompt_lens[i] for i in idx], acc.device)
             s = first_anchor(P, cfg.ttt_steps)
             logits = draft(aux, ids, cfg.ttt_steps, s)  # steps x [B, T - s, Vd]
             loss, per_step = ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, cfg.step_decay)
@@ -292,8 +326,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         draft_to_policy_cost=cost, seconds=time.perf_counter() - t_start, main_process=acc.is_main_process,
     )
     if acc.is_main_process:
-        save_draft(d, out, extra={"policy": model.name, "policy_identity": model.identity, "ttt_steps": cfg.ttt_steps,
-                                  "coverage": coverage})
+        save_draft(d, out, extra=draft_metadata(model, cfg.ttt_steps, coverage=coverage))
         atomic_write_json(out / MANIFEST, make_manifest(
             "draft", model=model.name, model_identity=model.identity, harvest=str(run_dir),
             harvest_data=hm.get("data"), records=len(records), train_records=len(tr), eval_records=len(ev),
@@ -321,14 +354,19 @@ def _coverage(records, idx, target_ids) -> float:
 @torch.no_grad()
 def _cost_ratio(policy, draft, feat) -> float:
     """Forward time per token of one draft step vs the policy (transformers, same machine)."""
+    dev = next(policy.parameters()).device
     ids, aux, _ = feat
-    ids, aux = ids[None], aux[None].float()
+    ids, aux = ids[None].to(dev), aux[None].float().to(dev)  # [1, T], [1, T, 3H]
 
     def timeit(fn, reps=5):
         fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         t = time.perf_counter()
         for _ in range(reps):
             fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         return (time.perf_counter() - t) / reps
 
     tp = timeit(lambda: policy(ids))

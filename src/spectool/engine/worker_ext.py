@@ -54,21 +54,32 @@ class SpectoolWorkerExtension:
 
     def spectool_reload_draft(self, path: str) -> int:
         """Load new draft weights (a plain EAGLE-3 safetensors file) into the running drafter, in
-        place, with the draft's own model config. Returns the number of tensors read."""
-        from types import SimpleNamespace
-
+        place, with the draft's own model config, by the path compat.py selects for this vLLM.
+        Returns the number of tensors read."""
         from safetensors.torch import load_file
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+        from spectool.engine.compat import support
 
         draft = self.model_runner.get_draft_model()
         weights = load_file(path)
         cfg = self.vllm_config
-        draft_cfg = SimpleNamespace(model_config=cfg.speculative_config.draft_model_config,
-                                    load_config=cfg.load_config, lora_config=None)
+        draft_model_config = cfg.speculative_config.draft_model_config
         with set_current_vllm_config(cfg):
-            reload_weights(draft_cfg, draft, weights_iterator=iter(weights.items()), weights_path=None,
-                           is_checkpoint_format=True)
+            if support().draft_reload == "inplace":  # 0.32+: vLLM's own in-place reload
+                from types import SimpleNamespace
+
+                from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+                draft_cfg = SimpleNamespace(model_config=draft_model_config, load_config=cfg.load_config,
+                                            lora_config=None)
+                reload_weights(draft_cfg, draft, weights_iterator=iter(weights.items()), weights_path=None,
+                               is_checkpoint_format=True)
+            else:  # 0.26: the drafter's loader writes into its parameters, then vLLM's post-processing
+                from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+                draft.load_weights(iter(weights.items()))
+                process_weights_after_loading(draft, draft_model_config, self.device)
         _repack_cpu_lm_heads(draft)
         return len(weights)
 

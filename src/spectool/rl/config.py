@@ -10,6 +10,7 @@ from typing import Any
 
 from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, DRAFT_SAMPLING
 from spectool.errors import SpectoolError
+from spectool.precision import ENGINE_DTYPES
 
 
 @dataclass
@@ -41,7 +42,7 @@ class PolicySection:
     kl_beta: float = 0.0
     scale_adv_by_std: bool = True
     logprob_check_every: int = 5
-    logprob_tolerance: float = 0.01
+    logprob_tolerance: float = 0.0  # 0: the one for the engine's dtype (precision.py: 0.01 float32, 0.25 bfloat16)
     micro_batch_size: int = 8
     max_grad_norm: float = 1.0
 
@@ -61,6 +62,8 @@ class DraftRefreshSection:
 @dataclass
 class EngineSection:
     kv_cache_gib: float = 2.0  # CPU build only
+    gpu_memory_utilization: float = 0.5  # GPU only: the engine's share; the rest is the colocated trainer's
+    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16
     enforce_eager: bool = False  # true: no torch.compile (faster start, slower decode)
     max_model_len: int = 0  # 0: min(2048, the model's limit)
 
@@ -95,7 +98,7 @@ class RLConfig:
               "eps_low in [0, 1), eps_high >= 0")
         _need(p.kl_beta >= 0, "policy.kl_beta", p.kl_beta, ">= 0")
         _need(p.logprob_check_every >= 1, "policy.logprob_check_every", p.logprob_check_every, ">= 1")
-        _need(p.logprob_tolerance > 0, "policy.logprob_tolerance", p.logprob_tolerance, "> 0")
+        _need(p.logprob_tolerance >= 0, "policy.logprob_tolerance", p.logprob_tolerance, ">= 0 (0: by engine dtype)")
         _need(d.mode in ("off", "frozen", "online"), "draft_refresh.mode", d.mode, "off, frozen or online")
         _need(d.mode == "off" or s.draft is not None, "speculation.draft", s.draft,
               f"a draft folder (draft_refresh.mode is {d.mode}; set it to off for no speculation)")
@@ -114,6 +117,9 @@ class RLConfig:
               "warmup_steps >= 0, batch_size >= 1, buffer_steps >= 1")
         e = self.engine
         _need(e.kv_cache_gib > 0, "engine.kv_cache_gib", e.kv_cache_gib, "> 0")
+        _need(0 < e.gpu_memory_utilization <= 0.98, "engine.gpu_memory_utilization", e.gpu_memory_utilization,
+              "a fraction of the GPU's memory in (0, 0.98]")
+        _need(e.dtype in ENGINE_DTYPES, "engine.dtype", e.dtype, " | ".join(ENGINE_DTYPES))
         _need(e.max_model_len >= 0, "engine.max_model_len", e.max_model_len, ">= 0")
         _need(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
 

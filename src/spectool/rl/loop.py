@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from spectool.errors import SpectoolError
+from spectool.precision import engine_dtype, logprob_tolerance
 from spectool.rl.config import RLConfig
 from spectool.rl.grpo import group_advantages
 from spectool.rl.policy import PolicyTrainer, Rollout
@@ -116,21 +117,20 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     aux_ids = None
     policy_start = str(ckpt[1] / "policy") if ckpt else model.path
     if dr.mode == "online":
-        from spectool.draft.online import OnlineDraft
-        from transformers import AutoConfig
-
-        policy_cfg = AutoConfig.from_pretrained(model.path)
-        draft, _ = load_draft(Path(draft_path))
         from spectool.draft.checkpoint import check_fits
+        from spectool.draft.online import OnlineDraft
 
-        check_fits(draft.config, policy_cfg, Path(draft_path))
+        draft, _ = load_draft(Path(draft_path))
+        check_fits(draft.config, model.fingerprint, Path(draft_path))
         aux_ids = draft.config.aux_layer_ids
         online = OnlineDraft(draft, dr.lr, dr.warmup_steps, dr.ttt_steps, dr.batch_size,
                              buffer_size=dr.buffer_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size,
                              seed=cfg.seed, device="cuda" if torch.cuda.is_available() else "cpu")
-    p = cfg.policy
+    p, e = cfg.policy, cfg.engine
+    dtype = engine_dtype(e.dtype)
+    tolerance = logprob_tolerance(p.logprob_tolerance or None, dtype)
     trainer = PolicyTrainer(policy_start, p.lr, cfg.rollout.temperature, p.eps_low, p.eps_high, p.kl_beta,
-                            p.micro_batch_size, p.max_grad_norm, aux_ids, seed=cfg.seed)
+                            p.micro_batch_size, p.max_grad_norm, aux_ids, seed=cfg.seed, engine_dtype=dtype)
     if ckpt:
         st = torch.load(ckpt[1] / "state.pt", weights_only=False)
         trainer.load_state_dict(st["policy"])
@@ -139,10 +139,9 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     metrics_path = out / "metrics.jsonl"
     history = truncate_jsonl(metrics_path, start)
 
-    e = cfg.engine
     engine = Engine(EngineConfig(
         model_path=model.path, draft_path=draft_path, k=max(k, 1), k_schedule=schedule, seed=cfg.seed,
-        draft_sampling=spec.draft_sampling,
+        draft_sampling=spec.draft_sampling, dtype=dtype, gpu_memory_utilization=e.gpu_memory_utilization,
         kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=e.max_model_len or None,
         logprobs_mode="processed_logprobs",  # behaviour logprobs at the sampling temperature
     ))
@@ -172,7 +171,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
                     rec["eval_reward_initial"] = initial_eval
                 rec.update(_batch_metrics(batch))
                 t1 = time.perf_counter()
-                rep = trainer.update(batch.rollouts, capture=online is not None)
+                rep = _update(trainer, batch.rollouts, online is not None, e.gpu_memory_utilization)
                 rec.update(update_s=time.perf_counter() - t1, loss=rep.loss, clip_fraction=rep.clip_fraction, kl=rep.kl,
                            grad_norm=rep.grad_norm, behaviour_gap=rep.behaviour_gap, train_tokens=rep.tokens)
                 if online is not None:
@@ -186,7 +185,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
                 rec["sync_s"] = time.perf_counter() - t2
                 if (step + 1) % p.logprob_check_every == 0 or step + 1 == p.steps:
                     tc = time.perf_counter()
-                    rec.update(_check_logprobs(engine, trainer, batch.rollouts, p.logprob_tolerance, step + 1))
+                    rec.update(_check_logprobs(engine, trainer, batch.rollouts, tolerance, step + 1))
                     rec["check_s"] = time.perf_counter() - tc
                 if online is not None and (step + 1) % dr.every == 0:
                     t3 = time.perf_counter()
@@ -242,6 +241,17 @@ def _generate(engine, source, tasks: _Tasks, step: int, cfg: RLConfig) -> Batch:
                 for i, samples in enumerate(outs) for j, c in enumerate(samples) if c.response_ids]
     tokens = sum(len(x.response_ids) for x in rollouts)
     return Batch(step, rollouts, acc, gen_s, tokens, float(rewards.mean()))
+
+
+def _update(trainer: PolicyTrainer, rollouts: list[Rollout], capture: bool, engine_share: float):
+    """One policy update; running out of GPU memory names the settings that decide it."""
+    try:
+        return trainer.update(rollouts, capture=capture)
+    except torch.OutOfMemoryError as err:
+        raise SpectoolError(
+            f"the policy update ran out of GPU memory ({' '.join(str(err).split())[:200]}). The engine holds "
+            f"engine.gpu_memory_utilization = {engine_share} of the GPU; lower it to leave the trainer more, or "
+            "lower policy.micro_batch_size. The last checkpoint is intact.") from None
 
 
 def _batch_metrics(b: Batch) -> dict[str, Any]:
@@ -307,8 +317,9 @@ def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, online, model
     tokenizer.save_pretrained(tmp / "policy")
     st = {"step": step, "policy": trainer.state_dict()}
     if online is not None:
-        online.save(tmp / "draft", extra={"policy": model.name, "policy_identity": model.identity,
-                                          "ttt_steps": cfg.draft_refresh.ttt_steps, "rl_step": step})
+        from spectool.draft.checkpoint import draft_metadata
+
+        online.save(tmp / "draft", extra=draft_metadata(model, cfg.draft_refresh.ttt_steps, rl_step=step))
         st["draft"] = online.state_dict()
     torch.save(st, tmp / "state.pt")
     final = root / f"step-{step:06d}"

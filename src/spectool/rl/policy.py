@@ -42,7 +42,7 @@ class UpdateReport:
 class PolicyTrainer:
     def __init__(self, model_path: str, lr: float, temperature: float, eps_low: float, eps_high: float,
                  kl_beta: float, micro_batch_size: int, max_grad_norm: float, aux_layer_ids: list[int] | None,
-                 seed: int = 0):
+                 seed: int = 0, engine_dtype: str = "float32"):
         from accelerate import Accelerator
         from transformers import AutoModelForCausalLM
 
@@ -66,6 +66,7 @@ class PolicyTrainer:
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
         self.aux_layer_ids = aux_layer_ids
+        self.engine_dtype = engine_dtype  # the forward runs at the engine's precision (precision.py)
 
     @property
     def unwrapped(self):
@@ -77,7 +78,10 @@ class PolicyTrainer:
 
     def _token_logprobs(self, model, ids: torch.Tensor, attn: torch.Tensor, hidden: bool):
         """ids, attn: [B, T] -> logprobs of ids[:, 1:] at the sampling temperature [B, T-1], plus hidden states."""
-        out = model(input_ids=ids, attention_mask=attn, output_hidden_states=hidden)
+        from spectool.precision import trainer_autocast
+
+        with trainer_autocast(self.engine_dtype, ids.device):
+            out = model(input_ids=ids, attention_mask=attn, output_hidden_states=hidden)
         logp = torch.log_softmax(out.logits[:, :-1].float() / self.temperature, -1)
         return logp.gather(-1, ids[:, 1:, None]).squeeze(-1), (out.hidden_states if hidden else None)
 

@@ -1,0 +1,94 @@
+"""The vLLM version layer, the GPU engine settings and the memory setting, without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from spectool.cli import app
+from spectool.engine.compat import INPLACE_RELOAD, REQUIRED, parse_version, probe, select
+from spectool.errors import SpectoolError
+
+BASE = set(REQUIRED)
+
+
+def test_each_supported_release_gets_its_draft_reload_path():
+    assert select("0.26.0", False, BASE).draft_reload == "load_weights"  # no reload.inplace module in 0.26
+    cpu = select("0.32.0", True, BASE | {INPLACE_RELOAD})
+    assert cpu.draft_reload == "inplace" and cpu.cpu_build and not cpu.weight_transfer_api
+    newer = select("0.40.1", False, BASE | {INPLACE_RELOAD, "LLM.init_weight_transfer_engine"})
+    assert newer.draft_reload == "inplace" and newer.weight_transfer_api
+
+
+def test_an_unsupported_release_is_refused_naming_what_is_missing():
+    with pytest.raises(SpectoolError, match=r"vLLM 0.25.2 is too old: spectool needs vLLM >= 0.26"):
+        select("0.25.2", False, BASE | {INPLACE_RELOAD})
+    with pytest.raises(SpectoolError, match=r"vLLM 0.50.0 lacks what spectool uses: LLM.get_metrics \(reads the acc"):
+        select("0.50.0", False, BASE - {"LLM.get_metrics"})
+
+
+def test_version_parsing_takes_local_and_dev_suffixes():
+    assert parse_version("0.26.0+cu130") == (0, 26, 0)
+    assert parse_version("0.32.0rc1.dev12") == (0, 32, 0)
+    assert parse_version("1.0") == (1, 0, 0)
+
+
+def test_the_installed_cpu_build_selects_the_inplace_reload():
+    from spectool.engine.compat import support
+
+    found = probe()
+    assert BASE <= found and INPLACE_RELOAD in found
+    s = support()
+    assert s.cpu_build and s.draft_reload == "inplace" and s.version == "0.32.0"
+
+
+def test_gpu_workers_start_with_spawn(monkeypatch):
+    from spectool.engine.engine import _gpu_environment
+
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    _gpu_environment()
+    import os
+
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_gpu_memory_setting_is_validated_and_named():
+    r = CliRunner().invoke(app, ["rollout", "--gpu-memory-utilization", "1.5"])
+    assert r.exit_code == 2 and "--gpu-memory-utilization=1.5" in r.output, r.output
+    from spectool.rl.config import load_config
+
+    with pytest.raises(SpectoolError, match="engine.gpu_memory_utilization"):
+        load_config(None, ["engine.gpu_memory_utilization=0", "speculation.draft=x"])
+    assert load_config(None, ["speculation.draft=x"]).engine.gpu_memory_utilization == 0.5  # room for the trainer
+
+
+def test_engine_start_out_of_memory_names_the_setting():
+    from spectool.engine.engine import EngineConfig, _start_error_advice
+
+    msg = _start_error_advice(ValueError("CUDA out of memory. Tried to allocate"), EngineConfig("m", gpu_memory_utilization=0.8), False)
+    assert "--gpu-memory-utilization" in msg and "engine.gpu_memory_utilization" in msg and "80%" in msg
+    cpu = _start_error_advice(ValueError("Available memory on node 0 is less"), EngineConfig("m"), True)
+    assert "engine.kv_cache_gib" in cpu and "VLLM_CPU_KVCACHE_SPACE" in cpu
+
+
+def test_trainer_out_of_memory_names_the_engine_share():
+    from spectool.rl.loop import _update
+
+    class Trainer:
+        def update(self, rollouts, capture):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    with pytest.raises(SpectoolError, match=r"engine.gpu_memory_utilization = 0.7 of the GPU; lower it"):
+        _update(Trainer(), [], False, 0.7)
+
+
+def test_dtype_policy():
+    from spectool.precision import engine_dtype, logprob_tolerance, trainer_autocast
+
+    assert engine_dtype("auto") == ("bfloat16" if torch.cuda.is_available() else "float32")
+    assert engine_dtype("float32") == "float32"
+    assert logprob_tolerance(None, "float32") == 0.01 and logprob_tolerance(None, "bfloat16") == 0.25
+    assert logprob_tolerance(0.5, "float32") == 0.5
+    with trainer_autocast("bfloat16", torch.device("cpu")):  # autocast only where a GPU engine serves bf16
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
