@@ -133,7 +133,7 @@ def sweep_k(
     model: str = MODEL,
     data: str = DATA,
     split: str = EVAL_SPLIT,
-    k: str = typer.Option("1,2,3,4,5,7", "--k", help="Draft lengths to measure, comma-separated."),
+    k: str = typer.Option("1,2,3,4,5", "--k", help="Draft lengths to measure, comma-separated."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Concurrent sequences, comma-separated."),
     methods: str = typer.Option("eagle3", "--methods", help="eagle3,ngram (comma-separated)."),
     max_tokens: int = MAX_TOKENS,
@@ -143,16 +143,29 @@ def sweep_k(
     seed: int = SEED,
     draft_sampling: str = DRAFT_SAMPLING,
     gpu_memory_utilization: float = GPU_MEMORY,
+    dummy_weights: bool = typer.Option(
+        False, "--dummy-weights",
+        help="What-if: --model is a config.json folder or a templates/models name; random weights, dummy draft."),
+    acceptance_rates: Optional[str] = typer.Option(
+        None, "--acceptance-rates", help="Synthetic acceptance per position (unconditional), e.g. 0.8,0.6,0.45."),
+    acceptance_length: Optional[float] = typer.Option(
+        None, "--acceptance-length", help="Synthetic mean acceptance length (instead of --acceptance-rates)."),
+    lengths: str = typer.Option("fixed", "--lengths", help="With --dummy-weights: fixed | long-tail | HARVEST_RUN."),
+    prompt_len: int = typer.Option(128, "--prompt-len", help="With --dummy-weights: prompt tokens (random ids)."),
 ) -> None:
-    """Measure acceptance and throughput per draft length k (and batch size); recommend k."""
+    """Measure acceptance and throughput per draft length k (and batch size); recommend k.
+    With --dummy-weights and synthetic acceptance: what speculation gives a model known by its config."""
     try:
-        from spectool.sweep import SweepConfig, parse_int_list, render, run
+        from spectool.sweep import SweepConfig, parse_float_list, parse_int_list, render, run
 
         cfg = SweepConfig(out=str(out), draft=str(draft) if draft else None, model=model, data=data, split=split,
                           ks=parse_int_list(k, "--k"), batch_sizes=parse_int_list(batch_sizes, "--batch-sizes"),
                           methods=[m.strip() for m in methods.split(",") if m.strip()], max_tokens=max_tokens,
                           temperature=temperature, min_seqs=min_seqs, min_gain=min_gain, seed=seed,
-                          draft_sampling=draft_sampling, gpu_memory_utilization=gpu_memory_utilization)
+                          draft_sampling=draft_sampling, gpu_memory_utilization=gpu_memory_utilization,
+                          dummy_weights=dummy_weights, acceptance_length=acceptance_length, lengths=lengths,
+                          acceptance_rates=parse_float_list(acceptance_rates, "--acceptance-rates")
+                          if acceptance_rates else None, prompt_len=prompt_len)
         render(run(cfg, progress=lambda m: typer.echo(m, err=True)), str(out))
     except SpectoolError as e:
         _fail(e)
@@ -178,6 +191,8 @@ def rollout(
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding on the same prompts; print speedup."),
     draft_sampling: str = DRAFT_SAMPLING,
     gpu_memory_utilization: float = GPU_MEMORY,
+    acceptance_length: Optional[float] = typer.Option(
+        None, "--acceptance-length", help="What-if timing: accept drafted tokens synthetically (lossy; no --out)."),
 ) -> None:
     """Rollouts with vLLM (speculative with a draft): records with target logprobs and rewards."""
     try:
@@ -191,6 +206,7 @@ def rollout(
             prompt_col=prompt_col, answer_col=answer_col, draft=str(draft) if draft else None,
             k=k if k == "auto" else int(k), sweep=str(sweep) if sweep else None, compare=compare,
             draft_sampling=draft_sampling, gpu_memory_utilization=gpu_memory_utilization,
+            acceptance_length=acceptance_length,
             sampling=_sampling(n_prompts, samples, max_tokens, temperature, top_p, seed),
         )
         render(run(cfg))
@@ -252,6 +268,36 @@ def verify(
         _fail(e)
     if not r.ok:
         raise typer.Exit(1)
+
+
+@app.command()
+def forecast(
+    sweep: Path = typer.Option(..., "--sweep", help="sweep-k run (real, or --dummy-weights with synthetic acceptance)."),
+    acceptance_rates: Optional[str] = typer.Option(
+        None, "--acceptance-rates", help="Per-position acceptance (unconditional); default: the sweep's measured."),
+    lengths: str = typer.Option("long-tail", "--lengths", help="RL batch output lengths: fixed | long-tail | HARVEST_RUN."),
+    max_tokens: int = typer.Option(1024, "--max-tokens", help="Cap on the simulated output lengths."),
+    batch: int = typer.Option(512, "--batch", help="Sequences in one RL batch (prompts x group size)."),
+    max_concurrency: int = typer.Option(256, "--max-concurrency", help="Sequences the engine runs at once."),
+    k: str = typer.Option("1,2,3,4,5", "--k", help="Draft lengths to consider."),
+    generation_share: Optional[float] = typer.Option(
+        None, "--generation-share", help="Generation's share of a synchronous RL step (default 0.66, NeMo RL's)."),
+    rl_run: Optional[Path] = typer.Option(None, "--rl-run", help="A train-rl run whose measured share is used."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for forecast.json/.csv/.png."),
+) -> None:
+    """Forecast rollout and RL-step speedups at any batch size and acceptance from a fitted sweep."""
+    try:
+        from spectool.forecast import ForecastConfig, render, run
+        from spectool.sweep import parse_float_list, parse_int_list
+
+        cfg = ForecastConfig(sweep=str(sweep), out=str(out) if out else None, lengths=lengths, max_tokens=max_tokens,
+                             acceptance_rates=parse_float_list(acceptance_rates, "--acceptance-rates")
+                             if acceptance_rates else None, batch=batch, max_concurrency=max_concurrency,
+                             ks=parse_int_list(k, "--k"), generation_share=generation_share,
+                             rl_run=str(rl_run) if rl_run else None)
+        render(run(cfg), cfg.out)
+    except SpectoolError as e:
+        _fail(e)
 
 
 @app.command("train-rl")

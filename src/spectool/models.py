@@ -43,11 +43,14 @@ def model_fingerprint(path: Path) -> dict:
     token -> id map of the model folder `path`."""
     from transformers import AutoConfig, AutoTokenizer
 
-    cfg = AutoConfig.from_pretrained(path)
     vocab = sorted(AutoTokenizer.from_pretrained(path).get_vocab().items())
+    return _config_fingerprint(AutoConfig.from_pretrained(path), _short_hash(json.dumps(vocab)))
+
+
+def _config_fingerprint(cfg, tokenizer_vocab_sha: str) -> dict:
     return {"architecture": (getattr(cfg, "architectures", None) or [type(cfg).__name__])[0],
             "num_hidden_layers": int(cfg.num_hidden_layers), "hidden_size": int(cfg.hidden_size),
-            "vocab_size": int(cfg.vocab_size), "tokenizer_vocab_sha": _short_hash(json.dumps(vocab))}
+            "vocab_size": int(cfg.vocab_size), "tokenizer_vocab_sha": tokenizer_vocab_sha}
 
 
 def fingerprint_mismatch(trained_for: dict, actual: dict) -> list[str]:
@@ -86,6 +89,26 @@ def resolve_model(name: str) -> ModelRef:
             f"model ({', '.join(EMBEDDED)})"
         )
     return ModelRef(name=name, path=str(path), fingerprint=model_fingerprint(path))
+
+
+def templates_dir() -> Path:
+    """templates/models/ of this checkout: config.json files of the shapes people ask about."""
+    return Path(__file__).resolve().parents[2] / "templates" / "models"
+
+
+def resolve_config(name: str) -> ModelRef:
+    """A model known by its config.json alone (weightless what-if runs): a folder holding one, or
+    a name from templates/models/. Its identity is a hash of the config."""
+    path = Path(name) if Path(name).exists() else templates_dir() / name
+    if not (path / "config.json").exists():
+        known = sorted(p.name for p in templates_dir().iterdir() if (p / "config.json").exists()) \
+            if templates_dir().exists() else []
+        raise SpectoolError(f"--model {name}: not a folder with config.json, nor a name in templates/models/ "
+                            f"({', '.join(known) or 'none found'})")
+    from transformers import AutoConfig
+
+    fp = _config_fingerprint(AutoConfig.from_pretrained(path), "none (config only)")
+    return ModelRef(name=name, path=str(path), fingerprint=fp)
 
 
 def _download_hub(repo_id: str) -> str:

@@ -33,9 +33,16 @@ class RolloutConfig:
     draft_sampling: str = "greedy"  # or "probabilistic": proposals sampled from the draft (engine.EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    acceptance_length: float | None = None  # what-if timing: drafted tokens accepted synthetically (lossy)
 
     def validate(self) -> None:
         check_gpu_memory(self.gpu_memory_utilization)
+        if self.acceptance_length is not None:
+            check(self.out is None, "--out", self.out, "is refused with --acceptance-length: synthetic acceptance is "
+                  "lossy by design (accepted tokens are the draft's, not the policy's), so its samples are not the "
+                  "policy's rollouts and must not become records; drop --out (the speed figures are printed)")
+            check(self.draft is not None and isinstance(self.k, int) and 1 <= self.acceptance_length <= self.k + 1,
+                  "--acceptance-length", self.acceptance_length, "needs --draft and a number in [1, k + 1]")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         if self.k == "auto":
             if self.sweep is None:
@@ -126,7 +133,8 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         gc.collect()
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path,
                                  k=max(max_k, 1), k_schedule=schedule, draft_sampling=cfg.draft_sampling,
-                                 gpu_memory_utilization=cfg.gpu_memory_utilization))
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                 synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
     rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
     result = RolloutResult(
@@ -161,6 +169,11 @@ def sweep_schedule(sweep_dir: str, draft: str | None, draft_sampling: str,
     ("--" or "speculation.")."""
     from spectool.runs import read_json
 
+    forecast = Path(sweep_dir) / "forecast.json"
+    if forecast.exists():  # a fitted cost model's schedule: it forecasts for acceptance, not for one draft
+        if draft is None:
+            raise SpectoolError(f"{flag}sweep {sweep_dir} is a forecast; give the draft to run with {flag}draft")
+        return [tuple(r) for r in read_json(forecast)["eagle3_schedule"]], draft
     path = Path(sweep_dir) / "sweep.json"
     if not path.exists():
         raise SpectoolError(f"{flag}sweep {sweep_dir} has no sweep.json; run spectool sweep-k --out {sweep_dir} first")

@@ -25,6 +25,7 @@ from pathlib import Path
 from spectool import subproc
 from spectool.config import (DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check, check_draft_sampling,
                              check_gpu_memory)
+from spectool.costmodel import k_schedule
 from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
 
@@ -39,7 +40,7 @@ class SweepConfig:
     model: str = DEFAULT_MODEL
     data: str = DEFAULT_DATA
     split: str = "eval"
-    ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 7])
+    ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])  # init-draft trains 5 positions by default
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
     methods: list[str] = field(default_factory=lambda: ["eagle3"])
     max_tokens: int = 128
@@ -49,22 +50,68 @@ class SweepConfig:
     seed: int = 0
     draft_sampling: str = "greedy"  # eagle3 proposals: "greedy" or "probabilistic" (engine.EngineConfig)
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    # What-if mode (issue 11): a model known by its config.json (a folder or a templates/models name)
+    # with random weights and a dummy EAGLE-3 draft; drafted tokens accepted at these rates.
+    dummy_weights: bool = False
+    acceptance_rates: list[float] | None = None  # unconditional per position, r_1 >= r_2 >= ...
+    acceptance_length: float | None = None  # or one mean acceptance length (same conditional rate everywhere)
+    lengths: str = "fixed"  # synthetic output lengths: fixed | long-tail | a harvest run directory
+    prompt_len: int = 128  # synthetic prompt length in tokens (random ids)
+
+    @property
+    def synthetic(self) -> dict | None:
+        if self.acceptance_rates is not None:
+            return {"rates": self.acceptance_rates}
+        return {"length": self.acceptance_length} if self.acceptance_length is not None else None
 
     def validate(self) -> None:
         check_draft_sampling(self.draft_sampling)
         check_gpu_memory(self.gpu_memory_utilization)
+        self._validate_synthetic()
         check(len(self.ks) > 0 and all(k >= 1 for k in self.ks), "--k", self.ks, "must be a list of integers >= 1")
         check(len(self.batch_sizes) > 0 and all(b >= 1 for b in self.batch_sizes), "--batch-sizes",
               self.batch_sizes, "must be a non-empty list of integers >= 1")
         check(len(self.methods) > 0 and all(m in METHODS for m in self.methods), "--methods", self.methods,
               f"must be a list of {', '.join(METHODS)}")
-        if "eagle3" in self.methods and self.draft is None:
+        if "eagle3" in self.methods and self.draft is None and not self.dummy_weights:
             raise SpectoolError("--draft is required for method eagle3 (or use --methods ngram)")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         check(1 <= self.max_tokens <= 32768, "--max-tokens", self.max_tokens, "must be in [1, 32768]")
         check(0 <= self.temperature <= 10, "--temperature", self.temperature, "must be in [0, 10]")
         check(self.min_seqs >= 1, "--min-seqs", self.min_seqs, "must be >= 1")
         check(0 <= self.min_gain < 1, "--min-gain", self.min_gain, "must be in [0, 1)")
+
+
+    def _validate_synthetic(self) -> None:
+        r, a = self.acceptance_rates, self.acceptance_length
+        check(r is None or a is None, "--acceptance-rates", r, "and --acceptance-length exclude each other; give one")
+        if self.dummy_weights and r is None and a is None:
+            raise SpectoolError("--dummy-weights needs --acceptance-length A or --acceptance-rates r1,r2,...: random "
+                                "weights accept nothing meaningful, so acceptance is synthetic")
+        if r is not None:
+            check(len(r) >= max(self.ks) and all(0 <= x <= 1 for x in r) and all(x >= y for x, y in zip(r, r[1:])),
+                  "--acceptance-rates", r, f"must be {max(self.ks)}+ non-increasing rates in [0, 1] (one per position "
+                  "up to the largest --k)")
+        if a is not None:
+            check(1 <= a <= min(self.ks) + 1, "--acceptance-length", a, f"must be in [1, {min(self.ks) + 1}] (1 + the "
+                  "smallest --k)")
+        if self.synthetic:
+            check(self.methods == ["eagle3"], "--methods", self.methods, "must be eagle3 with synthetic acceptance")
+        check(self.prompt_len >= 1, "--prompt-len", self.prompt_len, "must be >= 1")
+        from spectool.costmodel import LENGTH_SHAPES
+
+        check(self.lengths in LENGTH_SHAPES or Path(self.lengths).is_dir(), "--lengths", self.lengths,
+              f"must be {' | '.join(LENGTH_SHAPES)} or a harvest run directory")
+
+
+def parse_float_list(text: str, flag: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpectoolError(f"{flag}={text!r} is not a comma-separated list of numbers (e.g. 0.8,0.6,0.45)") from None
+    if not vals:
+        raise SpectoolError(f"{flag}={text!r} is empty")
+    return vals
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:
@@ -101,55 +148,43 @@ def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method:
     return rec
 
 
-def k_schedule(rec: dict[int, dict], max_batch: int = 1024) -> list[tuple[int, int, int]]:
-    """vLLM's num_speculative_tokens_per_batch_size from per-batch-size choices: each measured
-    batch size owns the batch sizes up to the geometric midpoint with the next one."""
-    bs = sorted(rec)
-    out, start = [], 1
-    for i, b in enumerate(bs):
-        end = max_batch if i == len(bs) - 1 else max(start, math.floor(math.sqrt(b * bs[i + 1])))
-        if end >= start:
-            out.append((start, end, int(rec[b]["k"])))
-        start = end + 1
-    merged: list[tuple[int, int, int]] = []
-    for s, e, k in out:  # merge neighbours with the same k
-        if merged and merged[-1][2] == k:
-            merged[-1] = (merged[-1][0], e, k)
-        else:
-            merged.append((s, e, k))
-    return merged
-
-
 # --- measurement ------------------------------------------------------------------------------
 
 
 def measure_arm(model_path: str, method: str, k: int, draft: str | None, prompts: list[list[int]],
                 batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int,
-                draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> list[dict]:
+                draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+                dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None) -> list[dict]:
     """One engine (method "none" = plain decoding): per batch size, decode >= min_seqs sequences in
-    waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves."""
+    waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves. With
+    `lengths` (synthetic runs) sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
     engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1),
                                  method="eagle3" if method == "none" else method,
                                  draft_path=draft if method == "eagle3" else None, draft_sampling=draft_sampling,
-                                 gpu_memory_utilization=gpu_memory_utilization))
+                                 gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
+                                 synthetic_acceptance=synthetic if method == "eagle3" else None))
     for batch in batch_sizes:  # warm-up at every measured shape
         engine.generate(prompts[:batch], Sampling(n=1, max_tokens=8, temperature=temperature))
     rows = []
     for batch in batch_sizes:
         waves = max(1, math.ceil(min_seqs / batch))
-        tokens, seconds, stats = 0, 0.0, AcceptanceStats()
+        tokens, seconds, stats, context = 0, 0.0, AcceptanceStats(), 0.0
         for w in range(waves):
             wave = [prompts[(w * batch + i) % len(prompts)] for i in range(batch)]
+            each = [lengths[(w * batch + i) % len(lengths)] for i in range(batch)] if lengths else None
             t0 = time.perf_counter()
             outs, st = engine.generate(wave, Sampling(n=1, max_tokens=max_tokens, temperature=temperature,
-                                                      seed=seed * 100003 + w))
+                                                      seed=seed * 100003 + w, ignore_eos=bool(lengths),
+                                                      max_tokens_each=each))
             seconds += time.perf_counter() - t0
             tokens += sum(len(c.response_ids) for per in outs for c in per)
+            context += sum(len(c.prompt_ids) + len(c.response_ids) / 2 for per in outs for c in per)
             stats = stats + st
         rows.append({"method": method, "k": k, "batch": batch, "tokens": tokens, "seconds": seconds,
                      "tokens_per_s": tokens / seconds, "sequences": waves * batch,
+                     "mean_context": context / (waves * batch),
                      "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else None,
                      "per_position": stats.per_position_rate if stats.num_drafts else []})
     return rows
@@ -159,23 +194,60 @@ def _arms(cfg: SweepConfig) -> list[tuple[str, int]]:
     return [("none", 0)] + [(m, k) for m in cfg.methods for k in cfg.ks]
 
 
-def run(cfg: SweepConfig, progress=print) -> dict:
+def _real_inputs(cfg: SweepConfig):
+    """(model, draft, prompt token ids, None): the policy and its draft, prompts from the data."""
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
     from spectool.draft.checkpoint import check_draft
     from spectool.models import resolve_model
     from spectool.prompts import encode_prompt
+
+    model = resolve_model(cfg.model)
+    draft = check_draft(cfg.draft, model, max(cfg.ks)) if "eagle3" in cfg.methods else None
+    tasks = load_source(cfg.data, seed=cfg.seed).tasks(cfg.split, max(cfg.batch_sizes + [cfg.min_seqs]))
+    tok = AutoTokenizer.from_pretrained(model.path)
+    return model, draft, [encode_prompt(tok, t.prompt) for t in tasks], None
+
+
+def _synthetic_inputs(cfg: SweepConfig, out: Path):
+    """(model, draft, random prompt ids, output lengths) for a model known by its config alone;
+    the draft is --draft, the template's eagle3/ folder, or one built from the config."""
+    import random
+
+    from transformers import AutoConfig
+
+    from spectool.costmodel import output_lengths
+    from spectool.draft.checkpoint import dummy_draft_config
+    from spectool.models import resolve_config
+    from spectool.runs import atomic_write_json
+
+    model = resolve_config(cfg.model)
+    target = AutoConfig.from_pretrained(model.path)
+    draft = cfg.draft
+    if draft is None:
+        draft = str(Path(model.path) / "eagle3") if (Path(model.path) / "eagle3" / "config.json").exists() else None
+    if draft is None:
+        draft = str(out / "dummy-draft")
+        atomic_write_json(Path(draft) / "config.json", dummy_draft_config(target))
+    rng = random.Random(cfg.seed)
+    n = max(cfg.batch_sizes + [cfg.min_seqs])
+    prompts = [[rng.randrange(100, target.vocab_size - 100) for _ in range(cfg.prompt_len)] for _ in range(n)]
+    return model, draft, prompts, output_lengths(cfg.lengths, n, cfg.max_tokens, cfg.seed)
+
+
+def run(cfg: SweepConfig, progress=print) -> dict:
     from spectool.runs import CONFIG, MANIFEST, append_jsonl, atomic_write_json, make_manifest, read_json
 
     cfg.validate()
-    model = resolve_model(cfg.model)
-    draft = check_draft(cfg.draft, model, max(cfg.ks)) if "eagle3" in cfg.methods else None
     out = Path(cfg.out)
+    model, draft, prompts, lengths = _synthetic_inputs(cfg, out) if cfg.dummy_weights else _real_inputs(cfg)
+    if not cfg.dummy_weights and cfg.synthetic:
+        progress("synthetic acceptance on the real model: timing only (its samples are not the policy's)")
     rows_path = out / ROWS
     settings = {k: v for k, v in asdict(cfg).items() if k != "out"}
     if rows_path.exists():
-        old = read_json(out / CONFIG)
+        old = {**asdict(SweepConfig(out="")), **read_json(out / CONFIG)}  # keys an older run lacks: defaults
         diff = sorted(k for k in settings if k not in ("ks", "batch_sizes", "methods", "min_gain") and old.get(k) != settings[k])
         if diff:
             raise SpectoolError(f"{out} holds a sweep with other settings ({', '.join(diff)}); use a new --out")
@@ -184,10 +256,6 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     done = [json.loads(x) for x in rows_path.read_text().splitlines() if x.strip()] if rows_path.exists() else []
     have = {(r["method"], r["k"], r["batch"]) for r in done}
 
-    source = load_source(cfg.data, seed=cfg.seed)
-    tasks = source.tasks(cfg.split, max(cfg.batch_sizes + [cfg.min_seqs]))
-    tok = AutoTokenizer.from_pretrained(model.path)
-    prompts = [encode_prompt(tok, t.prompt) for t in tasks]
     for method, k in _arms(cfg):
         todo = [b for b in cfg.batch_sizes if (method, k, b) not in have]
         if not todo:
@@ -198,7 +266,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
         rows = subproc.call("spectool.sweep", "measure_arm", dict(
             model_path=model.path, method=method, k=k, draft=draft, prompts=prompts, batch_sizes=todo,
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
-            draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization),
+            draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
+            dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths),
             what=f"the {method} k={k} engine")
         for row in rows:
             append_jsonl(rows_path, row)
@@ -208,12 +277,14 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
     result = {"rows": rows, "recommendation": {str(b): v for b, v in rec.items()},
               "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft,
-              "model": model.name, "max_k": max(cfg.ks), "draft_sampling": cfg.draft_sampling}
+              "model": model.name, "max_k": max(cfg.ks), "draft_sampling": cfg.draft_sampling,
+              "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights}
     atomic_write_json(out / "sweep.json", result)
     _write_csv(out / "sweep.csv", rows)
     _plots(out, rows, cfg)
     atomic_write_json(out / MANIFEST, make_manifest("sweep", model=model.name, model_identity=model.identity,
-                                                    draft=draft, data=cfg.data, rows=len(rows)))
+                                                    draft=draft, data=None if cfg.dummy_weights else cfg.data,
+                                                    synthetic=cfg.synthetic, rows=len(rows)))
     return result
 
 

