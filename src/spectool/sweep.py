@@ -104,24 +104,24 @@ class SweepConfig:
               f"must be {' | '.join(LENGTH_SHAPES)} or a harvest run directory")
 
 
-def parse_float_list(text: str, flag: str) -> list[float]:
+def _parse_list(text: str, flag: str, cast, what: str, example: str) -> list:
     try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
+        vals = [cast(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SpectoolError(f"{flag}={text!r} is not a comma-separated list of numbers (e.g. 0.8,0.6,0.45)") from None
+        raise SpectoolError(f"{flag}={text!r} is not a comma-separated list of {what} (e.g. {example})") from None
     if not vals:
-        raise SpectoolError(f"{flag}={text!r} is empty")
+        raise SpectoolError(f"{flag}={text!r} is empty; give at least one value (e.g. {example})")
     return vals
 
 
+def parse_float_list(text: str, flag: str) -> list[float]:
+    """Comma-separated numbers, in the order given (acceptance rates per position)."""
+    return _parse_list(text, flag, float, "numbers", "0.8,0.6,0.45")
+
+
 def parse_int_list(text: str, flag: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SpectoolError(f"{flag}={text!r} is not a comma-separated list of integers (e.g. 1,2,3)") from None
-    if not vals:
-        raise SpectoolError(f"{flag}={text!r} is empty; give at least one value (e.g. 1,8,32)")
-    return sorted(set(vals))
+    """Comma-separated integers, sorted and deduplicated (k values, batch sizes)."""
+    return sorted(set(_parse_list(text, flag, int, "integers", "1,8,32")))
 
 
 # --- pure math ---------------------------------------------------------------------------------
