@@ -173,3 +173,23 @@ def test_init_from_keeps_the_map_or_remaps_it_explicitly(tiny_policy, fake_harve
     assert r.coverage >= 0.0 and "draft vocabulary 64 -> 96 tokens, 64 lm_head rows kept" in capsys.readouterr().out
     with pytest.raises(SpectoolError, match="--remap-vocab"):
         run(_cfg(tiny_policy, fake_harvest, tmp_path / "x", remap_vocab=True))
+
+
+def test_an_existing_draft_refuses_other_settings_and_stays_intact(tiny_policy, fake_harvest, tmp_path):
+    from spectool.draft.train import run
+
+    out = tmp_path / "d"
+    run(_cfg(tiny_policy, fake_harvest, out, epochs=1))
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    for change, key in [({"draft_vocab_size": 64}, "draft_vocab_size"), ({"ttt_steps": 5}, "ttt_steps")]:
+        with pytest.raises(SpectoolError, match=f"other settings \\({key} differ\\)"):
+            run(_cfg(tiny_policy, fake_harvest, out, epochs=1, **change))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # vLLM's config.json too
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    run(_cfg(tiny_policy, fake_harvest, out, epochs=1, save_every=7))  # same settings: resumes, nothing to do
+    other = tmp_path / "not-a-draft"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(SpectoolError, match="holds other files; pick a new --out"):
+        run(_cfg(tiny_policy, fake_harvest, other))
+    assert (other / "notes.txt").read_text() == "mine" and len(list(other.iterdir())) == 1

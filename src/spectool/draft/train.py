@@ -25,7 +25,9 @@ import torch
 from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, SamplingConfig, check, check_gpu_memory
 from spectool.errors import SpectoolError
 
-METRICS = ("top1", "p_accept", "p_accept_sampled")  # held-out, per draft position (loss.acceptance_metrics)
+METRICS = ("top1", "p_accept", "p_accept_sampled")
+RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
+RESUME_MAY_CHANGE = {"save_every"}  # held-out, per draft position (loss.acceptance_metrics)
 
 
 @dataclass
@@ -75,6 +77,29 @@ class InitDraftResult:
     draft_to_policy_cost: float  # measured forward time ratio per token
     seconds: float
     main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
+
+
+def _claim_out(cfg: InitDraftConfig, write: bool) -> None:
+    """Refuse an --out that holds anything but an init-draft run with these settings, before
+    anything is written; then record the settings (a rerun of the same command resumes)."""
+    from dataclasses import asdict
+
+    from spectool.runs import atomic_write_json, read_json
+
+    out = Path(cfg.out)
+    if (out / RUN_CONFIG).exists():
+        old, new = read_json(out / RUN_CONFIG), asdict(cfg)
+        diff = sorted(k for k in new if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
+        if diff:
+            raise SpectoolError(f"--out {out} holds a draft trained with other settings ({', '.join(diff)} differ); "
+                                "rerun with the same settings to resume, or pick a new --out (--init-from "
+                                f"{out} warm-starts a new draft from it)")
+    elif out.exists() and any(out.iterdir()):
+        what = "a draft without its init-draft settings (an older spectool, or another tool)" \
+            if (out / "config.json").exists() else "other files"
+        raise SpectoolError(f"--out {out} holds {what}; pick a new --out (--init-from {out} warm-starts from a draft)")
+    if write:
+        atomic_write_json(out / RUN_CONFIG, cfg)
 
 
 def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
@@ -161,7 +186,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     from spectool.hidden import default_aux_layer_ids
     from spectool.models import resolve_model
     from spectool.records import load_records
-    from spectool.runs import CONFIG, MANIFEST, append_jsonl, atomic_write_json, load_manifest, make_manifest, truncate_jsonl
+    from spectool.runs import MANIFEST, append_jsonl, atomic_write_json, load_manifest, make_manifest, truncate_jsonl
 
     cfg.validate()
     t_start = time.perf_counter()
@@ -182,6 +207,8 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     if acc.num_processes > 1 and not (Path(cfg.data) / "manifest.json").exists():
         raise SpectoolError(f"--data {cfg.data} is a data source; under accelerate launch pass a harvest run "
                             "instead (spectool harvest --out H ..., then --data H): vLLM runs in one process")
+    _claim_out(cfg, write=acc.is_main_process)
+    acc.wait_for_everyone()
     run_dir = _harvest_if_needed(cfg)
     hm = load_manifest(run_dir, "harvest")
     if hm["model_identity"] != model.identity:
@@ -202,7 +229,6 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     state_dir = out / ".train"
     if acc.is_main_process:
         state_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / CONFIG, cfg)
     acc.wait_for_everyone()
 
     # Held-out split by prompt id (deterministic): whole prompts, never shared with training.
