@@ -56,9 +56,9 @@ def test_out_of_range_sampling_values_name_the_flag(tmp_path, flag, value, needl
     assert not (tmp_path / "h").exists()
 
 
-def test_unknown_data_source(tmp_path):
-    r = runner.invoke(app, ["rollout", "--data", "nope", "--model", str(tmp_path)])
-    assert r.exit_code == 2
+def test_unknown_data_source(tiny_policy):
+    r = runner.invoke(app, ["rollout", "--data", "nope", "--model", str(tiny_policy)])
+    assert r.exit_code == 2 and "unknown data source 'nope'" in r.output, r.output
 
 
 def test_model_dir_without_tokenizer(tmp_path):

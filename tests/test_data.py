@@ -59,9 +59,13 @@ def test_file_source_columns_and_verifier(gym_jsonl):
 
 def test_empty_and_missing_files(tmp_path):
     empty = tmp_path / "e.jsonl"
-    empty.write_text("")
-    with pytest.raises(SpectoolError):
+    empty.write_text("\n")
+    with pytest.raises(SpectoolError, match="has no rows"):
         load_source(str(empty))
+    bad = tmp_path / "b.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"prompt": "b",}\n')
+    with pytest.raises(SpectoolError, match=r"b.jsonl, line 2: not valid JSON \(Expecting property name"):
+        load_source(str(bad))
     with pytest.raises(SpectoolError, match="does not exist"):
         load_source(str(tmp_path / "missing.jsonl"))
 

@@ -9,14 +9,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from clirun import spectool
 from spectool.cli import app
 
 pytestmark = pytest.mark.engine
 
 
 def test_weightless_sweep_with_synthetic_acceptance_then_forecast(tiny_policy, tmp_path):
-    from test_pipeline_e2e import spectool  # the CLI in a subprocess (vLLM starts workers)
-
     cfg_only = tmp_path / "cfg"
     cfg_only.mkdir()
     (cfg_only / "config.json").write_text((tiny_policy / "config.json").read_text())  # no weights, no tokenizer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -170,7 +171,10 @@ def test_init_from_keeps_the_map_or_remaps_it_explicitly(tiny_policy, fake_harve
                  draft_vocab_size=96, epochs=1))
     remapped = load_draft(tmp_path / "remap")[0].draft_to_target_ids().tolist()
     assert len(remapped) == 96 and set(warm_ids) <= set(remapped)  # the 64 most frequent are among the 96
-    assert r.coverage >= 0.0 and "draft vocabulary 64 -> 96 tokens, 64 lm_head rows kept" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "draft vocabulary 64 -> 96 tokens, 64 lm_head rows kept" in printed
+    before, after = (float(x) for x in re.search(r"coverage of these responses ([\d.]+)% -> ([\d.]+)%", printed).groups())
+    assert after > before and r.coverage == pytest.approx(after / 100, abs=1e-3)  # 96 tokens cover more than 64
     with pytest.raises(SpectoolError, match="--remap-vocab"):
         run(_cfg(tiny_policy, fake_harvest, tmp_path / "x", remap_vocab=True))
 

@@ -5,22 +5,13 @@ rollout with --compare. Plus the losslessness check of speculative sampling at T
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+from clirun import spectool
+
 pytestmark = pytest.mark.engine
 DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
-
-
-def spectool(*args, env=None, check=True):
-    e = {**os.environ, **(env or {})}
-    r = subprocess.run([sys.executable, "-m", "spectool.cli", *args], capture_output=True, text=True, env=e, timeout=900)
-    if check and r.returncode != 0:
-        raise AssertionError(f"spectool {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return r
 
 
 def test_harvest_init_export_rollout(tiny_policy, tmp_path):

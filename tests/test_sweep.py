@@ -60,13 +60,23 @@ def test_engine_speculative_config_carries_the_draft_sampling_method():
 
 
 def test_auto_k_refuses_a_sweep_measured_with_other_draft_sampling(tmp_path):
-    from spectool.rollout import sweep_schedule
+    from spectool.schedule import read_schedule
     from spectool.runs import atomic_write_json
 
     atomic_write_json(tmp_path / "sweep.json", {"eagle3_schedule": [[1, 1024, 3]], "draft": str(tmp_path / "d"),
                                                 "draft_sampling": "probabilistic"})
-    assert sweep_schedule(str(tmp_path), None, "probabilistic")[0] == [(1, 1024, 3)]
+    assert read_schedule(str(tmp_path), None, "probabilistic")[0] == [(1, 1024, 3)]
     with pytest.raises(SpectoolError, match="--draft-sampling=greedy but --sweep .* measured probabilistic"):
-        sweep_schedule(str(tmp_path), None, "greedy")
+        read_schedule(str(tmp_path), None, "greedy")
     with pytest.raises(SpectoolError, match="speculation.draft_sampling=greedy"):
-        sweep_schedule(str(tmp_path), None, "greedy", flag="speculation.")
+        read_schedule(str(tmp_path), None, "greedy", flag="speculation.")
+
+
+def test_a_forecast_schedule_needs_the_draft_to_run_and_leaves_the_config_alone(tmp_path):
+    from spectool.runs import atomic_write_json
+    from spectool.schedule import read_schedule
+
+    atomic_write_json(tmp_path / "forecast.json", {"eagle3_schedule": [[1, 16, 3], [17, 1024, 0]]})
+    assert read_schedule(str(tmp_path), "D", "greedy") == ([(1, 16, 3), (17, 1024, 0)], "D")
+    with pytest.raises(SpectoolError, match="is a forecast; give the draft to run with --draft"):
+        read_schedule(str(tmp_path), None, "greedy")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from test_pipeline_e2e import spectool
+from clirun import spectool
 
 pytestmark = pytest.mark.engine
 DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from test_pipeline_e2e import spectool
+from clirun import spectool
 
 
 def _rollouts(policy_dir, n=6, seed=0):

@@ -27,7 +27,6 @@ class ExportConfig:
     k: int = 3
     verify: bool = True
     min_acceptance_length: float = 1.2
-    verify_data: str = "auto"
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
 
     def validate(self) -> None:
@@ -97,9 +96,8 @@ def run(cfg: ExportConfig) -> ExportResult:
         atomic_write_json(tmp / "config.json", conf)
         if meta:  # the draft's metadata travels with it: every draft check applies to the export too
             atomic_write_json(tmp / DRAFT_JSON, {**meta, "export_format": cfg.format})
-        if cfg.verify_data == "auto":  # held-out prompts of the data the draft was trained on
-            cfg.verify_data = _draft_data(src) or "chat"
-        acc = _verify(tmp, model.path, cfg) if cfg.verify else None
+        verify_data = _draft_data(src) or "chat"  # held-out prompts of the data the draft was trained on
+        acc = _verify(tmp, model.path, verify_data, cfg) if cfg.verify else None
         if acc is not None and acc < cfg.min_acceptance_length:
             raise SpectoolError(
                 f"export refused: mean acceptance length {acc:.2f} < floor {cfg.min_acceptance_length} "
@@ -150,7 +148,7 @@ def _check_weights(path: Path, model_path: str) -> None:
         raise SpectoolError(f"{path} has a reduced vocabulary but no d2t map: vLLM would load it and accept nothing")
 
 
-def _verify(folder: Path, model_path: str, cfg: ExportConfig) -> float:
+def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig) -> float:
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
@@ -161,7 +159,7 @@ def _verify(folder: Path, model_path: str, cfg: ExportConfig) -> float:
     engine = Engine(EngineConfig(model_path=model_path, draft_path=draft_arg, k=cfg.k, kv_cache_gib=1,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization))
     tok = AutoTokenizer.from_pretrained(model_path)
-    tasks = load_source(cfg.verify_data).tasks("eval", 8)
+    tasks = load_source(data).tasks("eval", 8)
     _, stats = engine.generate([encode_prompt(tok, t.prompt) for t in tasks], Sampling(max_tokens=32, temperature=0.0))
     return stats.mean_acceptance_length
 

@@ -110,6 +110,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     from spectool.engine.engine import Engine, EngineConfig
     from spectool.models import resolve_model
     from spectool.records import write_shard
+    from spectool.schedule import read_schedule
     from spectool.runs import CONFIG, MANIFEST, atomic_write_json, make_manifest
 
     cfg.validate()
@@ -117,9 +118,9 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
     tokenizer = AutoTokenizer.from_pretrained(model.path)
-    schedule = _sweep_schedule(cfg) if cfg.k == "auto" else None
+    schedule, draft = read_schedule(cfg.sweep, cfg.draft, cfg.draft_sampling) if cfg.k == "auto" else (None, cfg.draft)
     max_k = max(k for _, _, k in schedule) if schedule else cfg.k
-    draft_path = check_draft(cfg.draft, model, max(max_k, 1)) if cfg.draft else None
+    draft_path = check_draft(draft, model, max(max_k, 1)) if draft else None
     plain_tps = None
     if cfg.compare:
         plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed,
@@ -141,7 +142,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         n_prompts=len(tasks), n_completions=len(rows),
         mean_reward=sum(r["reward"] for r in rows) / len(rows),
         mean_response_len=n_tokens / len(rows), tokens_per_s=n_tokens / seconds, seconds=seconds,
-        acceptance=stats, out=cfg.out, k=cfg.k if cfg.draft else None, draft_sampling=cfg.draft_sampling,
+        acceptance=stats, out=cfg.out, k=cfg.k if draft else None, draft_sampling=cfg.draft_sampling,
         plain_tokens_per_s=plain_tps,
     )
     if cfg.out:
@@ -155,39 +156,6 @@ def run(cfg: RolloutConfig) -> RolloutResult:
                           sampler_fix=engine.sampler_fix, summary=result),
         )
     return result
-
-
-def _sweep_schedule(cfg: RolloutConfig) -> list[tuple[int, int, int]]:
-    schedule, cfg.draft = sweep_schedule(cfg.sweep, cfg.draft, cfg.draft_sampling, flag="--")
-    return schedule
-
-
-def sweep_schedule(sweep_dir: str, draft: str | None, draft_sampling: str,
-                   flag: str = "--") -> tuple[list[tuple[int, int, int]], str]:
-    """The eagle3 batch-size schedule a sweep-k run recommends, and its draft (the given `draft`
-    and `draft_sampling` must be the ones it measured). `flag` prefixes the option names in errors
-    ("--" or "speculation.")."""
-    from spectool.runs import read_json
-
-    forecast = Path(sweep_dir) / "forecast.json"
-    if forecast.exists():  # a fitted cost model's schedule: it forecasts for acceptance, not for one draft
-        if draft is None:
-            raise SpectoolError(f"{flag}sweep {sweep_dir} is a forecast; give the draft to run with {flag}draft")
-        return [tuple(r) for r in read_json(forecast)["eagle3_schedule"]], draft
-    path = Path(sweep_dir) / "sweep.json"
-    if not path.exists():
-        raise SpectoolError(f"{flag}sweep {sweep_dir} has no sweep.json; run spectool sweep-k --out {sweep_dir} first")
-    sweep = read_json(path)
-    if not sweep.get("eagle3_schedule"):
-        raise SpectoolError(f"{flag}sweep {sweep_dir} measured no eagle3 arms; sweep with --methods eagle3")
-    if draft is not None and Path(draft).resolve() != Path(sweep["draft"]).resolve():
-        raise SpectoolError(f"{flag}draft {draft} is not the draft {sweep['draft']} that {flag}sweep {sweep_dir} measured")
-    measured = sweep.get("draft_sampling", "greedy")
-    if draft_sampling != measured:
-        sep = "-" if flag == "--" else "_"
-        raise SpectoolError(f"{flag}draft{sep}sampling={draft_sampling} but {flag}sweep {sweep_dir} measured "
-                            f"{measured} drafting; set {flag}draft{sep}sampling={measured} or sweep again")
-    return [tuple(r) for r in sweep["eagle3_schedule"]], draft or sweep["draft"]
 
 
 def render(r: RolloutResult) -> None:

@@ -46,14 +46,3 @@ class AcceptanceStats:
 
     def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
         return self._combine(other, +1)
-
-    def as_dict(self) -> dict:
-        return {
-            "num_drafts": self.num_drafts,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "accepted_per_pos": self.accepted_per_pos,
-            "mean_acceptance_length": self.mean_acceptance_length,
-            "acceptance_rate": self.acceptance_rate,
-            "per_position_rate": self.per_position_rate,
-        }

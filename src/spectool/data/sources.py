@@ -148,6 +148,28 @@ def _parse_params(text: str) -> dict[str, Any]:
 # --- local files ----------------------------------------------------------------------------------
 
 
+def _check_jsonl(path: Path) -> None:
+    """Say which line is wrong (the JSON reader's own error names none), or that there are no rows."""
+    import json
+
+    rows = 0
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SpectoolError(f"data file {path}, line {n}: not valid JSON ({e.msg} at column {e.colno}); "
+                                    "a .jsonl file holds one JSON object per line") from None
+            if not isinstance(row, dict):
+                raise SpectoolError(f"data file {path}, line {n}: a JSON {type(row).__name__}, not an object "
+                                    "with named columns")
+            rows += 1
+    if rows == 0:
+        raise SpectoolError(f"data file {path} has no rows")
+
+
 def _file_source(spec: str, prompt_col: str, answer_col: str) -> TaskSource:
     path = Path(spec)
     if not path.exists():
@@ -156,6 +178,8 @@ def _file_source(spec: str, prompt_col: str, answer_col: str) -> TaskSource:
 
     datasets.disable_progress_bars()
     kind = "json" if path.suffix == ".jsonl" else "parquet"
+    if kind == "json":
+        _check_jsonl(path)
     try:
         ds = datasets.Dataset.from_json(str(path)) if kind == "json" else datasets.Dataset.from_parquet(str(path))
     except Exception as e:  # noqa: BLE001 - pyarrow raises many types on bad files

@@ -288,7 +288,6 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     def evaluate() -> dict:
         d = acc.unwrap_model(draft).eval()
         sums: dict[str, list[float]] = {}
-        n = 0
         with torch.no_grad():
             for b in range(0, len(ev), cfg.batch_size):
                 idx = ev[b : b + cfg.batch_size]
@@ -300,7 +299,6 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
                     sums[k] = [s + (0 if math.isnan(v) else v) * c for s, v, c in zip(sums[k], m[k], m["count"])]
                 sums.setdefault("count", [0] * cfg.ttt_steps)
                 sums["count"] = [a + c for a, c in zip(sums["count"], m["count"])]
-                n += 1
         d.train()
         return {k: [s / max(c, 1) for s, c in zip(sums[k], sums["count"])] for k in METRICS}
 

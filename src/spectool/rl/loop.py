@@ -98,13 +98,13 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     _check_resume_config(out, cfg)
 
     spec, dr = cfg.speculation, cfg.draft_refresh
-    schedule = None
+    schedule, draft = None, spec.draft  # the resolved draft; the user's config is left as given
     if dr.mode != "off" and spec.k == "auto":
-        from spectool.rollout import sweep_schedule
+        from spectool.schedule import read_schedule
 
-        schedule, spec.draft = sweep_schedule(spec.sweep, spec.draft, spec.draft_sampling, flag="speculation.")
+        schedule, draft = read_schedule(spec.sweep, spec.draft, spec.draft_sampling, flag="speculation.")
     k = max(k for _, _, k in schedule) if schedule else (spec.k if dr.mode != "off" else 0)
-    draft_path = check_draft(spec.draft, model, max(k, 1)) if dr.mode != "off" else None
+    draft_path = check_draft(draft, model, max(k, 1)) if dr.mode != "off" else None
 
     ckpt = _latest_checkpoint(out)
     start = ckpt[0] if ckpt else 0
@@ -220,7 +220,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     result = RLResult(str(out), p.steps, start, time.perf_counter() - t_start, history)
     atomic_write_json(out / MANIFEST, make_manifest(
         "train-rl", model=model.name, model_identity=model.identity, data=cfg.data, steps=p.steps,
-        resumed_from=start, sampler_fix=engine.sampler_fix, draft=spec.draft, draft_mode=dr.mode, k=spec.k,
+        resumed_from=start, sampler_fix=engine.sampler_fix, draft=draft, draft_mode=dr.mode, k=spec.k,
         plots=plots, summary=_summary(history)))
     return result
 
