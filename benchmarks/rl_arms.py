@@ -21,7 +21,7 @@ from pathlib import Path
 
 def arm_settings(args) -> dict[str, list[str]]:
     arms = {
-        "off": ["draft_refresh.mode=off"],
+        "off": ["speculation.enabled=false"],
         "frozen-math": ["draft_refresh.mode=frozen", f"speculation.draft={args.math_draft}"],
         "online-math": ["draft_refresh.mode=online", f"speculation.draft={args.math_draft}"],
     }

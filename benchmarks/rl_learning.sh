@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/rl-learn}
 STEPS=${2:-20}
-.venv/bin/spectool train-rl --set out="$OUT" --set draft_refresh.mode=off --set policy.steps="$STEPS" \
+.venv/bin/spectool train-rl --set out="$OUT" --set speculation.enabled=false --set policy.steps="$STEPS" \
   --set policy.lr=3e-5 --set rollout.prompts_per_step=8 --set rollout.group_size=4 --set rollout.max_tokens=96 \
   --set rollout.eval_every=5 --set rollout.eval_samples=8 --set checkpoint_every=5
 .venv/bin/python - "$OUT" <<'PY'

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from spectool.cli import app
 
-COMMANDS = ["harvest", "init-draft", "sweep-k", "rollout", "export", "verify", "train-rl"]
+COMMANDS = ["harvest", "init-draft", "sweep-k", "rollout", "export", "verify", "forecast", "train-rl"]
 runner = CliRunner()
 
 
@@ -39,9 +39,9 @@ def test_each_command_has_help(cmd):
 
 
 def test_train_rl_without_a_draft_fails_before_starting_and_names_the_key():
-    r = runner.invoke(app, ["train-rl"])  # the template's default refreshes a draft online: one must be given
+    r = runner.invoke(app, ["train-rl"])  # speculation is on by default: a draft must be given
     assert r.exit_code == 2
-    assert "speculation.draft" in r.output and "draft_refresh.mode" in r.output
+    assert "speculation.draft" in r.output and "speculation.enabled: false" in r.output
 
 
 @pytest.mark.parametrize(

@@ -31,10 +31,12 @@ def test_bad_keys_and_values_are_named(override, needle):
         load_config(TEMPLATE, ["speculation.draft=runs/d", override])
 
 
-def test_speculation_needs_a_draft_unless_refresh_is_off():
+def test_speculation_needs_a_draft_unless_it_is_switched_off():
     with pytest.raises(SpectoolError, match="speculation.draft"):
         load_config(TEMPLATE)
-    assert load_config(TEMPLATE, ["draft_refresh.mode=off"]).speculation.draft is None
+    assert not load_config(TEMPLATE, ["speculation.enabled=false"]).speculation.enabled
+    with pytest.raises(SpectoolError, match="speculation is switched off by speculation.enabled: false"):
+        load_config(TEMPLATE, ["speculation.draft=runs/d", "draft_refresh.mode=off"])
 
 
 def test_missing_or_broken_file(tmp_path):
@@ -44,3 +46,28 @@ def test_missing_or_broken_file(tmp_path):
     bad.write_text("rollout: [1, 2\n")
     with pytest.raises(SpectoolError, match="not valid YAML"):
         load_config(str(bad))
+
+
+def test_the_template_documents_every_key_with_the_dataclass_defaults():
+    """templates/rl.yaml is the documentation of train-rl's settings: every key of RLConfig, each
+    with a comment, each at its default."""
+    import yaml
+
+    from spectool.rl.config import RLConfig, flatten_keys
+
+    text = open(TEMPLATE).read()
+    tree = yaml.safe_load(text)
+    defaults = flatten_keys(RLConfig().as_dict())
+    assert flatten_keys(tree) == defaults
+    section = ""
+    commented = set()
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key = line.split(":")[0].strip()
+        if not line.startswith(" "):
+            section = key + "." if line.rstrip().endswith(":") else ""
+        if "#" in line:
+            commented.add(key if not line.startswith(" ") else section + key)
+    missing = sorted(k for k in defaults if k not in commented)
+    assert not missing, f"keys without a comment in {TEMPLATE}: {missing}"

@@ -91,7 +91,7 @@ def test_prompts_of_a_step_are_a_function_of_the_step(tmp_path):
 
     from spectool.rl.config import load_config
 
-    cfg = load_config(None, ["rollout.prompts_per_step=4", "policy.steps=20", "draft_refresh.mode=off"])
+    cfg = load_config(None, ["rollout.prompts_per_step=4", "policy.steps=20", "speculation.enabled=false"])
     a, b = _Tasks(Src(), Tok(), cfg), _Tasks(Src(), Tok(), cfg)
     assert [a.for_step(s) for s in range(6)] == [b.for_step(s) for s in range(6)]
     assert a.for_step(0) != a.for_step(1) and len(set(a.for_step(0) + a.for_step(1))) == 8  # no repeats in an epoch
@@ -102,8 +102,9 @@ def test_prompts_of_a_step_are_a_function_of_the_step(tmp_path):
 
 
 def test_cli_print_config_and_bad_keys(tmp_path):
-    r = spectool("train-rl", "--print-config", "--set", "policy.lr=2e-6", "--set", "draft_refresh.mode=off")
-    assert "lr: 2.0e-06" in r.stdout and "mode: 'off'" in r.stdout
+    r = spectool("train-rl", "--print-config", "--set", "policy.lr=2e-6", "--set", "draft_refresh.mode=frozen",
+                 "--set", "speculation.enabled=false")
+    assert "lr: 2.0e-06" in r.stdout and "mode: frozen" in r.stdout
     r = spectool("train-rl", "--set", "policy.lrr=1", check=False)
     assert r.returncode == 2 and "policy.lrr" in r.stderr
     r = spectool("train-rl", "--set", "rollout.group_size=1", check=False)

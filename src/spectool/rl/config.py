@@ -27,6 +27,7 @@ class RolloutSection:
 
 @dataclass
 class SpeculationSection:
+    enabled: bool = True  # false: plain decoding (the draft, if set, is not used)
     draft: str | None = None
     k: int | str = 3
     sweep: str | None = None
@@ -99,9 +100,12 @@ class RLConfig:
         _need(p.kl_beta >= 0, "policy.kl_beta", p.kl_beta, ">= 0")
         _need(p.logprob_check_every >= 1, "policy.logprob_check_every", p.logprob_check_every, ">= 1")
         _need(p.logprob_tolerance >= 0, "policy.logprob_tolerance", p.logprob_tolerance, ">= 0 (0: by engine dtype)")
-        _need(d.mode in ("off", "frozen", "online"), "draft_refresh.mode", d.mode, "off, frozen or online")
-        _need(d.mode == "off" or s.draft is not None, "speculation.draft", s.draft,
-              f"a draft folder (draft_refresh.mode is {d.mode}; set it to off for no speculation)")
+        _need(d.mode != "off", "draft_refresh.mode", d.mode,
+              "frozen or online; speculation is switched off by speculation.enabled: false")
+        _need(not s.enabled or s.draft is not None or s.k == "auto", "speculation.draft", s.draft,
+              "a draft folder (init-draft / export) while speculation.enabled is true; set speculation.enabled: "
+              "false for plain decoding")
+        _need(d.mode in ("frozen", "online"), "draft_refresh.mode", d.mode, "frozen or online")
         _need(d.every >= 1 and d.steps_per_refresh >= 1, "draft_refresh.every/steps_per_refresh",
               (d.every, d.steps_per_refresh), ">= 1")
         _need(0 < d.lr < 1, "draft_refresh.lr", d.lr, "in (0, 1)")
@@ -125,6 +129,14 @@ class RLConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def flatten_keys(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}: every leaf key of a config tree."""
+    flat = {}
+    for k, v in tree.items():
+        flat.update(flatten_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return flat
 
 
 def to_yaml(cfg: RLConfig) -> str:

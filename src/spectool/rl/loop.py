@@ -30,7 +30,7 @@ import torch
 
 from spectool.errors import SpectoolError
 from spectool.precision import engine_dtype, logprob_tolerance
-from spectool.rl.config import RLConfig
+from spectool.rl.config import RLConfig, flatten_keys
 from spectool.rl.grpo import group_advantages
 from spectool.rl.policy import PolicyTrainer, Rollout
 from spectool.stats import AcceptanceStats
@@ -98,25 +98,27 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     _check_resume_config(out, cfg)
 
     spec, dr = cfg.speculation, cfg.draft_refresh
+    speculate = spec.enabled
     schedule, draft = None, spec.draft  # the resolved draft; the user's config is left as given
-    if dr.mode != "off" and spec.k == "auto":
+    if speculate and spec.k == "auto":
         from spectool.schedule import read_schedule
 
         schedule, draft = read_schedule(spec.sweep, spec.draft, spec.draft_sampling, flag="speculation.")
-    k = max(k for _, _, k in schedule) if schedule else (spec.k if dr.mode != "off" else 0)
-    draft_path = check_draft(draft, model, max(k, 1)) if dr.mode != "off" else None
+    k = max(k for _, _, k in schedule) if schedule else (spec.k if speculate else 0)
+    draft_path = check_draft(draft, model, max(k, 1)) if speculate else None
+    online_refresh = draft_path is not None and dr.mode == "online"
 
     ckpt = _latest_checkpoint(out)
     start = ckpt[0] if ckpt else 0
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / CONFIG, cfg.as_dict())
-    if ckpt and dr.mode == "online":
+    if ckpt and online_refresh:
         draft_path = str(ckpt[1] / "draft")  # the refreshed draft, as it was at the checkpoint
 
     online = None
     aux_ids = None
     policy_start = str(ckpt[1] / "policy") if ckpt else model.path
-    if dr.mode == "online":
+    if online_refresh:
         from spectool.draft.checkpoint import check_fits
         from spectool.draft.online import OnlineDraft
 
@@ -220,7 +222,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     result = RLResult(str(out), p.steps, start, time.perf_counter() - t_start, history)
     atomic_write_json(out / MANIFEST, make_manifest(
         "train-rl", model=model.name, model_identity=model.identity, data=cfg.data, steps=p.steps,
-        resumed_from=start, sampler_fix=engine.sampler_fix, draft=draft, draft_mode=dr.mode, k=spec.k,
+        resumed_from=start, sampler_fix=engine.sampler_fix, draft=draft, draft_mode=dr.mode if draft_path else "no speculation", k=spec.k,
         plots=plots, summary=_summary(history)))
     return result
 
@@ -341,22 +343,12 @@ def _check_resume_config(out: Path, cfg: RLConfig) -> None:
 
     if not (out / CONFIG).exists() or not (out / CHECKPOINTS).exists():
         return
-    old = _flatten(read_json(out / CONFIG))
-    new = _flatten(cfg.as_dict())
+    old = flatten_keys(read_json(out / CONFIG))
+    new = flatten_keys(cfg.as_dict())
     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS_IGNORED)
     if diff:
         raise SpectoolError(f"{out} holds a run with other settings ({', '.join(diff)}); resume with the same config "
                             "or choose another out")
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    flat = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            flat.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            flat[prefix + k] = v
-    return flat
 
 
 def _summary(history: list[dict]) -> dict:
