@@ -15,9 +15,11 @@ RATES=$($PY -c "import json,sys; s=json.load(open('$OUT/real/sweep.json')); r=[x
 MODEL=$($PY -c "from spectool.models import resolve_model; print(resolve_model('smollm2-135m').path)")
 CFG="$OUT/config-only"; mkdir -p "$CFG"; cp "$MODEL/config.json" "$CFG/"
 # lengths: the draft's own harvest when init-draft made one (the real sweep's length profile), else fixed
+# and prompts as long as the real sweep's (its mean context minus half its mean output)
 LEN=fixed; [ -f "$DRAFT/harvest/manifest.json" ] && LEN="$DRAFT/harvest"
+PL=$($PY -c "import json; r=[x for x in json.load(open('$OUT/real/sweep.json'))['rows'] if x['method']=='none']; print(max(1, round(sum(x['mean_context'] - x['tokens'] / x['sequences'] / 2 for x in r) / len(r))))")
 $S sweep-k --model "$CFG" --dummy-weights --acceptance-rates "$RATES" --draft "$DRAFT" --k 1,2,3 --batch-sizes $B \
-  --temperature $T --max-tokens $MT --lengths "$LEN" --min-seqs 16 --out "$OUT/synthetic"
+  --temperature $T --max-tokens $MT --lengths "$LEN" --prompt-len "$PL" --min-seqs 16 --out "$OUT/synthetic"
 $PY - "$OUT" "$RATES" $K <<'PY'
 import json, sys
 from spectool.costmodel import fit

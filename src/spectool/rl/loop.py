@@ -99,13 +99,13 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
 
     spec, dr = cfg.speculation, cfg.draft_refresh
     speculate = spec.enabled
-    schedule, draft = None, spec.draft  # the resolved draft; the user's config is left as given
+    schedule, draft_dir = None, spec.draft  # the resolved draft folder; the user's config is left as given
     if speculate and spec.k == "auto":
         from spectool.schedule import read_schedule
 
-        schedule, draft = read_schedule(spec.sweep, spec.draft, spec.draft_sampling, flag="speculation.")
+        schedule, draft_dir = read_schedule(spec.sweep, spec.draft, spec.draft_sampling, flag="speculation.")
     k = max(k for _, _, k in schedule) if schedule else (spec.k if speculate else 0)
-    draft_path = check_draft(draft, model, max(k, 1)) if speculate else None
+    draft_path = check_draft(draft_dir, model, max(k, 1)) if speculate else None
     online_refresh = draft_path is not None and dr.mode == "online"
 
     ckpt = _latest_checkpoint(out)
@@ -222,7 +222,8 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     result = RLResult(str(out), p.steps, start, time.perf_counter() - t_start, history)
     atomic_write_json(out / MANIFEST, make_manifest(
         "train-rl", model=model.name, model_identity=model.identity, data=cfg.data, steps=p.steps,
-        resumed_from=start, sampler_fix=engine.sampler_fix, draft=draft, draft_mode=dr.mode if draft_path else "no speculation", k=spec.k,
+        resumed_from=start, sampler_fix=engine.sampler_fix, draft=draft_dir if speculate else None,
+        draft_mode=dr.mode if speculate else "no speculation", k=spec.k,
         plots=plots, summary=_summary(history)))
     return result
 
