@@ -124,14 +124,15 @@ def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tied_policy, smal
 
 def test_async_mode_overlaps_generation_with_training(tiny_policy, random_draft, sums_answer_8, tmp_path):
     out = tmp_path / "rl_async"
-    spectool(*_args(tiny_policy, random_draft, sums_answer_8, out, steps=3, extra=["rollout.mode=async", "rollout.eval_samples=2",
-                                                                                    "draft_refresh.mode=frozen"]))
+    spectool(*_args(tiny_policy, random_draft, sums_answer_8, out, steps=3, extra=[
+        "rollout.mode=async", "rollout.eval_samples=2", "draft_refresh.mode=frozen", "rollout.prompts_per_step=6"]))
     m = _metrics(out)
     assert [r["step"] for r in m] == [1, 2, 3]
     assert all(r["logprob_check_max_diff"] < 1e-3 for r in m)
     assert all("gen_wait_s" in r for r in m[1:])
     # policy lag 1: the rollouts of step n+1 were sampled by the weights of step n, so the trainer's
     # logprobs (one update later) differ from the behaviour logprobs the objective's ratio uses
-    assert m[0]["grad_norm"] > 0  # the policy changed at step 1, so the lag shows
-    assert all(r["behaviour_gap"] > 1e-3 for r in m[1:])
+    changed = [i for i in range(len(m) - 1) if m[i]["grad_norm"] > 0]  # steps whose update moved the policy
+    assert changed, "no step had a gradient: the lag cannot show"
+    assert all(m[i + 1]["behaviour_gap"] > 1e-3 for i in changed)
     assert not any("draft_sync_diff" in r for r in m)  # frozen draft
