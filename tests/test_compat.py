@@ -73,7 +73,7 @@ def test_engine_start_out_of_memory_names_the_setting():
 
 
 def test_trainer_out_of_memory_names_the_engine_share():
-    from spectool.rl.loop import _update
+    from spectool.commands.train_rl import _update
 
     class Trainer:
         def update(self, rollouts, capture):

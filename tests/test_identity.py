@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from spectool.draft.checkpoint import check_draft
+from spectool.runs import check_draft
 from spectool.errors import SpectoolError
 from spectool.models import resolve_model
 
@@ -49,7 +49,7 @@ def test_other_hidden_size_or_vocabulary_fails_naming_the_field(tiny_policy, ran
 
 
 def test_an_export_keeps_the_draft_checks(tiny_policy, random_draft, tmp_path):
-    from spectool.export import ExportConfig, run
+    from spectool.commands.export import ExportConfig, run
 
     model = resolve_model(str(tiny_policy))
     for fmt in ("vllm", "speculators"):

@@ -38,7 +38,7 @@ def fake_harvest(tiny_policy, tmp_path):
 
 
 def _cfg(tiny_policy, data, out, **kw):
-    from spectool.draft.train import InitDraftConfig
+    from spectool.commands.init_draft import InitDraftConfig
 
     base = dict(out=str(out), model=str(tiny_policy), data=str(data), draft_vocab_size=128, ttt_steps=3,
                 epochs=2, batch_size=4, save_every=2, lr=1e-3, warmup_steps=1)
@@ -48,7 +48,7 @@ def _cfg(tiny_policy, data, out, **kw):
 
 def test_training_learns_and_writes_a_loadable_draft(tiny_policy, fake_harvest, tmp_path):
     from spectool.draft.checkpoint import load_draft
-    from spectool.draft.train import run
+    from spectool.commands.init_draft import run
 
     r = run(_cfg(tiny_policy, fake_harvest, tmp_path / "d", epochs=6))
     lines = [json.loads(x) for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
@@ -62,9 +62,8 @@ def test_training_learns_and_writes_a_loadable_draft(tiny_policy, fake_harvest, 
 
 
 def test_resume_after_kill_has_no_lost_or_repeated_steps(tiny_policy, fake_harvest, tmp_path, monkeypatch):
-    import spectool.draft.train as train
-
-    import spectool.draft.loss as loss_mod
+    import spectool.commands.init_draft as train
+    import spectool.draft.ttt as loss_mod  # the TTT step's loss, as the step calls it
 
     calls = {"n": 0}
     orig = loss_mod.ttt_loss
@@ -87,7 +86,7 @@ def test_resume_after_kill_has_no_lost_or_repeated_steps(tiny_policy, fake_harve
 def test_init_from_another_policys_draft_fails_before_training(tiny_policy, fake_harvest, tmp_path):
     from spectool.draft.checkpoint import save_draft
     from spectool.draft.model import DraftConfig, Eagle3Draft
-    from spectool.draft.train import run
+    from spectool.commands.init_draft import run
 
     other = DraftConfig(hidden_size=64, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2,
                         head_dim=32, vocab_size=512, draft_vocab_size=512, target_hidden_size=64, aux_layer_ids=[0, 1, 2])
@@ -161,7 +160,7 @@ def test_remap_vocab_keeps_shared_rows_and_fills_new_ones_from_the_policy(tiny_p
 
 def test_init_from_keeps_the_map_or_remaps_it_explicitly(tiny_policy, fake_harvest, tmp_path, capsys):
     from spectool.draft.checkpoint import load_draft
-    from spectool.draft.train import run
+    from spectool.commands.init_draft import run
 
     run(_cfg(tiny_policy, fake_harvest, tmp_path / "warm", draft_vocab_size=64, epochs=1))
     warm_ids = load_draft(tmp_path / "warm")[0].draft_to_target_ids().tolist()
@@ -180,7 +179,7 @@ def test_init_from_keeps_the_map_or_remaps_it_explicitly(tiny_policy, fake_harve
 
 
 def test_an_existing_draft_refuses_other_settings_and_stays_intact(tiny_policy, fake_harvest, tmp_path):
-    from spectool.draft.train import run
+    from spectool.commands.init_draft import run
 
     out = tmp_path / "d"
     run(_cfg(tiny_policy, fake_harvest, out, epochs=1))

@@ -5,7 +5,8 @@ import math
 import pytest
 
 from spectool.errors import SpectoolError
-from spectool.sweep import SweepConfig, ceiling, k_schedule, parse_int_list, recommend
+from spectool.cli import parse_int_list
+from spectool.commands.sweep_k import SweepConfig, ceiling, k_schedule, recommend
 
 
 def row(method, k, batch, speedup):
@@ -72,11 +73,14 @@ def test_auto_k_refuses_a_sweep_measured_with_other_draft_sampling(tmp_path):
         read_schedule(str(tmp_path), None, "greedy", flag="speculation.")
 
 
-def test_a_forecast_schedule_needs_the_draft_to_run_and_leaves_the_config_alone(tmp_path):
-    from spectool.runs import atomic_write_json
-    from spectool.schedule import read_schedule
+def test_a_forecast_schedule_needs_the_draft_to_run(tmp_path):
+    from spectool.schedule import read_schedule, write_schedule
 
-    atomic_write_json(tmp_path / "forecast.json", {"eagle3_schedule": [[1, 16, 3], [17, 1024, 0]]})
+    write_schedule(tmp_path, [(1, 16, 3), (17, 1024, 0)], "forecast", None, "greedy")
     assert read_schedule(str(tmp_path), "D", "greedy") == ([(1, 16, 3), (17, 1024, 0)], "D")
     with pytest.raises(SpectoolError, match="is a forecast; give the draft to run with --draft"):
         read_schedule(str(tmp_path), None, "greedy")
+    write_schedule(tmp_path, [(1, 8, 2)], "sweep", str(tmp_path / "d"), "greedy")  # a sweep: its own draft
+    assert read_schedule(str(tmp_path), None, "greedy") == ([(1, 8, 2)], str(tmp_path / "d"))
+    with pytest.raises(SpectoolError, match="is not the draft"):
+        read_schedule(str(tmp_path), str(tmp_path / "other"), "greedy")

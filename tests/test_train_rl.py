@@ -74,7 +74,7 @@ def test_trainer_logprobs_match_a_plain_forward(tiny_policy):
 
 
 def test_prompts_of_a_step_are_a_function_of_the_step(tmp_path):
-    from spectool.rl.loop import _Tasks
+    from spectool.commands.train_rl import _Tasks
     from spectool.runs import truncate_jsonl
 
     class Src:
@@ -115,7 +115,7 @@ def test_cli_print_config_and_bad_keys(tmp_path):
 
 def test_stale_engine_weights_stop_the_job(tiny_policy):
     from spectool.errors import SpectoolError
-    from spectool.rl.loop import _check_logprobs
+    from spectool.commands.train_rl import _check_logprobs
 
     t = _trainer(tiny_policy, None)
     rs = _rollouts(tiny_policy, n=3)

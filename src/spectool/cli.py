@@ -44,6 +44,26 @@ GPU_MEMORY = typer.Option(
 )
 
 
+def _parse_list(text: str, flag: str, cast, what: str, example: str) -> list:
+    try:
+        vals = [cast(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpectoolError(f"{flag}={text!r} is not a comma-separated list of {what} (e.g. {example})") from None
+    if not vals:
+        raise SpectoolError(f"{flag}={text!r} is empty; give at least one value (e.g. {example})")
+    return vals
+
+
+def parse_float_list(text: str, flag: str) -> list[float]:
+    """Comma-separated numbers, in the order given (acceptance rates per position)."""
+    return _parse_list(text, flag, float, "numbers", "0.8,0.6,0.45")
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    """Comma-separated integers, sorted and deduplicated (k values, batch sizes)."""
+    return sorted(set(_parse_list(text, flag, int, "integers", "1,8,32")))
+
+
 def _sampling(n_prompts: int, samples: int, max_tokens: int, temperature: float, top_p: float, seed: int) -> SamplingConfig:
     s = SamplingConfig(n_prompts, samples, max_tokens, temperature, top_p, seed)
     s.validate()
@@ -76,7 +96,7 @@ def harvest(
 ) -> None:
     """Run the policy on in-domain prompts (vLLM) and store its rollouts: the draft's training data."""
     try:
-        from spectool.harvest import HarvestConfig, run, render
+        from spectool.commands.harvest import HarvestConfig, render, run
 
         cfg = HarvestConfig(
             model=model, data=data, out=str(out), split=split, hidden_states=hidden_states,
@@ -113,7 +133,7 @@ def init_draft(
 ) -> None:
     """Build and train an EAGLE-3 draft for the policy on in-domain data."""
     try:
-        from spectool.draft.train import InitDraftConfig, render, run
+        from spectool.commands.init_draft import InitDraftConfig, render, run
 
         cfg = InitDraftConfig(
             out=str(out), model=model, data=data, init_from=str(init_from) if init_from else None, remap_vocab=remap_vocab,
@@ -156,7 +176,7 @@ def sweep_k(
     """Measure acceptance and throughput per draft length k (and batch size); recommend k.
     With --dummy-weights and synthetic acceptance: what speculation gives a model known by its config."""
     try:
-        from spectool.sweep import SweepConfig, parse_float_list, parse_int_list, render, run
+        from spectool.commands.sweep_k import SweepConfig, render, run
 
         cfg = SweepConfig(out=str(out), draft=str(draft) if draft else None, model=model, data=data, split=split,
                           ks=parse_int_list(k, "--k"), batch_sizes=parse_int_list(batch_sizes, "--batch-sizes"),
@@ -196,7 +216,7 @@ def rollout(
 ) -> None:
     """Rollouts with vLLM (speculative with a draft): records with target logprobs and rewards."""
     try:
-        from spectool.rollout import RolloutConfig, render, run
+        from spectool.commands.rollout import RolloutConfig, render, run
 
         if k != "auto" and not k.isdigit():
             raise SpectoolError(f"--k={k!r} must be an integer in [1, 16] or 'auto'")
@@ -227,7 +247,7 @@ def export(
 ) -> None:
     """Write a draft that vLLM (and RL frameworks) load: plain EAGLE-3 or speculators format."""
     try:
-        from spectool.export import ExportConfig, render, run
+        from spectool.commands.export import ExportConfig, render, run
 
         render(run(ExportConfig(draft=str(draft), out=str(out), format=format, model=model, k=k, verify=verify,
                                 min_acceptance_length=min_acceptance, gpu_memory_utilization=gpu_memory_utilization)))
@@ -256,7 +276,7 @@ def verify(
 ) -> None:
     """Prove on the real engine that speculative sampling equals the policy's own sampling."""
     try:
-        from spectool.verify import VerifyConfig, render, run
+        from spectool.commands.verify import VerifyConfig, render, run
 
         r = run(VerifyConfig(draft=str(draft), model=model, data=data, split=split, k=k, n_prompts=n_prompts,
                              samples=samples, positions=positions, temperature=temperature, alpha=alpha,
@@ -287,8 +307,7 @@ def forecast(
 ) -> None:
     """Forecast rollout and RL-step speedups at any batch size and acceptance from a fitted sweep."""
     try:
-        from spectool.forecast import ForecastConfig, render, run
-        from spectool.sweep import parse_float_list, parse_int_list
+        from spectool.commands.forecast import ForecastConfig, render, run
 
         cfg = ForecastConfig(sweep=str(sweep), out=str(out) if out else None, lengths=lengths, max_tokens=max_tokens,
                              acceptance_rates=parse_float_list(acceptance_rates, "--acceptance-rates")
@@ -314,7 +333,7 @@ def train_rl(
         if print_config:
             typer.echo(to_yaml(cfg))
             return
-        from spectool.rl.loop import run
+        from spectool.commands.train_rl import run
         from spectool.rl.report import render_summary
 
         render_summary(run(cfg))

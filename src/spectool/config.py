@@ -36,9 +36,11 @@ class SamplingConfig:
               "must be 1 at --temperature 0 (greedy completions of one prompt are identical)")
 
 
-def check(ok: bool, flag: str, value: object, rule: str) -> None:
+def check(ok: bool, name: str, value: object, rule: str) -> None:
+    """The one validation helper: `name` is the flag (--k) or config key (rollout.group_size) to
+    change, `rule` what it must be ("must be >= 1"). Message: "--k=0: must be >= 1"."""
     if not ok:
-        raise SpectoolError(f"{flag}={value!r} is out of range: {rule}")
+        raise SpectoolError(f"{name}={value!r}: {rule}")
 
 
 

@@ -39,19 +39,53 @@ def policy_features(
     return aux, out.last_hidden_state
 
 
-def save_hidden_shard(path: Path, aux: list[torch.Tensor], last: list[torch.Tensor]) -> int:
-    """Store per-record [T_i, 3H] / [T_i, H] tensors as one float16 safetensors file; returns bytes."""
+FeatureItem = tuple  # (ids [T] int64, aux [T, n_aux * H] float16, last [T, H] float16), host tensors
+
+
+def feature_items(policy, seqs: list[list[int]], layer_ids: list[int], on_batch=None) -> list[FeatureItem]:
+    """The policy's features of each token sequence, computed on the policy's device in
+    right-padded batches of similar length (padding never changes the earlier positions of a
+    causal model); `on_batch(n)` is called after each batch of n sequences (progress)."""
+    dev = next(policy.parameters()).device
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    batch = 32 if dev.type == "cuda" else 4
+    items: list = [None] * len(seqs)
+    for b in range(0, len(order), batch):
+        idx = order[b : b + batch]
+        T = len(seqs[idx[-1]])
+        ids = torch.zeros(len(idx), T, dtype=torch.int64)  # [B, T]
+        mask = torch.zeros(len(idx), T, dtype=torch.int64)
+        for j, i in enumerate(idx):
+            ids[j, : len(seqs[i])], mask[j, : len(seqs[i])] = torch.tensor(seqs[i]), 1
+        a, h = policy_features(policy, ids.to(dev), layer_ids, mask.to(dev))  # [B, T, n_aux * H], [B, T, H]
+        a, h = a.half().cpu(), h.half().cpu()
+        for j, i in enumerate(idx):
+            n = len(seqs[i])
+            items[i] = (ids[j, :n].clone(), a[j, :n].clone(), h[j, :n].clone())
+        if on_batch:
+            on_batch(len(idx))
+    return items
+
+
+def save_features(path: Path, items: list[FeatureItem]) -> int:
+    """The one on-disk format of policy features (harvest --hidden-states shards, init-draft's
+    cache): safetensors with ids, aux, last concatenated over sequences, and their lengths.
+    Written atomically; returns bytes."""
     from safetensors.torch import save
 
     from spectool.runs import atomic_write_bytes
 
-    lengths = torch.tensor([a.shape[0] for a in aux], dtype=torch.int64)
-    blob = save(
-        {
-            "aux": torch.cat(aux).to(torch.float16).contiguous(),
-            "last": torch.cat(last).to(torch.float16).contiguous(),
-            "lengths": lengths,
-        }
-    )
+    blob = save({"ids": torch.cat([x[0] for x in items]).to(torch.int64).contiguous(),
+                 "aux": torch.cat([x[1] for x in items]).to(torch.float16).contiguous(),
+                 "last": torch.cat([x[2] for x in items]).to(torch.float16).contiguous(),
+                 "lengths": torch.tensor([len(x[0]) for x in items], dtype=torch.int64)})
     atomic_write_bytes(path, blob)
     return len(blob)
+
+
+def load_features(path: Path) -> list[FeatureItem]:
+    from safetensors.torch import load_file
+
+    d = load_file(str(path))
+    lengths = d["lengths"].tolist()
+    return list(zip(d["ids"].split(lengths), d["aux"].split(lengths), d["last"].split(lengths)))

@@ -11,7 +11,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,10 +141,9 @@ def _embedded_folder(name: str) -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    from spectool.runs import atomic_dir
+
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
     return out

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,39 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_dir(dest: Path):
+    """Build a folder beside `dest` and move it into place only when the block succeeds; an existing
+    `dest` is replaced at the very end. On any error the partial folder goes and `dest` is untouched.
+
+        with atomic_dir(out / "export") as tmp:
+            write files into tmp
+    """
+    dest = Path(dest)
+    tmp, old = dest.with_name(f".{dest.name}.partial"), dest.with_name(f".{dest.name}.old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """torch.save through a temp file and a rename (a checkpoint is whole or absent)."""
+    import torch
+
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -100,3 +135,28 @@ def load_manifest(run_dir: Path, kind: str) -> dict[str, Any]:
             f"version {SCHEMA_VERSION}. Re-create it with this version."
         )
     return m
+
+
+def check_draft(draft: str, model, k: int, flag: str = "--draft") -> str:
+    """The draft guard: refuse a draft folder (init-draft output or export) made for another
+    policy, or asked for more positions than it was trained on (`model`: a resolved ModelRef). A
+    mismatch names the field and both values. Returns the folder as a string."""
+    from spectool.draft.checkpoint import DRAFT_JSON, check_fits
+    from spectool.draft.model import DraftConfig
+    from spectool.models import fingerprint_mismatch
+
+    d = Path(draft)
+    if not (d / "config.json").exists():
+        raise SpectoolError(f"{flag} {d} is not a draft folder (no config.json); make one with init-draft/export")
+    meta = read_json(d / DRAFT_JSON) if (d / DRAFT_JSON).exists() else {}
+    diff = fingerprint_mismatch(meta.get("policy_fingerprint", {}), model.fingerprint)
+    if diff:
+        raise SpectoolError(f"{flag} {d} was trained for another policy ({meta.get('policy')}) than {model.name}: "
+                            + "; ".join(f"{x} (draft's policy vs this one)" for x in diff))
+    if "config" in meta:
+        check_fits(DraftConfig(**meta["config"]), model.fingerprint, d)
+    ttt = meta.get("ttt_steps")
+    if ttt and k > ttt:
+        raise SpectoolError(f"--k {k} exceeds the {ttt} positions the draft {d} was trained for; "
+                            f"use --k <= {ttt} or retrain with --ttt-steps {k}")
+    return str(d)

@@ -1,5 +1,6 @@
-"""k per batch size for vLLM's dynamic speculation, read from a sweep-k run (sweep.json, written
-by sweep.py) or a forecast run (forecast.json, written by forecast.py); used by rollout and train-rl."""
+"""k per batch size for vLLM's dynamic speculation (`num_speculative_tokens_per_batch_size`): the
+hand-off file `schedule.json` that sweep-k and forecast write and rollout / train-rl read
+(`--k auto --sweep RUN`, `speculation.k: auto`). This module alone knows its format."""
 
 from __future__ import annotations
 
@@ -7,30 +8,43 @@ from pathlib import Path
 
 from spectool.errors import SpectoolError
 
+SCHEDULE = "schedule.json"
 
-def read_schedule(sweep_dir: str, draft: str | None, draft_sampling: str,
+
+def write_schedule(run_dir: Path, schedule: list[tuple[int, int, int]], kind: str, draft: str | None,
+                   draft_sampling: str) -> None:
+    """kind "sweep": measured with `draft` and `draft_sampling`, which a run must then use;
+    kind "forecast": predicted for an acceptance, usable with any draft."""
+    from spectool.runs import atomic_write_json
+
+    atomic_write_json(Path(run_dir) / SCHEDULE, {"kind": kind, "eagle3_schedule": [list(r) for r in schedule],
+                                                 "draft": draft, "draft_sampling": draft_sampling})
+
+
+def read_schedule(run_dir: str, draft: str | None, draft_sampling: str,
                   flag: str = "--") -> tuple[list[tuple[int, int, int]], str]:
-    """The eagle3 batch-size schedule a sweep-k run recommends, and its draft (the given `draft`
-    and `draft_sampling` must be the ones it measured). `flag` prefixes the option names in errors
-    ("--" or "speculation.")."""
+    """The schedule in `run_dir` and the draft to run it with (a sweep's own, which `draft` and
+    `draft_sampling` must match). `flag` prefixes option names in errors ("--" or "speculation.")."""
     from spectool.runs import read_json
 
-    forecast = Path(sweep_dir) / "forecast.json"
-    if forecast.exists():  # a fitted cost model's schedule: it forecasts for acceptance, not for one draft
+    path = Path(run_dir) / SCHEDULE
+    legacy = Path(run_dir) / "sweep.json"  # sweeps written before schedule.json existed
+    if not path.exists() and not legacy.exists():
+        raise SpectoolError(f"{flag}sweep {run_dir} has no {SCHEDULE}; run spectool sweep-k (or forecast) --out "
+                            f"{run_dir} first")
+    s = read_json(path) if path.exists() else {"kind": "sweep", **read_json(legacy)}
+    if not s.get("eagle3_schedule"):
+        raise SpectoolError(f"{flag}sweep {run_dir} measured no eagle3 arms; sweep with --methods eagle3")
+    schedule = [tuple(r) for r in s["eagle3_schedule"]]
+    if s["kind"] == "forecast":
         if draft is None:
-            raise SpectoolError(f"{flag}sweep {sweep_dir} is a forecast; give the draft to run with {flag}draft")
-        return [tuple(r) for r in read_json(forecast)["eagle3_schedule"]], draft
-    path = Path(sweep_dir) / "sweep.json"
-    if not path.exists():
-        raise SpectoolError(f"{flag}sweep {sweep_dir} has no sweep.json; run spectool sweep-k --out {sweep_dir} first")
-    sweep = read_json(path)
-    if not sweep.get("eagle3_schedule"):
-        raise SpectoolError(f"{flag}sweep {sweep_dir} measured no eagle3 arms; sweep with --methods eagle3")
-    if draft is not None and Path(draft).resolve() != Path(sweep["draft"]).resolve():
-        raise SpectoolError(f"{flag}draft {draft} is not the draft {sweep['draft']} that {flag}sweep {sweep_dir} measured")
-    measured = sweep.get("draft_sampling", "greedy")
+            raise SpectoolError(f"{flag}sweep {run_dir} is a forecast; give the draft to run with {flag}draft")
+        return schedule, draft
+    if draft is not None and Path(draft).resolve() != Path(s["draft"]).resolve():
+        raise SpectoolError(f"{flag}draft {draft} is not the draft {s['draft']} that {flag}sweep {run_dir} measured")
+    measured = s.get("draft_sampling", "greedy")
     if draft_sampling != measured:
         sep = "-" if flag == "--" else "_"
-        raise SpectoolError(f"{flag}draft{sep}sampling={draft_sampling} but {flag}sweep {sweep_dir} measured "
+        raise SpectoolError(f"{flag}draft{sep}sampling={draft_sampling} but {flag}sweep {run_dir} measured "
                             f"{measured} drafting; set {flag}draft{sep}sampling={measured} or sweep again")
-    return [tuple(r) for r in sweep["eagle3_schedule"]], draft or sweep["draft"]
+    return schedule, draft or s["draft"]

@@ -4,7 +4,6 @@ own `draft.json` (DraftConfig and the policy identity it was trained for)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -167,41 +166,7 @@ def dummy_draft_config(target_config) -> dict:
     return cfg.vllm_config()
 
 
-def replace_dir(tmp: Path, dest: Path) -> None:
-    """Move a finished folder into place; an existing destination is replaced only at the end."""
-    old = dest.with_name(dest.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dest.exists():
-        dest.rename(old)
-    tmp.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def draft_metadata(model, ttt_steps: int, **extra) -> dict:
     """What every draft folder spectool writes carries in draft.json besides its DraftConfig: the
     policy it was trained for (name and fingerprint) and its trained unroll length."""
     return {"policy": model.name, "policy_fingerprint": model.fingerprint, "ttt_steps": ttt_steps, **extra}
-
-
-def check_draft(draft: str, model, k: int, flag: str = "--draft") -> str:
-    """Refuse a draft folder (init-draft output or export) made for another policy, or asked for
-    more positions than it was trained on (`model` is a resolved ModelRef). A mismatch names the
-    field and both values. Returns the folder as a string."""
-    from spectool.models import fingerprint_mismatch
-    from spectool.runs import read_json
-
-    d = Path(draft)
-    if not (d / "config.json").exists():
-        raise SpectoolError(f"{flag} {d} is not a draft folder (no config.json); make one with init-draft/export")
-    meta = read_json(d / DRAFT_JSON) if (d / DRAFT_JSON).exists() else {}
-    diff = fingerprint_mismatch(meta.get("policy_fingerprint", {}), model.fingerprint)
-    if diff:
-        raise SpectoolError(f"{flag} {d} was trained for another policy ({meta.get('policy')}) than {model.name}: "
-                            + "; ".join(f"{x} (draft's policy vs this one)" for x in diff))
-    if "config" in meta:
-        check_fits(DraftConfig(**meta["config"]), model.fingerprint, d)
-    ttt = meta.get("ttt_steps")
-    if ttt and k > ttt:
-        raise SpectoolError(f"--k {k} exceeds the {ttt} positions the draft {d} was trained for; "
-                            f"use --k <= {ttt} or retrain with --ttt-steps {k}")
-    return str(d)

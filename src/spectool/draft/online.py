@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 
-from spectool.draft.loss import acceptance_metrics, ttt_loss
 from spectool.draft.model import Eagle3Draft
-from spectool.draft.train import collate_features, first_anchor
+from spectool.draft.ttt import heldout_metrics, ttt_step_loss
 from spectool.draft.vocab import ids_from_d2t
 
 
@@ -78,10 +77,8 @@ class OnlineDraft:
         losses = []
         for _ in range(n_steps):
             batch = self.rng.sample(self.buffer, min(self.batch_size, len(self.buffer)))
-            ids, aux, last, P, L = self._collate(batch)
-            s = first_anchor(P, self.ttt_steps)
-            logits = self.draft(aux, ids, self.ttt_steps, s)  # steps x [B, T - s, Vd]
-            loss, _ = ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, self.step_decay)
+            loss, _ = ttt_step_loss(self.draft, [(f.ids, f.aux, f.last) for f in batch], [f.prompt_len for f in batch],
+                                    W_dv, self.ttt_steps, self.step_decay, self.device)
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
@@ -90,17 +87,10 @@ class OnlineDraft:
             losses.append(float(loss.detach()))
         return RefreshReport(self.steps, sum(losses) / len(losses), before, self._top1(newest, W), len(self.buffer))
 
-    @torch.no_grad()
     def _top1(self, feats: list[Features], W: torch.Tensor) -> list[float]:
         """Greedy agreement with the policy per draft position (a proxy for acceptance)."""
-        ids, aux, last, P, L = self._collate(feats)
-        s = first_anchor(P, self.ttt_steps)
-        m = acceptance_metrics(self.draft(aux, ids, self.ttt_steps, s), last[:, s:] @ W.T, self.target_ids, P - s, L - s)
-        return m["top1"]
-
-    def _collate(self, feats: list[Features]):
-        """ids [B, T], aux [B, T, n_aux*H], last [B, T, H] on the draft's device; P, L [B] on the host."""
-        return collate_features([(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats], self.device)
+        return heldout_metrics(self.draft, [(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats], W,
+                               self.target_ids, self.ttt_steps, len(feats), self.device)["top1"]
 
     def state_dict(self) -> dict:
         return {"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "steps": self.steps,

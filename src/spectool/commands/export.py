@@ -69,9 +69,9 @@ def speculators_config(vllm_cfg: dict, k: int, verifier: str) -> dict:
 
 
 def run(cfg: ExportConfig) -> ExportResult:
-    from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS, check_draft, replace_dir
+    from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS
     from spectool.models import resolve_model
-    from spectool.runs import MANIFEST, atomic_write_json, make_manifest, read_json
+    from spectool.runs import MANIFEST, atomic_dir, atomic_write_json, check_draft, make_manifest, read_json
 
     cfg.validate()
     src = Path(cfg.draft)
@@ -85,11 +85,7 @@ def run(cfg: ExportConfig) -> ExportResult:
     check_draft(str(src), model, cfg.k)
     _check_weights(src / WEIGHTS, model.path)
 
-    dest = Path(cfg.out)
-    tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(Path(cfg.out)) as tmp:  # loaded and verified before it is moved into place
         shutil.copy2(src / WEIGHTS, tmp / WEIGHTS)
         vcfg = read_json(src / "config.json")
         conf = vcfg if cfg.format == "vllm" else speculators_config(vcfg, cfg.k, _portable_name(model_name))
@@ -106,11 +102,7 @@ def run(cfg: ExportConfig) -> ExportResult:
         atomic_write_json(tmp / MANIFEST, make_manifest(
             "export", format=cfg.format, model=model_name, model_identity=model.identity, k=cfg.k, source=str(src),
             verified_mean_acceptance_length=acc))
-        replace_dir(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ExportResult(out=str(dest), format=cfg.format, mean_acceptance_length=acc)
+    return ExportResult(out=cfg.out, format=cfg.format, mean_acceptance_length=acc)
 
 
 def _portable_name(model_name: str) -> str:

@@ -145,8 +145,10 @@ def run(cfg: ForecastConfig) -> dict:
 def _write(out: Path, result: dict, cfg: ForecastConfig, trace: list[tuple[int, int]]) -> None:
     from spectool.plots import pyplot, save
     from spectool.runs import CONFIG, MANIFEST, atomic_write_bytes, atomic_write_json, make_manifest
+    from spectool.schedule import write_schedule
 
     atomic_write_json(out / "forecast.json", result)
+    write_schedule(out, result["eagle3_schedule"], "forecast", None, result["draft_sampling"])
     atomic_write_json(out / CONFIG, cfg)
     ks = list(result["per_batch"][0]["speedup_by_k"])
     lines = ["batch,plain_tokens_per_s," + ",".join(f"speedup_k{k}" for k in ks) + ",best_k,best_speedup"]

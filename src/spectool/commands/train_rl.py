@@ -76,19 +76,65 @@ class _Tasks:
         return order[pos * self.P : (pos + 1) * self.P].tolist() or order[: self.P].tolist()
 
 
-def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResult:
+@dataclass
+class _Run:
+    """Everything one train-rl run holds, built by `_setup`."""
+
+    cfg: RLConfig
+    out: Path
+    model: Any  # ModelRef
+    source: Any  # TaskSource
+    tokenizer: Any
+    tasks: _Tasks
+    eval_tasks: list
+    draft_dir: str | None  # the draft folder speculation uses (None: plain decoding)
+    start: int  # steps done by the checkpoint resumed from
+    trainer: PolicyTrainer
+    online: Any  # OnlineDraft, or None unless draft_refresh.mode is online
+    engine: Any
+    tolerance: float  # the engine logprob check's
+    history: list[dict]
+
+
+def _speculation(cfg: RLConfig, model) -> tuple[list | None, str | None, str | None, int]:
+    """(k schedule, the resolved draft folder, the checked draft path, largest k); no draft when
+    speculation.enabled is false."""
+    from spectool.runs import check_draft
+
+    spec = cfg.speculation
+    if not spec.enabled:
+        return None, None, None, 0
+    schedule, draft_dir = None, spec.draft  # resolved here: the user's config is left as given
+    if spec.k == "auto":
+        from spectool.schedule import read_schedule
+
+        schedule, draft_dir = read_schedule(spec.sweep, spec.draft, spec.draft_sampling, flag="speculation.")
+    k = max(k for _, _, k in schedule) if schedule else spec.k
+    return schedule, draft_dir, check_draft(draft_dir, model, max(k, 1)), k
+
+
+def _online_draft(cfg: RLConfig, model, draft_path: str):
+    from spectool.draft.checkpoint import check_fits, load_draft
+    from spectool.draft.online import OnlineDraft
+
+    dr = cfg.draft_refresh
+    draft, _ = load_draft(Path(draft_path))
+    check_fits(draft.config, model.fingerprint, Path(draft_path))
+    return OnlineDraft(draft, dr.lr, dr.warmup_steps, dr.ttt_steps, dr.batch_size,
+                       buffer_size=dr.buffer_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+                       seed=cfg.seed, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _setup(cfg: RLConfig) -> _Run:
+    """Data, speculation, the checkpoint to resume from, the trainer (and online draft), the engine."""
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
-    from spectool.draft.checkpoint import check_draft, load_draft
     from spectool.engine.engine import Engine, EngineConfig
     from spectool.models import resolve_model
-    from spectool.runs import CONFIG, MANIFEST, append_jsonl, atomic_write_json, make_manifest, truncate_jsonl
+    from spectool.runs import CONFIG, atomic_write_json, truncate_jsonl
 
-    cfg.validate()
-    t_start = time.perf_counter()
-    out = Path(cfg.out)
-    model = resolve_model(cfg.model)
+    out, model = Path(cfg.out), resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.seed)
     if not source.verifiable:
         raise SpectoolError(f"data {cfg.data} has no verifier: GRPO needs rewards (use gym:... or a file with answers)")
@@ -96,136 +142,137 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     tasks = _Tasks(source, tokenizer, cfg)
     eval_tasks = source.tasks("eval", cfg.rollout.eval_prompts) if cfg.rollout.eval_every else []
     _check_resume_config(out, cfg)
-
-    spec, dr = cfg.speculation, cfg.draft_refresh
-    speculate = spec.enabled
-    schedule, draft_dir = None, spec.draft  # the resolved draft folder; the user's config is left as given
-    if speculate and spec.k == "auto":
-        from spectool.schedule import read_schedule
-
-        schedule, draft_dir = read_schedule(spec.sweep, spec.draft, spec.draft_sampling, flag="speculation.")
-    k = max(k for _, _, k in schedule) if schedule else (spec.k if speculate else 0)
-    draft_path = check_draft(draft_dir, model, max(k, 1)) if speculate else None
-    online_refresh = draft_path is not None and dr.mode == "online"
-
+    schedule, draft_dir, draft_path, k = _speculation(cfg, model)
     ckpt = _latest_checkpoint(out)
-    start = ckpt[0] if ckpt else 0
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / CONFIG, cfg.as_dict())
-    if ckpt and online_refresh:
-        draft_path = str(ckpt[1] / "draft")  # the refreshed draft, as it was at the checkpoint
-
     online = None
-    aux_ids = None
-    policy_start = str(ckpt[1] / "policy") if ckpt else model.path
-    if online_refresh:
-        from spectool.draft.checkpoint import check_fits
-        from spectool.draft.online import OnlineDraft
-
-        draft, _ = load_draft(Path(draft_path))
-        check_fits(draft.config, model.fingerprint, Path(draft_path))
-        aux_ids = draft.config.aux_layer_ids
-        online = OnlineDraft(draft, dr.lr, dr.warmup_steps, dr.ttt_steps, dr.batch_size,
-                             buffer_size=dr.buffer_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-                             seed=cfg.seed, device="cuda" if torch.cuda.is_available() else "cpu")
+    if draft_path is not None and cfg.draft_refresh.mode == "online":
+        if ckpt:
+            draft_path = str(ckpt[1] / "draft")  # the refreshed draft, as it was at the checkpoint
+        online = _online_draft(cfg, model, draft_path)
     p, e = cfg.policy, cfg.engine
     dtype = engine_dtype(e.dtype)
-    tolerance = logprob_tolerance(p.logprob_tolerance or None, dtype)
-    trainer = PolicyTrainer(policy_start, p.lr, cfg.rollout.temperature, p.eps_low, p.eps_high, p.kl_beta,
-                            p.micro_batch_size, p.max_grad_norm, aux_ids, seed=cfg.seed, engine_dtype=dtype)
+    trainer = PolicyTrainer(str(ckpt[1] / "policy") if ckpt else model.path, p.lr, cfg.rollout.temperature,
+                            p.eps_low, p.eps_high, p.kl_beta, p.micro_batch_size, p.max_grad_norm,
+                            online.draft.config.aux_layer_ids if online else None, seed=cfg.seed, engine_dtype=dtype)
     if ckpt:
         st = torch.load(ckpt[1] / "state.pt", weights_only=False)
         trainer.load_state_dict(st["policy"])
         if online is not None:
             online.load_state_dict(st["draft"])
-    metrics_path = out / "metrics.jsonl"
-    history = truncate_jsonl(metrics_path, start)
-
     engine = Engine(EngineConfig(
         model_path=model.path, draft_path=draft_path, k=max(k, 1), k_schedule=schedule, seed=cfg.seed,
-        draft_sampling=spec.draft_sampling, dtype=dtype, gpu_memory_utilization=e.gpu_memory_utilization,
+        draft_sampling=cfg.speculation.draft_sampling, dtype=dtype, gpu_memory_utilization=e.gpu_memory_utilization,
         kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=e.max_model_len or None,
         logprobs_mode="processed_logprobs",  # behaviour logprobs at the sampling temperature
     ))
     if ckpt:
         engine.update_policy(trainer.engine_state())  # the engine starts from the base model's weights
+    start = ckpt[0] if ckpt else 0
+    return _Run(cfg, out, model, source, tokenizer, tasks, eval_tasks, draft_dir, start, trainer, online, engine,
+                logprob_tolerance(p.logprob_tolerance or None, dtype), truncate_jsonl(out / "metrics.jsonl", start))
 
-    def generate(step: int) -> Batch:
-        return _generate(engine, source, tasks, step, cfg)
 
+def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_next) -> float | None:
+    """After generation: update, (async: wait for the next batch), sync, check, refresh, eval,
+    checkpoint; fills `rec`. Returns the seconds waited for the next batch (async), else None."""
+    cfg, p, dr, engine, trainer, online = r.cfg, r.cfg.policy, r.cfg.draft_refresh, r.engine, r.trainer, r.online
+    last = step + 1 == p.steps
+    t = time.perf_counter()
+    rep = _update(trainer, batch.rollouts, online is not None, cfg.engine.gpu_memory_utilization)
+    rec.update(update_s=time.perf_counter() - t, loss=rep.loss, clip_fraction=rep.clip_fraction, kl=rep.kl,
+               grad_norm=rep.grad_norm, behaviour_gap=rep.behaviour_gap, train_tokens=rep.tokens)
+    if online is not None:
+        online.add(rep.features)
+    waited = wait_for_next()  # the engine must be idle before its weights change
+    t = time.perf_counter()
+    engine.update_policy(trainer.engine_state())
+    rec["sync_s"] = time.perf_counter() - t
+    if (step + 1) % p.logprob_check_every == 0 or last:
+        t = time.perf_counter()
+        rec.update(_check_logprobs(engine, trainer, batch.rollouts, r.tolerance, step + 1))
+        rec["check_s"] = time.perf_counter() - t
+    if online is not None and (step + 1) % dr.every == 0:
+        t = time.perf_counter()
+        ref = online.refresh(trainer.unwrapped, dr.steps_per_refresh)
+        engine.update_draft(online.draft.export_state_dict())
+        rec["draft_sync_diff"] = _check_draft_sync(engine, online.draft, step + 1)
+        rec.update(refresh_s=time.perf_counter() - t, draft_loss=ref.loss, draft_top1_before=ref.top1_before,
+                   draft_top1_after=ref.top1_after, draft_steps=ref.steps)
+    if cfg.rollout.eval_every and ((step + 1) % cfg.rollout.eval_every == 0 or last):
+        t = time.perf_counter()
+        rec["eval_reward"] = _eval_reward(engine, r.tokenizer, r.source, r.eval_tasks, cfg)
+        rec["eval_s"] = time.perf_counter() - t
+    if (step + 1) % cfg.checkpoint_every == 0 or last:
+        _save_checkpoint(r.out, step + 1, trainer, online, r.model, r.tokenizer, cfg)
+        rec["checkpoint"] = True
+    return waited
+
+
+def _loop(r: _Run, on_step) -> None:
+    """Steps start..steps: generate (async: the next step's batch in a thread), train, log."""
     from spectool.rl.report import LiveView
+    from spectool.runs import append_jsonl
 
+    cfg, steps = r.cfg, r.cfg.policy.steps
     pool = ThreadPoolExecutor(max_workers=1) if cfg.rollout.mode == "async" else None
     initial_eval = None
-    if start == 0 and cfg.rollout.eval_every:  # the baseline a rising held-out reward is read against
-        initial_eval = _eval_reward(engine, tokenizer, source, eval_tasks, cfg)
-    view = LiveView(cfg, start, history)
+    if r.start == 0 and cfg.rollout.eval_every:  # the baseline a rising held-out reward is read against
+        initial_eval = _eval_reward(r.engine, r.tokenizer, r.source, r.eval_tasks, cfg)
+    carried: Batch | None = None  # async: the next step's batch, generated during this step
     try:
-        with view:
-            carried: Batch | None = None  # async: the next step's batch, generated during this step
-            for step in range(start, p.steps):
+        with LiveView(cfg, r.start, r.history) as view:
+            for step in range(r.start, steps):
                 t0 = time.perf_counter()
-                batch, wait_s = (carried, 0.0) if carried is not None else (generate(step), None)
-                carried = None
-                nxt = pool.submit(generate, step + 1) if pool is not None and step + 1 < p.steps else None
-                rec: dict[str, Any] = {"step": step + 1, "mode": cfg.rollout.mode}
+                batch = carried or _generate(r.engine, r.source, r.tasks, step, cfg)
+                nxt = pool.submit(_generate, r.engine, r.source, r.tasks, step + 1, cfg) \
+                    if pool is not None and step + 1 < steps else None
+                rec: dict[str, Any] = {"step": step + 1, "mode": cfg.rollout.mode, **_batch_metrics(batch)}
                 if initial_eval is not None and step == 0:
                     rec["eval_reward_initial"] = initial_eval
-                rec.update(_batch_metrics(batch))
-                t1 = time.perf_counter()
-                rep = _update(trainer, batch.rollouts, online is not None, e.gpu_memory_utilization)
-                rec.update(update_s=time.perf_counter() - t1, loss=rep.loss, clip_fraction=rep.clip_fraction, kl=rep.kl,
-                           grad_norm=rep.grad_norm, behaviour_gap=rep.behaviour_gap, train_tokens=rep.tokens)
-                if online is not None:
-                    online.add(rep.features)
-                if nxt is not None:  # the engine must be idle before its weights change
+
+                def wait_for_next() -> float | None:
+                    nonlocal carried
+                    if nxt is None:
+                        carried = None
+                        return 0.0 if pool is not None else None
                     tw = time.perf_counter()
                     carried = nxt.result()
-                    wait_s = (wait_s or 0.0) + time.perf_counter() - tw
-                t2 = time.perf_counter()
-                engine.update_policy(trainer.engine_state())
-                rec["sync_s"] = time.perf_counter() - t2
-                if (step + 1) % p.logprob_check_every == 0 or step + 1 == p.steps:
-                    tc = time.perf_counter()
-                    rec.update(_check_logprobs(engine, trainer, batch.rollouts, tolerance, step + 1))
-                    rec["check_s"] = time.perf_counter() - tc
-                if online is not None and (step + 1) % dr.every == 0:
-                    t3 = time.perf_counter()
-                    r = online.refresh(trainer.unwrapped, dr.steps_per_refresh)
-                    engine.update_draft(online.draft.export_state_dict())
-                    rec["draft_sync_diff"] = _check_draft_sync(engine, online.draft, step + 1)
-                    rec.update(refresh_s=time.perf_counter() - t3, draft_loss=r.loss, draft_top1_before=r.top1_before,
-                               draft_top1_after=r.top1_after, draft_steps=r.steps)
-                if cfg.rollout.eval_every and ((step + 1) % cfg.rollout.eval_every == 0 or step + 1 == p.steps):
-                    t4 = time.perf_counter()
-                    rec["eval_reward"] = _eval_reward(engine, tokenizer, source, eval_tasks, cfg)
-                    rec["eval_s"] = time.perf_counter() - t4
+                    return time.perf_counter() - tw
+
+                wait_s = _train_step(r, step, batch, rec, wait_for_next)
                 rec["step_s"] = time.perf_counter() - t0
                 if wait_s is not None:
                     rec["gen_wait_s"] = wait_s
                 # share of the step spent generating (async: the part the trainer waited for it)
                 rec["gen_share"] = (rec["gen_s"] if wait_s is None else wait_s) / rec["step_s"]
-                if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == p.steps:
-                    _save_checkpoint(out, step + 1, trainer, online, model, tokenizer, cfg)
-                    rec["checkpoint"] = True
-                append_jsonl(metrics_path, rec)
-                history.append(rec)
+                append_jsonl(r.out / "metrics.jsonl", rec)
+                r.history.append(rec)
                 view.update(rec)
                 if on_step:
                     on_step(rec)
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
-    from spectool.rl.report import plot_run
 
-    plots = plot_run(history, out)
-    result = RLResult(str(out), p.steps, start, time.perf_counter() - t_start, history)
-    atomic_write_json(out / MANIFEST, make_manifest(
-        "train-rl", model=model.name, model_identity=model.identity, data=cfg.data, steps=p.steps,
-        resumed_from=start, sampler_fix=engine.sampler_fix, draft=draft_dir if speculate else None,
-        draft_mode=dr.mode if speculate else "no speculation", k=spec.k,
-        plots=plots, summary=_summary(history)))
-    return result
+
+def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResult:
+    from spectool.rl.report import plot_run
+    from spectool.runs import MANIFEST, atomic_write_json, make_manifest
+
+    cfg.validate()
+    t_start = time.perf_counter()
+    r = _setup(cfg)
+    _loop(r, on_step)
+    plots = plot_run(r.history, r.out)
+    spec = cfg.speculation
+    atomic_write_json(r.out / MANIFEST, make_manifest(
+        "train-rl", model=r.model.name, model_identity=r.model.identity, data=cfg.data, steps=cfg.policy.steps,
+        resumed_from=r.start, sampler_fix=r.engine.sampler_fix, draft=r.draft_dir,
+        draft_mode=cfg.draft_refresh.mode if r.draft_dir else "no speculation", k=spec.k,
+        plots=plots, summary=_summary(r.history)))
+    return RLResult(str(r.out), cfg.policy.steps, r.start, time.perf_counter() - t_start, r.history)
 
 
 def _generate(engine, source, tasks: _Tasks, step: int, cfg: RLConfig) -> Batch:
@@ -310,24 +357,21 @@ def _eval_reward(engine, tokenizer, source, eval_tasks, cfg: RLConfig) -> float:
 
 
 def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, online, model, tokenizer, cfg: RLConfig) -> None:
-    """checkpoints/step-N/{policy (HF folder), draft (vLLM-loadable), state.pt}; written to a temp
-    folder, then renamed, so a crash never leaves a half checkpoint. Older ones are removed."""
-    root = out / CHECKPOINTS
-    tmp = root / f".step-{step:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    trainer.unwrapped.save_pretrained(tmp / "policy", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "policy")
-    st = {"step": step, "policy": trainer.state_dict()}
-    if online is not None:
-        from spectool.draft.checkpoint import draft_metadata
+    """checkpoints/step-N/{policy (HF folder), draft (vLLM-loadable), state.pt}, written whole
+    (runs.atomic_dir), so a crash never leaves a half checkpoint. Older ones are removed."""
+    from spectool.runs import atomic_dir
 
-        online.save(tmp / "draft", extra=draft_metadata(model, cfg.draft_refresh.ttt_steps, rl_step=step))
-        st["draft"] = online.state_dict()
-    torch.save(st, tmp / "state.pt")
-    final = root / f"step-{step:06d}"
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    root = out / CHECKPOINTS
+    with atomic_dir(root / f"step-{step:06d}") as tmp:
+        trainer.unwrapped.save_pretrained(tmp / "policy", safe_serialization=True)
+        tokenizer.save_pretrained(tmp / "policy")
+        st = {"step": step, "policy": trainer.state_dict()}
+        if online is not None:
+            from spectool.draft.checkpoint import draft_metadata
+
+            online.save(tmp / "draft", extra=draft_metadata(model, cfg.draft_refresh.ttt_steps, rl_step=step))
+            st["draft"] = online.state_dict()
+        torch.save(st, tmp / "state.pt")
     for old in sorted(root.glob("step-*"))[:-1]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -184,12 +184,37 @@ def _arm_result(name: str, note: str, arm: dict, scored: list, plain: dict | Non
     return res
 
 
+def _verdict(results: list[ArmResult], cfg: VerifyConfig) -> tuple[str, list[str], float]:
+    """LOSSLESS, NOT LOSSLESS or INCONCLUSIVE (the lossy control not rejected), the reasons, and
+    the per-test level (Bonferroni over the speculative arm's tests)."""
+    spec = results[1]
+    n_tests = 2 + 1 + len(spec.token_tests)  # plain score, spec score, spec vs plain, token tests
+    alpha_each = cfg.alpha / n_tests
+    reasons = []
+    for arm in results[:2]:
+        reasons += [f"{arm.name}: {r}" for r in arm.rejected(alpha_each)]
+        if not arm.logprob_max_abs_diff <= cfg.logprob_tol:
+            reasons.append(f"{arm.name}: engine logprobs differ from the policy's by {arm.logprob_max_abs_diff:.2e} "
+                           f"> {cfg.logprob_tol:.0e}")
+    if reasons:
+        verdict = "NOT LOSSLESS"
+    elif len(results) > 2 and not results[2].rejected(alpha_each):
+        verdict = "INCONCLUSIVE"
+        reasons = ["the same tests did not reject the lossy control: too few samples for power "
+                   "(raise --samples or --n-prompts)"]
+    else:
+        verdict = "LOSSLESS"
+        if len(results) > 2:
+            reasons = [f"lossy control rejected: {r}" for r in results[2].rejected(alpha_each)]
+    return verdict, reasons, alpha_each
+
+
 def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from spectool.data import load_source
-    from spectool.draft.checkpoint import check_draft
+    from spectool.runs import check_draft
     from spectool.engine.engine import is_cpu_build
     from spectool.models import resolve_model
     from spectool.prompts import encode_prompt
@@ -217,7 +242,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     if control == "unpatched":
         progress("sampling: lossy control (unpatched CPU rejection sampler, subprocess)")
         arms["lossy control"] = subproc.call(
-            "spectool.verify", "sample_arm", dict(draft=draft, top_p=1.0, seed=cfg.seed + 2, **common),
+            "spectool.commands.verify", "sample_arm", dict(draft=draft, top_p=1.0, seed=cfg.seed + 2, **common),
             env={"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"}, what="the lossy-control engine")
         notes = {"lossy control": f"unpatched sampler ({arms['lossy control']['sampler_fix']})"}
     elif control == "truncated":
@@ -238,25 +263,8 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
         if name != "plain":
             results[-1].vs_plain = welch(results[-1].score, results[0].score)
 
+    verdict, reasons, alpha_each = _verdict(results, cfg)
     spec = results[1]
-    n_tests = 2 + 1 + len(spec.token_tests)  # plain score, spec score, spec vs plain, token tests
-    alpha_each = cfg.alpha / n_tests
-    reasons = []
-    for arm in results[:2]:
-        reasons += [f"{arm.name}: {r}" for r in arm.rejected(alpha_each)]
-        if not arm.logprob_max_abs_diff <= cfg.logprob_tol:
-            reasons.append(f"{arm.name}: engine logprobs differ from the policy's by {arm.logprob_max_abs_diff:.2e} "
-                           f"> {cfg.logprob_tol:.0e}")
-    if reasons:
-        verdict = "NOT LOSSLESS"
-    elif len(results) > 2 and not results[2].rejected(alpha_each):
-        verdict = "INCONCLUSIVE"
-        reasons = ["the same tests did not reject the lossy control: too few samples for power "
-                   "(raise --samples or --n-prompts)"]
-    else:
-        verdict = "LOSSLESS"
-        if len(results) > 2:
-            reasons = [f"lossy control rejected: {r}" for r in results[2].rejected(alpha_each)]
     tvs = [detectable_tv(t.pooled, min(t.n_a, t.n_b), alpha_each, sims=100) for t in spec.token_tests if t.cells >= 2]
     tvs = sorted(x for x in tvs if not math.isnan(x))
     result = VerifyResult(

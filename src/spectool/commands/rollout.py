@@ -7,13 +7,10 @@ acceptance from the engine's own counters when a draft is used).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from spectool.config import GPU_MEMORY_UTILIZATION, SamplingConfig, check, check_draft_sampling, check_gpu_memory
-from spectool.data import Task, TaskSource
 from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
 
@@ -74,41 +71,14 @@ class RolloutResult:
         return self.tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else None
 
 
-def rollout_tasks(engine, tokenizer, source: TaskSource, tasks: list[Task], s: SamplingConfig):
-    """Generate `s.samples` completions per task and score them.
-
-    Returns (rows, acceptance deltas, generated tokens, generation seconds).
-    """
-    from spectool.engine.engine import Sampling
-    from spectool.prompts import encode_prompt
-
-    prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks]
-    t0 = time.perf_counter()
-    outs, stats = engine.generate(
-        prompts, Sampling(n=s.samples, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=s.seed)
-    )
-    seconds = time.perf_counter() - t0
-    rows: list[dict[str, Any]] = []
-    for task, samples in zip(tasks, outs):
-        for j, c in enumerate(samples):
-            rows.append(
-                dict(
-                    prompt_id=task.id, sample_idx=j, prompt=task.prompt, answer=task.answer or "",
-                    prompt_ids=c.prompt_ids, response_ids=c.response_ids, logprobs=c.logprobs,
-                    reward=source.score(task, c.text), finish_reason=c.finish_reason, response=c.text,
-                )
-            )
-    n_tokens = sum(len(r["response_ids"]) for r in rows)
-    return rows, stats, n_tokens, seconds
-
-
 def run(cfg: RolloutConfig) -> RolloutResult:
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
-    from spectool.draft.checkpoint import check_draft
+    from spectool.runs import check_draft
     from spectool.engine.engine import Engine, EngineConfig
     from spectool.models import resolve_model
+    from spectool.generation import rollout_tasks
     from spectool.records import write_shard
     from spectool.schedule import read_schedule
     from spectool.runs import CONFIG, MANIFEST, atomic_write_json, make_manifest

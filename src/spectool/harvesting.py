@@ -1,4 +1,5 @@
-"""`spectool harvest`: the policy's own rollouts on in-domain prompts, the draft's training data.
+"""Harvest runs: the policy's own rollouts on in-domain prompts, the draft's training data. Used by
+`spectool harvest` and by `init-draft` when its --data is a data source.
 
 Workflow: resolve model + data -> open (or resume) the run directory -> start vLLM -> generate
 chunk by chunk, each chunk written as one atomic Parquet shard (plus, with --hidden-states, one
@@ -60,7 +61,7 @@ def _settings(cfg: HarvestConfig, model_identity: str) -> dict:
                 hidden_states=cfg.hidden_states, sampling=s)
 
 
-def run(cfg: HarvestConfig) -> HarvestResult:
+def harvest(cfg: HarvestConfig) -> HarvestResult:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from transformers import AutoTokenizer
 
@@ -68,7 +69,7 @@ def run(cfg: HarvestConfig) -> HarvestResult:
     from spectool.engine.engine import Engine, EngineConfig, is_cpu_build
     from spectool.models import resolve_model
     from spectool.records import load_records, shard_paths, write_shard
-    from spectool.rollout import rollout_tasks
+    from spectool.generation import rollout_tasks
     from spectool.runs import CONFIG, MANIFEST, atomic_write_json, load_manifest, make_manifest
 
     cfg.validate()
@@ -146,31 +147,13 @@ def _load_policy(path: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev).eval()
 
 
 def _store_hidden(policy, rows: list[dict], path: Path) -> int:
-    import torch
-
-    from spectool.hidden import policy_features, save_hidden_shard
-
-    from spectool.hidden import default_aux_layer_ids
+    """The shard's policy features in the one features format (hidden.save_features); bytes."""
+    from spectool.hidden import default_aux_layer_ids, feature_items, save_features
 
     layer_ids = default_aux_layer_ids(policy.config.num_hidden_layers)
-    aux, last = [], []
-    for r in rows:
-        x = torch.tensor([r["prompt_ids"] + r["response_ids"]])
-        a, h = policy_features(policy, x, layer_ids)
-        aux.append(a[0])
-        last.append(h[0])
-    return save_hidden_shard(path, aux, last)
-
-
-def render(r: HarvestResult) -> None:
-    from rich.console import Console
-
-    c = Console(soft_wrap=True)
-    c.print(f"[bold]harvest[/] {r.out}: {r.n_records} records ({r.n_new} new), mean reward {r.mean_reward:.3f}, "
-            f"{r.tokens_per_s:.1f} generated tokens/s")
-    if r.hidden_bytes_per_token:
-        c.print(f"hidden states: {r.hidden_bytes_per_token / 1024:.2f} KiB per token (float16, 3 aux layers + last)")
+    return save_features(path, feature_items(policy, [r["prompt_ids"] + r["response_ids"] for r in rows], layer_ids))

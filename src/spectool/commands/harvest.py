@@ -1,0 +1,22 @@
+"""`spectool harvest`: the policy's own rollouts on in-domain prompts, stored as a resumable run
+(the workflow is the library's harvesting.harvest, which init-draft also uses)."""
+
+from __future__ import annotations
+
+from spectool.harvesting import HarvestConfig, HarvestResult, harvest
+
+__all__ = ["HarvestConfig", "run", "render"]
+
+
+def run(cfg: HarvestConfig) -> HarvestResult:
+    return harvest(cfg)
+
+
+def render(r: HarvestResult) -> None:
+    from rich.console import Console
+
+    c = Console(soft_wrap=True)
+    c.print(f"[bold]harvest[/] {r.out}: {r.n_records} records ({r.n_new} new), mean reward {r.mean_reward:.3f}, "
+            f"{r.tokens_per_s:.1f} generated tokens/s")
+    if r.hidden_bytes_per_token:
+        c.print(f"hidden states: {r.hidden_bytes_per_token / 1024:.2f} KiB per token (float16, 3 aux layers + last)")

@@ -1,0 +1,422 @@
+"""`spectool init-draft`: train an EAGLE-3 draft on the policy's own in-domain rollouts.
+
+Workflow (`run`, phase by phase):
+ 1. data: a harvest run dir, or a data source that is harvested first (the draft must learn the
+    policy's outputs, not reference answers);
+ 2. the frozen policy (transformers, fp32) supplies aux hidden states and target distributions,
+    computed once and cached in the run dir (resume does not recompute them);
+ 3. the draft vocabulary = most frequent response tokens (coverage printed); embedding and lm_head
+    rows from the policy, or warm start from --init-from;
+ 4. training-time-test unroll over `ttt_steps` positions (>= the largest k you will run), weighted
+    soft cross-entropy (loss.py), AdamW + cosine schedule, under `accelerate`;
+ 5. held-out per-position top-1 agreement and expected acceptance; metrics.jsonl; a checkpoint
+    every `save_every` steps; a killed run resumes at the next step; final vLLM-loadable folder.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, SamplingConfig, check, check_gpu_memory
+from spectool.errors import SpectoolError
+
+RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
+RESUME_MAY_CHANGE = {"save_every"}  # settings a rerun may change and still resume
+
+
+@dataclass
+class InitDraftConfig:
+    out: str
+    model: str = DEFAULT_MODEL
+    data: str = DEFAULT_DATA  # data source (harvested first) or a harvest run directory
+    init_from: str | None = None  # warm start from an existing EAGLE-3 draft folder
+    remap_vocab: bool = False  # with init_from: rebuild the draft vocabulary from this data (rows kept where shared)
+    draft_vocab_size: int = 4096
+    ttt_steps: int = 5  # unroll length: trains draft positions 1..ttt_steps
+    step_decay: float = 0.8
+    epochs: int = 2
+    batch_size: int = 16
+    lr: float = 1e-3  # short runs on small harvests: higher than the 1e-4 of large-corpus EAGLE-3 recipes
+    warmup_steps: int = 20
+    save_every: int = 50
+    eval_fraction: float = 0.05
+    seed: int = 0
+    harvest: SamplingConfig = field(default_factory=lambda: SamplingConfig(n_prompts=256, samples=4, max_tokens=128))
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION  # the harvest engine's share (it stops before training)
+
+    def validate(self) -> None:
+        check_gpu_memory(self.gpu_memory_utilization)
+        check(self.ttt_steps >= 1, "--ttt-steps", self.ttt_steps, "must be >= 1 (use >= the largest k you run)")
+        check(self.draft_vocab_size >= 2, "--draft-vocab-size", self.draft_vocab_size, "must be >= 2")
+        check(not self.remap_vocab or self.init_from is not None, "--remap-vocab", self.remap_vocab,
+              "needs --init-from (a fresh draft always builds its vocabulary from the data)")
+        check(self.epochs >= 1, "--epochs", self.epochs, "must be >= 1")
+        check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
+        check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
+        check(0 < self.step_decay <= 1, "--step-decay", self.step_decay, "must be in (0, 1]")
+        check(0 < self.eval_fraction < 0.5, "--eval-fraction", self.eval_fraction, "must be in (0, 0.5)")
+        self.harvest.validate()
+
+
+@dataclass
+class InitDraftResult:
+    out: str
+    steps: int
+    coverage: float
+    eval_top1: list[float]
+    eval_p_accept: list[float]  # T=1, greedy proposals
+    eval_p_accept_sampled: list[float]  # T=1, proposals sampled from the draft
+    expected_acceptance_length: float  # greedy proxy at k = ttt_steps, from top1 chain
+    train_tokens_per_s: float
+    draft_to_policy_cost: float  # measured forward time ratio per token
+    seconds: float
+    main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
+
+
+def _claim_out(cfg: InitDraftConfig, write: bool) -> None:
+    """Refuse an --out that holds anything but an init-draft run with these settings, before
+    anything is written; then record the settings (a rerun of the same command resumes)."""
+    from dataclasses import asdict
+
+    from spectool.runs import atomic_write_json, read_json
+
+    out = Path(cfg.out)
+    if (out / RUN_CONFIG).exists():
+        old, new = read_json(out / RUN_CONFIG), asdict(cfg)
+        diff = sorted(k for k in new if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
+        if diff:
+            raise SpectoolError(f"--out {out} holds a draft trained with other settings ({', '.join(diff)} differ); "
+                                "rerun with the same settings to resume, or pick a new --out (--init-from "
+                                f"{out} warm-starts a new draft from it)")
+    elif out.exists() and any(out.iterdir()):
+        what = "a draft without its init-draft settings (an older spectool, or another tool)" \
+            if (out / "config.json").exists() else "other files"
+        raise SpectoolError(f"--out {out} holds {what}; pick a new --out (--init-from {out} warm-starts from a draft)")
+    if write:
+        atomic_write_json(out / RUN_CONFIG, cfg)
+
+
+def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
+    """The harvest run to train on; harvests first when --data is a data source."""
+    from spectool.runs import MANIFEST
+
+    p = Path(cfg.data)
+    if (p / MANIFEST).exists():
+        return p
+    from spectool.harvesting import HarvestConfig, harvest
+
+    run_dir = Path(cfg.out) / "harvest"
+    harvest(HarvestConfig(model=cfg.model, data=cfg.data, out=str(run_dir), split="train", sampling=cfg.harvest,
+                          gpu_memory_utilization=cfg.gpu_memory_utilization))
+    import gc
+
+    gc.collect()  # the harvest's engine goes before the policy and the draft take the device
+    return run_dir
+
+
+@dataclass
+class _Data:
+    run_dir: Path
+    manifest: dict
+    records: object  # datasets.Dataset of harvest records
+    train: list[int]  # record indices
+    heldout: list[int]  # whole prompts never trained on
+    prompt_lens: list[int]
+
+
+def _setup(cfg: InitDraftConfig):
+    """Checks, the accelerator, the claimed --out, the training data and the policy on its device."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from spectool.models import resolve_model
+
+    model = resolve_model(cfg.model)
+    if cfg.init_from:  # fail before any harvesting or training
+        from spectool.draft.checkpoint import load_draft
+        from spectool.runs import check_draft
+
+        if not Path(cfg.init_from).exists():
+            raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
+        check_draft(cfg.init_from, model, 1, flag="--init-from")
+        load_draft(Path(cfg.init_from))
+    # Under `accelerate launch`, the main process harvests and caches features; the others wait.
+    acc = Accelerator(cpu=not torch.cuda.is_available())
+    if cfg.batch_size < acc.num_processes:
+        raise SpectoolError(f"--batch-size {cfg.batch_size} is smaller than the {acc.num_processes} processes; "
+                            f"use --batch-size >= {acc.num_processes} (each process takes a share of a batch)")
+    if acc.num_processes > 1 and not (Path(cfg.data) / "manifest.json").exists():
+        raise SpectoolError(f"--data {cfg.data} is a data source; under accelerate launch pass a harvest run "
+                            "instead (spectool harvest --out H ..., then --data H): vLLM runs in one process")
+    _claim_out(cfg, write=acc.is_main_process)
+    acc.wait_for_everyone()
+    data = _data(cfg, model)
+    # The policy is loaded after the harvest's engine is gone: on a GPU it then has the memory to
+    # itself, and features and training run there (accelerate's device).
+    policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).eval().requires_grad_(False)
+    policy.to(acc.device)
+    if acc.is_main_process:
+        (Path(cfg.out) / ".train").mkdir(parents=True, exist_ok=True)
+    acc.wait_for_everyone()
+    return model, acc, data, policy
+
+
+def _data(cfg: InitDraftConfig, model) -> _Data:
+    """The harvest's records, split by prompt (deterministic hash): held-out prompts never train."""
+    import hashlib
+
+    from spectool.records import load_records
+    from spectool.runs import load_manifest
+
+    run_dir = _harvest_if_needed(cfg)
+    hm = load_manifest(run_dir, "harvest")
+    if hm["model_identity"] != model.identity:
+        from spectool.models import fingerprint_mismatch
+
+        diff = fingerprint_mismatch(hm.get("model_fingerprint", {}), model.fingerprint)
+        raise SpectoolError(f"harvest run {run_dir} was made with model {hm['model']}, not {cfg.model}"
+                            + (f" ({'; '.join(diff)}: harvest's model vs this one)" if diff else ""))
+    records = load_records(run_dir)
+    if len(records) < 4:
+        raise SpectoolError(f"harvest run {run_dir} has {len(records)} records; at least 4 are needed")
+    held = [int(hashlib.sha256(p.encode()).hexdigest()[:8], 16) % 1000 < cfg.eval_fraction * 1000
+            for p in records["prompt_id"]]
+    if all(held) or not any(held):  # too few prompts for a hash split: hold out the last record
+        held = [i == len(held) - 1 for i in range(len(held))]
+    return _Data(run_dir, hm, records, [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h],
+                 [len(p) for p in records["prompt_ids"]])
+
+
+def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
+    """(draft, target ids of its vocabulary [Vd], coverage of training responses): fresh, warm
+    started with its vocabulary map kept, or warm started and remapped (--remap-vocab)."""
+    from spectool.draft.checkpoint import load_draft, new_draft, remap_vocab
+    from spectool.draft.vocab import build_vocab, ids_from_d2t
+    from spectool.hidden import default_aux_layer_ids
+
+    responses = [data.records[i]["response_ids"] for i in data.train]
+    vsize = min(cfg.draft_vocab_size, policy.config.vocab_size)
+    if not cfg.init_from:
+        target_ids, coverage = build_vocab(responses, policy.config.vocab_size, vsize)
+        torch.manual_seed(cfg.seed)
+        return new_draft(policy, target_ids, default_aux_layer_ids(policy.config.num_hidden_layers)), target_ids, coverage
+    warm, _ = load_draft(Path(cfg.init_from), policy)
+    if not cfg.remap_vocab:  # keep the warm start's vocabulary map
+        target_ids = ids_from_d2t(warm.d2t)
+        return warm, target_ids, _coverage(responses, target_ids)
+    old_coverage = _coverage(responses, ids_from_d2t(warm.d2t))
+    target_ids, coverage = build_vocab(responses, policy.config.vocab_size, vsize)
+    draft, kept = remap_vocab(warm, target_ids, policy)
+    if main:
+        print(f"--remap-vocab: draft vocabulary {warm.config.draft_vocab_size} -> {len(target_ids)} tokens, "
+              f"{kept} lm_head rows kept from {cfg.init_from}; coverage of these responses "
+              f"{old_coverage:.1%} -> {coverage:.1%}")
+    return draft, target_ids, coverage
+
+
+def _features(policy, data: _Data, layer_ids: list[int], cache: Path):
+    """Per record (ids, aux, last) in the one features format (hidden.py): the cache of an earlier
+    run, else the harvest's own --hidden-states shards when they hold these layers, else one
+    policy forward per record (batched, on the policy's device), cached for resume and reruns."""
+    from rich.progress import Progress
+
+    from spectool.hidden import feature_items, load_features, save_features
+
+    if cache.exists():
+        return load_features(cache)
+    shards = sorted((data.run_dir / "hidden").glob("shard-*.safetensors"))
+    if shards and data.manifest.get("aux_layer_ids") == list(layer_ids):
+        items = [x for s in shards for x in load_features(s)]
+        if len(items) == len(data.records) and all(len(x[0]) == len(p) + len(r) for x, p, r in
+                                                   zip(items, data.records["prompt_ids"], data.records["response_ids"])):
+            return items
+    seqs = [p + r for p, r in zip(data.records["prompt_ids"], data.records["response_ids"])]
+    with Progress() as bar:
+        job = bar.add_task("policy hidden states", total=len(seqs))
+        items = feature_items(policy, seqs, layer_ids, on_batch=lambda n: bar.advance(job, n))
+    save_features(cache, items)
+    return items
+
+
+class _Training:
+    """The draft under accelerate with its AdamW + warm-up/cosine schedule, resumable at any
+    checkpointed step (weights, optimizer, schedule, step; batch order is seeded per epoch)."""
+
+    def __init__(self, cfg: InitDraftConfig, acc, draft, n_train: int, state_dir: Path):
+        self.cfg, self.acc = cfg, acc
+        self.steps_per_epoch = math.ceil(n_train / cfg.batch_size)
+        self.total = self.steps_per_epoch * cfg.epochs
+        total = self.total
+        opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+        self.draft, self.opt = acc.prepare(draft, opt)
+        self.ckpt = state_dir / "checkpoint.pt"
+        self.step = 0
+        if self.ckpt.exists():
+            st = torch.load(self.ckpt, weights_only=False)
+            self.unwrapped.load_state_dict(st["draft"])
+            self.opt.load_state_dict(st["opt"])
+            self.sched.load_state_dict(st["sched"])
+            self.step = st["step"]
+
+    @property
+    def unwrapped(self):
+        return self.acc.unwrap_model(self.draft)
+
+    def batch(self, train: list[int]) -> tuple[int, list[int]]:
+        """(epoch, record indices of this process's share of the current step's batch)."""
+        epoch, pos = divmod(self.step, self.steps_per_epoch)
+        g = torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch)
+        order = [train[i] for i in torch.randperm(len(train), generator=g).tolist()]
+        idx = order[pos * self.cfg.batch_size : (pos + 1) * self.cfg.batch_size]
+        return epoch, idx[self.acc.process_index :: self.acc.num_processes] or idx[:1]
+
+    def update(self, loss: torch.Tensor) -> None:
+        self.opt.zero_grad()
+        self.acc.backward(loss)
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+
+    def save(self) -> None:
+        from spectool.runs import atomic_torch_save
+
+        if self.acc.is_main_process:
+            atomic_torch_save({"draft": self.unwrapped.state_dict(), "opt": self.opt.state_dict(),
+                               "sched": self.sched.state_dict(), "step": self.step}, self.ckpt)
+
+
+def _train(cfg: InitDraftConfig, tr: _Training, data: _Data, feats, evaluate, W_dv: torch.Tensor) -> tuple[int, float]:
+    """The loop: TTT steps, metrics.jsonl per step, a held-out eval and checkpoint every save_every.
+    Returns (training tokens, training seconds)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from spectool.draft.ttt import ttt_step_loss
+    from spectool.runs import append_jsonl, truncate_jsonl
+
+    metrics_path = Path(cfg.out) / "metrics.jsonl"
+    truncate_jsonl(metrics_path, tr.step)  # steps logged after the last checkpoint are redone
+    acc, tokens, seconds = tr.acc, 0, 0.0
+    with Progress(TextColumn("init-draft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                  TimeRemainingColumn(), disable=not acc.is_main_process) as bar:
+        job = bar.add_task("", total=tr.total, completed=tr.step, info="")
+        while tr.step < tr.total:
+            epoch, idx = tr.batch(data.train)
+            t0 = time.perf_counter()
+            loss, per_step = ttt_step_loss(tr.draft, [feats[i] for i in idx], [data.prompt_lens[i] for i in idx],
+                                           W_dv, cfg.ttt_steps, cfg.step_decay, acc.device)
+            tr.update(loss)
+            seconds += time.perf_counter() - t0
+            tokens += sum(len(feats[i][0]) for i in idx) * acc.num_processes  # all processes (near-equal shares)
+            rec = {"step": tr.step, "epoch": epoch, "loss": float(loss.detach()), "loss_per_step": per_step,
+                   "lr": tr.sched.get_last_lr()[0], "tokens_per_s": tokens / seconds}
+            if tr.step % cfg.save_every == 0 or tr.step == tr.total:
+                rec["eval"] = evaluate()
+                tr.save()
+            if acc.is_main_process:
+                append_jsonl(metrics_path, rec)
+            top1 = rec.get("eval", {}).get("top1")
+            bar.update(job, completed=tr.step, info=f"loss {rec['loss']:.3f}" + (f" top1 {top1[0]:.2f}" if top1 else ""))
+    return tokens, seconds
+
+
+def run(cfg: InitDraftConfig) -> InitDraftResult:
+    from spectool.draft.checkpoint import draft_metadata, save_draft
+    from spectool.draft.ttt import chain_length, heldout_metrics
+    from spectool.runs import MANIFEST, atomic_write_json, make_manifest
+
+    cfg.validate()
+    t_start = time.perf_counter()
+    out = Path(cfg.out)
+    # setup: the data, the policy's features, the draft and its optimizer
+    model, acc, data, policy = _setup(cfg)
+    draft, target_ids, coverage = _initial_draft(cfg, policy, data, acc.is_main_process)
+    with acc.main_process_first():
+        feats = _features(policy, data, draft.config.aux_layer_ids, out / ".train" / "features.safetensors")
+    W = policy.get_output_embeddings().weight  # [V, H]
+    target_on_device = target_ids.to(acc.device)  # [Vd]
+    tr = _Training(cfg, acc, draft, len(data.train), out / ".train")
+
+    def evaluate() -> dict:
+        return heldout_metrics(tr.unwrapped, [feats[i] for i in data.heldout], [data.prompt_lens[i] for i in data.heldout],
+                               W, target_on_device, cfg.ttt_steps, cfg.batch_size, acc.device)
+
+    # loop
+    tokens, seconds = _train(cfg, tr, data, feats, evaluate, W[target_ids])
+    # save: held-out metrics, the vLLM-loadable folder with its metadata, the manifest
+    final = evaluate()
+    result = InitDraftResult(
+        out=str(out), steps=tr.step, coverage=coverage, eval_top1=final["top1"], eval_p_accept=final["p_accept"],
+        eval_p_accept_sampled=final["p_accept_sampled"], expected_acceptance_length=chain_length(final["top1"]),
+        train_tokens_per_s=tokens / seconds if seconds else 0.0,
+        draft_to_policy_cost=_cost_ratio(policy, tr.unwrapped, feats[data.train[0]]),
+        seconds=time.perf_counter() - t_start, main_process=acc.is_main_process,
+    )
+    if acc.is_main_process:
+        save_draft(tr.unwrapped, out, extra=draft_metadata(model, cfg.ttt_steps, coverage=coverage))
+        atomic_write_json(out / MANIFEST, make_manifest(
+            "draft", model=model.name, model_identity=model.identity, harvest=str(data.run_dir),
+            harvest_data=data.manifest.get("data"), records=len(data.records), train_records=len(data.train),
+            eval_records=len(data.heldout), ttt_steps=cfg.ttt_steps, result=result))
+    return result
+
+
+def _coverage(responses: list[list[int]], target_ids) -> float:
+    """Fraction of response tokens inside the draft vocabulary."""
+    keep = set(target_ids.tolist())
+    toks = [t for r in responses for t in r]
+    return sum(t in keep for t in toks) / max(len(toks), 1)
+
+
+@torch.no_grad()
+def _cost_ratio(policy, draft, feat) -> float:
+    """Forward time per token of one draft step vs the policy (transformers, same machine)."""
+    dev = next(policy.parameters()).device
+    ids, aux, _ = feat
+    ids, aux = ids[None].to(dev), aux[None].float().to(dev)  # [1, T], [1, T, 3H]
+
+    def timeit(fn, reps=5):
+        fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t) / reps
+
+    tp = timeit(lambda: policy(ids))
+    td = timeit(lambda: draft.unroll(aux, ids, 1))
+    return td / tp
+
+
+def render(r: InitDraftResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if not r.main_process:
+        return
+
+    t = Table(title=f"init-draft -> {r.out}", show_header=False)
+    t.add_row("steps", str(r.steps))
+    t.add_row("draft vocab coverage of responses", f"{r.coverage:.1%}")
+    t.add_row("held-out top-1 agreement by position", " ".join(f"{x:.2f}" for x in r.eval_top1))
+    t.add_row("held-out P(accept), T=1, greedy draft", " ".join(f"{x:.2f}" for x in r.eval_p_accept))
+    t.add_row("held-out P(accept), T=1, sampling draft", " ".join(f"{x:.2f}" for x in r.eval_p_accept_sampled))
+    k = len(r.eval_top1)
+    from spectool.draft.ttt import chain_length
+
+    t.add_row(f"expected acceptance length, k={k}",
+              f"T=0 {r.expected_acceptance_length:.2f}, T=1 greedy {chain_length(r.eval_p_accept):.2f}, "
+              f"T=1 sampling {chain_length(r.eval_p_accept_sampled):.2f}")
+    t.add_row("training throughput", f"{r.train_tokens_per_s:.0f} tokens/s")
+    t.add_row("draft / policy forward cost", f"{r.draft_to_policy_cost:.3f}")
+    t.add_row("wall time", f"{r.seconds:.0f} s")
+    Console().print(t)

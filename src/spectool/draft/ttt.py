@@ -1,0 +1,70 @@
+"""The training-time-test step and the held-out evaluation, shared by init-draft and the online
+refresh in train-rl: one definition of how a draft is trained and measured on policy features.
+
+A feature item is one sequence's (ids [T], aux [T, n_aux * H], last [T, H]) as the policy computed
+it (hidden.py); `prompt_len` marks where its response starts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from spectool.draft.loss import acceptance_metrics, ttt_loss
+
+METRICS = ("top1", "p_accept", "p_accept_sampled")  # held-out, per draft position (loss.acceptance_metrics)
+
+
+def collate_features(items, prompt_lens, device: torch.device | str = "cpu"):
+    """Right-pad a list of (ids, aux, last) -> ids [B,T], aux [B,T,3H], last [B,T,H] on `device`;
+    P [B], L [B] on the host."""
+    T = max(len(x[0]) for x in items)
+    B = len(items)
+    ids = torch.zeros(B, T, dtype=torch.int64)
+    aux = torch.zeros(B, T, items[0][1].shape[-1])
+    last = torch.zeros(B, T, items[0][2].shape[-1])
+    for i, (x, a, h) in enumerate(items):
+        ids[i, : len(x)], aux[i, : len(x)], last[i, : len(x)] = x, a.float(), h.float()
+    P, L = torch.tensor(prompt_lens), torch.tensor([len(x[0]) for x in items])
+    return ids.to(device), aux.to(device), last.to(device), P, L
+
+
+def first_anchor(prompt_lens: torch.Tensor, steps: int) -> int:
+    """First anchor any step's loss reads (step j needs t >= P - 2 - j): earlier ones only give keys."""
+    return max(0, int(prompt_lens.min()) - 1 - steps)
+
+
+def chain_length(rates: list[float]) -> float:
+    """Expected tokens per verify step when position j is accepted with probability rates[j] given
+    its prefix was: 1 + r1 + r1 r2 + ... (the proxies are measured on the policy's own path)."""
+    return 1 + sum(math.prod(rates[: i + 1]) for i in range(len(rates)))
+
+
+def ttt_step_loss(draft, items, prompt_lens: list[int], W_dv: torch.Tensor, ttt_steps: int, decay: float,
+                  device) -> tuple[torch.Tensor, list[float]]:
+    """The weighted TTT loss of one batch (the caller does backward and the optimizer step).
+    W_dv: [Vd, H] the policy's output embedding rows of the draft vocabulary."""
+    ids, aux, last, P, L = collate_features(items, prompt_lens, device)
+    s = first_anchor(P, ttt_steps)
+    logits = draft(aux, ids, ttt_steps, s)  # steps x [B, T - s, Vd]
+    return ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, decay)
+
+
+@torch.no_grad()
+def heldout_metrics(draft, items, prompt_lens: list[int], W: torch.Tensor, target_ids: torch.Tensor, ttt_steps: int,
+                    batch_size: int, device) -> dict[str, list[float]]:
+    """METRICS per draft position over `items`, weighted by the positions each batch scores.
+    W: [V, H] the policy's output embedding; target_ids: [Vd] on `device`."""
+    was_training = draft.training
+    draft.eval()
+    sums = {k: [0.0] * ttt_steps for k in (*METRICS, "count")}
+    for b in range(0, len(items), batch_size):
+        ids, aux, last, P, L = collate_features(items[b : b + batch_size], prompt_lens[b : b + batch_size], device)
+        s = first_anchor(P, ttt_steps)
+        m = acceptance_metrics(draft.unroll(aux, ids, ttt_steps, s), last[:, s:] @ W.T, target_ids, P - s, L - s)
+        for k in METRICS:
+            sums[k] = [acc + (0 if math.isnan(v) else v) * c for acc, v, c in zip(sums[k], m[k], m["count"])]
+        sums["count"] = [a + c for a, c in zip(sums["count"], m["count"])]
+    draft.train(was_training)
+    return {k: [v / max(c, 1) for v, c in zip(sums[k], sums["count"])] for k in METRICS}
