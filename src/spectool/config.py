@@ -1,14 +1,22 @@
-"""Typed configs shared by the workflows; `validate()` names the flag to change."""
+"""Every command's settings: one typed dataclass each, a docstring per field (the CLI's help and
+defaults come from here, `cli.option`), `validate()` naming the flag to change. train-rl's YAML
+settings are rl/config.py's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ast
+import inspect
+from dataclasses import MISSING, dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
 
 from spectool.errors import SpectoolError
 
 DEFAULT_MODEL = "smollm2-135m"
-# Two-term one-digit sums: SmolLM2-135M scores ~0.4 here, a real RL signal (ENVIRONMENT.md).
+# Two-term one-digit sums: SmolLM2-135M scores ~0.4 here, a real RL signal (measured).
 DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+METHODS = ("eagle3", "ngram")  # sweep-k's speculative methods
+CONTROLS = ("auto", "unpatched", "truncated", "none")  # verify's lossy controls
 # How an EAGLE-3 draft proposes (vLLM's draft_sample_method): its argmax, or a sample from it.
 DRAFT_SAMPLING = ("greedy", "probabilistic")
 # The engine's share of GPU memory when nothing else runs on the GPU (train-rl has its own default,
@@ -18,12 +26,18 @@ GPU_MEMORY_UTILIZATION = 0.9
 
 @dataclass
 class SamplingConfig:
-    n_prompts: int = 64  # prompts drawn from the split
-    samples: int = 1  # completions per prompt (GRPO's group size)
-    max_tokens: int = 128  # cap on generated tokens per completion
+    n_prompts: int = 64
+    """Number of prompts drawn from the split."""
+    samples: int = 1
+    """Completions per prompt."""
+    max_tokens: int = 128
+    """Max generated tokens per completion."""
     temperature: float = 1.0
+    """Sampling temperature."""
     top_p: float = 1.0
-    seed: int = 0  # sampling seed (and data seed)
+    """Nucleus sampling mass."""
+    seed: int = 0
+    """Sampling and data seed."""
 
     def validate(self) -> None:
         check(self.n_prompts >= 1, "--n-prompts", self.n_prompts, "must be >= 1")
@@ -43,10 +57,374 @@ def check(ok: bool, name: str, value: object, rule: str) -> None:
         raise SpectoolError(f"{name}={value!r}: {rule}")
 
 
-
 def check_gpu_memory(value: float, flag: str = "--gpu-memory-utilization") -> None:
     check(0 < value <= 0.98, flag, value, "must be a fraction of the GPU's memory in (0, 0.98]")
 
 
 def check_draft_sampling(value: str, flag: str = "--draft-sampling") -> None:
     check(value in DRAFT_SAMPLING, flag, value, f"must be one of {', '.join(DRAFT_SAMPLING)}")
+
+
+def check_lengths(value: str, flag: str = "--lengths") -> None:
+    from spectool.costmodel import LENGTH_SHAPES
+
+    check(value in LENGTH_SHAPES or Path(value).is_dir(), flag, value,
+          f"must be {' | '.join(LENGTH_SHAPES)} or a harvest run directory")
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of a settings dataclass (the CLI's help text)."""
+    return dict(_field_docs(cls))
+
+
+@lru_cache(maxsize=None)
+def _field_docs(cls) -> tuple[tuple[str, str], ...]:
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    docs = []
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+            docs.append((a.target.id, " ".join(str(b.value.value).split())))
+    return tuple(docs)
+
+
+def field_default(cls, name: str):
+    """A field's default (MISSING when it has none)."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+@dataclass
+class HarvestConfig:
+    model: str = DEFAULT_MODEL
+    """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
+    data: str = DEFAULT_DATA
+    """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
+    out: str = ""
+    """Run directory to create (or resume)."""
+    split: str = "train"
+    """train | eval (deterministic, never overlapping)."""
+    hidden_states: bool = False
+    """Also store the policy's EAGLE-3 aux hidden states (what init-draft trains on)."""
+    prompt_col: str = "prompt"
+    """Prompt column of a file source."""
+    answer_col: str = "answer"
+    """Answer column of a file source."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """How the policy samples."""
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+
+    def validate(self) -> None:
+        check(bool(self.out), "--out", self.out, "must name the run directory")
+        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        check_gpu_memory(self.gpu_memory_utilization)
+        self.sampling.validate()
+
+
+@dataclass
+class InitDraftConfig:
+    out: str = ""
+    """Draft folder to create (or resume with the same settings)."""
+    model: str = DEFAULT_MODEL
+    """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
+    data: str = DEFAULT_DATA
+    """A harvest run directory, or a data source to harvest first."""
+    init_from: str | None = None
+    """Warm-start from an EAGLE-3 draft folder."""
+    remap_vocab: bool = False
+    """With --init-from: rebuild the draft vocabulary from this data (--draft-vocab-size); shared rows kept.
+    Default: keep the warm start's map."""
+    draft_vocab_size: int = 4096
+    """Draft vocabulary size (the most frequent tokens of the policy's responses)."""
+    ttt_steps: int = 5
+    """Unroll length: trains draft positions 1..N (use >= the largest k you run)."""
+    step_decay: float = 0.8
+    """Loss weight of unroll position j is step_decay^j."""
+    epochs: int = 2
+    """Passes over the harvested records."""
+    batch_size: int = 16
+    """Records per step."""
+    lr: float = 1e-3
+    """AdamW learning rate (short runs on small harvests: higher than the 1e-4 of large-corpus recipes)."""
+    warmup_steps: int = 20
+    """Linear warm-up steps, then cosine decay."""
+    save_every: int = 50
+    """Checkpoint + held-out eval every N steps."""
+    eval_fraction: float = 0.05
+    """Fraction of prompts held out (by hash of the prompt text)."""
+    seed: int = 0
+    """Seed."""
+    harvest: SamplingConfig = field(default_factory=lambda: SamplingConfig(n_prompts=256, samples=4, max_tokens=128))
+    """How the policy is sampled when --data is a data source."""
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    """GPU only: the harvest engine's share of GPU memory (it stops before training)."""
+
+    def validate(self) -> None:
+        check(bool(self.out), "--out", self.out, "must name the draft folder")
+        check_gpu_memory(self.gpu_memory_utilization)
+        check(self.ttt_steps >= 1, "--ttt-steps", self.ttt_steps, "must be >= 1 (use >= the largest k you run)")
+        check(self.draft_vocab_size >= 2, "--draft-vocab-size", self.draft_vocab_size, "must be >= 2")
+        check(not self.remap_vocab or self.init_from is not None, "--remap-vocab", self.remap_vocab,
+              "needs --init-from (a fresh draft always builds its vocabulary from the data)")
+        check(self.epochs >= 1, "--epochs", self.epochs, "must be >= 1")
+        check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
+        check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
+        check(0 < self.step_decay <= 1, "--step-decay", self.step_decay, "must be in (0, 1]")
+        check(0 < self.eval_fraction < 0.5, "--eval-fraction", self.eval_fraction, "must be in (0, 0.5)")
+        self.harvest.validate()
+
+
+@dataclass
+class ExportConfig:
+    draft: str = ""
+    """Draft folder from init-draft."""
+    out: str = ""
+    """Destination folder (replaced only after verification)."""
+    format: str = "vllm"
+    """vllm (plain EAGLE-3) | speculators."""
+    model: str | None = None
+    """Policy (default: the one the draft was trained for)."""
+    k: int = 3
+    """Default k recorded (speculators) and used for verification."""
+    verify: bool = True
+    """Load into vLLM and check acceptance before moving into place."""
+    min_acceptance_length: float = 1.2
+    """Refuse below this mean acceptance length."""
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+
+    def validate(self) -> None:
+        check(bool(self.draft) and bool(self.out), "--draft/--out", (self.draft, self.out), "must both be given")
+        check_gpu_memory(self.gpu_memory_utilization)
+        check(self.format in ("vllm", "speculators"), "--format", self.format, "must be 'vllm' or 'speculators'")
+        check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
+
+
+@dataclass
+class RolloutConfig:
+    model: str = DEFAULT_MODEL
+    """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
+    data: str = DEFAULT_DATA
+    """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
+    split: str = "eval"
+    """train | eval (held-out prompts)."""
+    out: str | None = None
+    """Run directory for the records (optional)."""
+    prompt_col: str = "prompt"
+    """Prompt column of a file source."""
+    answer_col: str = "answer"
+    """Answer column of a file source."""
+    draft: str | None = None
+    """EAGLE-3 draft folder: speculative rollouts."""
+    k: int | str = 3
+    """Draft tokens per step, or 'auto': per batch size from --sweep (vLLM's dynamic speculation)."""
+    sweep: str | None = None
+    """sweep-k or forecast run directory (for --k auto)."""
+    compare: bool = False
+    """Also run plain decoding on the same prompts; print the speedup."""
+    draft_sampling: str = "greedy"
+    """greedy: the draft proposes its argmax | probabilistic: it samples (more accepted at T>0). Both exact."""
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(n_prompts=32))
+    """How the policy samples."""
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+    acceptance_length: float | None = None
+    """What-if timing: accept drafted tokens synthetically at this mean length (lossy; no --out)."""
+
+    def validate(self) -> None:
+        check_gpu_memory(self.gpu_memory_utilization)
+        if self.acceptance_length is not None:
+            check(self.out is None, "--out", self.out, "is refused with --acceptance-length: synthetic acceptance is "
+                  "lossy by design (accepted tokens are the draft's, not the policy's), so its samples are not the "
+                  "policy's rollouts and must not become records; drop --out (the speed figures are printed)")
+            check(self.draft is not None and isinstance(self.k, int) and 1 <= self.acceptance_length <= self.k + 1,
+                  "--acceptance-length", self.acceptance_length, "needs --draft and a number in [1, k + 1]")
+        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        if self.k == "auto":
+            if self.sweep is None:
+                raise SpectoolError("--k auto needs --sweep RUN (a sweep-k or forecast run directory)")
+        else:
+            check(isinstance(self.k, int) and 1 <= self.k <= 16, "--k", self.k, "must be in [1, 16] or 'auto'")
+        check(not self.compare or self.draft is not None or self.sweep is not None, "--compare", self.compare,
+              "needs --draft (or --k auto --sweep RUN)")
+        check_draft_sampling(self.draft_sampling)
+        self.sampling.validate()
+
+
+@dataclass
+class SweepConfig:
+    out: str = ""
+    """Run directory (a killed sweep resumes there)."""
+    draft: str | None = None
+    """EAGLE-3 draft folder (needed for eagle3 unless --dummy-weights)."""
+    model: str = DEFAULT_MODEL
+    """Policy: local HF folder, hub id, 'smollm2-135m' (embedded); with --dummy-weights a config.json folder or a
+    templates/models name."""
+    data: str = DEFAULT_DATA
+    """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
+    split: str = "eval"
+    """train | eval (held-out prompts)."""
+    ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    """Draft lengths to measure, comma-separated (init-draft trains 5 positions by default)."""
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
+    """Concurrent sequences, comma-separated."""
+    methods: list[str] = field(default_factory=lambda: ["eagle3"])
+    """eagle3,ngram (comma-separated)."""
+    max_tokens: int = 128
+    """Max generated tokens per completion."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    min_seqs: int = 8
+    """Sequences decoded per arm and batch size (in waves of the batch size)."""
+    min_gain: float = 0.03
+    """Recommend speculation only above 1 + this speedup."""
+    seed: int = 0
+    """Sampling and data seed."""
+    draft_sampling: str = "greedy"
+    """greedy: the draft proposes its argmax | probabilistic: it samples (more accepted at T>0). Both exact."""
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+    dummy_weights: bool = False
+    """What-if: --model is a config.json folder or a templates/models name; random weights, dummy draft."""
+    acceptance_rates: list[float] | None = None
+    """Synthetic acceptance per position (unconditional, non-increasing), e.g. 0.8,0.6,0.45."""
+    acceptance_length: float | None = None
+    """Synthetic mean acceptance length (instead of --acceptance-rates)."""
+    lengths: str = "fixed"
+    """With --dummy-weights: output lengths fixed | long-tail | a harvest run's."""
+    prompt_len: int = 128
+    """With --dummy-weights: prompt tokens (random ids)."""
+
+    @property
+    def synthetic(self) -> dict | None:
+        if self.acceptance_rates is not None:
+            return {"rates": self.acceptance_rates}
+        return {"length": self.acceptance_length} if self.acceptance_length is not None else None
+
+    def validate(self) -> None:
+        check(bool(self.out), "--out", self.out, "must name the run directory")
+        check_draft_sampling(self.draft_sampling)
+        check_gpu_memory(self.gpu_memory_utilization)
+        self._validate_synthetic()
+        check(len(self.ks) > 0 and all(k >= 1 for k in self.ks), "--k", self.ks, "must be a list of integers >= 1")
+        check(len(self.batch_sizes) > 0 and all(b >= 1 for b in self.batch_sizes), "--batch-sizes",
+              self.batch_sizes, "must be a non-empty list of integers >= 1")
+        check(len(self.methods) > 0 and all(m in METHODS for m in self.methods), "--methods", self.methods,
+              f"must be a list of {', '.join(METHODS)}")
+        if "eagle3" in self.methods and self.draft is None and not self.dummy_weights:
+            raise SpectoolError("--draft is required for method eagle3 (or use --methods ngram)")
+        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        check(1 <= self.max_tokens <= 32768, "--max-tokens", self.max_tokens, "must be in [1, 32768]")
+        check(0 <= self.temperature <= 10, "--temperature", self.temperature, "must be in [0, 10]")
+        check(self.min_seqs >= 1, "--min-seqs", self.min_seqs, "must be >= 1")
+        check(0 <= self.min_gain < 1, "--min-gain", self.min_gain, "must be in [0, 1)")
+
+    def _validate_synthetic(self) -> None:
+        r, a = self.acceptance_rates, self.acceptance_length
+        check(r is None or a is None, "--acceptance-rates", r, "and --acceptance-length exclude each other; give one")
+        if self.dummy_weights and r is None and a is None:
+            raise SpectoolError("--dummy-weights needs --acceptance-length A or --acceptance-rates r1,r2,...: random "
+                                "weights accept nothing meaningful, so acceptance is synthetic")
+        if r is not None:
+            check(len(r) >= max(self.ks) and all(0 <= x <= 1 for x in r) and all(x >= y for x, y in zip(r, r[1:])),
+                  "--acceptance-rates", r, f"must be {max(self.ks)}+ non-increasing rates in [0, 1] (one per position "
+                  "up to the largest --k)")
+        if a is not None:
+            check(1 <= a <= min(self.ks) + 1, "--acceptance-length", a, f"must be in [1, {min(self.ks) + 1}] (1 + the "
+                  "smallest --k)")
+        if self.synthetic:
+            check(self.methods == ["eagle3"], "--methods", self.methods, "must be eagle3 with synthetic acceptance")
+        check(self.prompt_len >= 1, "--prompt-len", self.prompt_len, "must be >= 1")
+        check_lengths(self.lengths)
+
+
+@dataclass
+class VerifyConfig:
+    draft: str = ""
+    """EAGLE-3 draft folder (init-draft or export output)."""
+    model: str = DEFAULT_MODEL
+    """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
+    data: str = DEFAULT_DATA
+    """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
+    split: str = "eval"
+    """train | eval (held-out prompts)."""
+    k: int = 3
+    """Draft tokens per step."""
+    n_prompts: int = 4
+    """Prompts for the token-distribution test."""
+    samples: int = 300
+    """Completions per prompt and arm."""
+    positions: int = 6
+    """Tokens per completion (each position is tested)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    alpha: float = 0.01
+    """Family-wise significance level (Bonferroni over all tests of one arm)."""
+    logprob_tol: float = 1e-3
+    """Max |engine - policy| logprob (both float32)."""
+    control: str = "auto"
+    """Lossy control: auto (unpatched on the CPU build, truncated elsewhere) | unpatched | truncated | none."""
+    out: str | None = None
+    """Run directory for the evidence (verify.json)."""
+    seed: int = 0
+    """Sampling and data seed."""
+    draft_sampling: str = "greedy"
+    """greedy: the draft proposes its argmax | probabilistic: it samples (more accepted at T>0). Both exact."""
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+
+    def validate(self) -> None:
+        check(bool(self.draft), "--draft", self.draft, "must name a draft folder")
+        check_draft_sampling(self.draft_sampling)
+        check_gpu_memory(self.gpu_memory_utilization)
+        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
+        check(self.n_prompts >= 1, "--n-prompts", self.n_prompts, "must be >= 1")
+        check(self.samples >= 20, "--samples", self.samples, "must be >= 20 (the tests need counts)")
+        check(self.positions >= 2, "--positions", self.positions, "must be >= 2 (position 1 is never speculated)")
+        check(0 < self.temperature <= 10, "--temperature", self.temperature, "must be in (0, 10]: greedy needs no test")
+        check(0 < self.alpha < 0.5, "--alpha", self.alpha, "must be in (0, 0.5)")
+        check(self.logprob_tol > 0, "--logprob-tol", self.logprob_tol, "must be > 0")
+        check(self.control in CONTROLS, "--control", self.control, f"must be one of {', '.join(CONTROLS)}")
+
+
+@dataclass
+class ForecastConfig:
+    sweep: str = ""
+    """sweep-k run (real, or --dummy-weights with synthetic acceptance) to fit the cost model on."""
+    out: str | None = None
+    """Folder for forecast.json/.csv/.png and schedule.json."""
+    acceptance_rates: list[float] | None = None
+    """Per-position acceptance (unconditional); default: the sweep's measured (its largest-k rows)."""
+    lengths: str = "long-tail"
+    """RL batch output lengths: fixed | long-tail | a harvest run directory."""
+    max_tokens: int = 1024
+    """Cap on the simulated output lengths."""
+    batch: int = 512
+    """Sequences in one RL batch (prompts x group size)."""
+    max_concurrency: int = 256
+    """Sequences the engine runs at once."""
+    prompt_len: int = 128
+    """Prompt tokens of the simulated sequences."""
+    ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    """Draft lengths to consider."""
+    generation_share: float | None = None
+    """Generation's share of a synchronous RL step (default 0.66, NeMo RL's)."""
+    rl_run: str | None = None
+    """A train-rl run whose measured generation share is used."""
+    min_gain: float = 0.03
+    """Speculate at a batch size only above 1 + this predicted speedup."""
+
+    def validate(self) -> None:
+        check(bool(self.sweep), "--sweep", self.sweep, "must name a sweep-k run")
+        check(self.generation_share is None or 0 < self.generation_share < 1, "--generation-share",
+              self.generation_share, "must be a fraction in (0, 1)")
+        check(self.generation_share is None or self.rl_run is None, "--rl-run", self.rl_run,
+              "and --generation-share exclude each other")
+        r = self.acceptance_rates
+        check(r is None or (all(0 <= x <= 1 for x in r) and all(x >= y for x, y in zip(r, r[1:]))),
+              "--acceptance-rates", r, "must be non-increasing rates in [0, 1]")
+        check(self.batch >= 1 and self.max_concurrency >= 1, "--batch/--max-concurrency",
+              (self.batch, self.max_concurrency), "must be >= 1")
+        check(self.max_tokens >= 1, "--max-tokens", self.max_tokens, "must be >= 1")
+        check_lengths(self.lengths)

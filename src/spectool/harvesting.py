@@ -9,10 +9,11 @@ prompt not in a finished shard; a run made with other settings is refused.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spectool.config import GPU_MEMORY_UTILIZATION, SamplingConfig, check, check_gpu_memory
+from spectool.config import SamplingConfig
+from spectool.config import HarvestConfig
 from spectool.errors import SpectoolError
 
 CPU_CHUNK_PROMPTS = 16  # prompts per shard on the CPU build: the unit of resume
@@ -23,24 +24,6 @@ def chunk_prompts(samples: int, cpu_build: bool) -> int:
     """Prompts per shard. On a GPU, 16 prompts x 4 samples kept the engine at 42% of its throughput
     (4,799 vs 11,340 tokens/s on an H100): each call ends in a long tail of few live sequences."""
     return CPU_CHUNK_PROMPTS if cpu_build else max(CPU_CHUNK_PROMPTS, GPU_CHUNK_SEQUENCES // samples)
-
-
-@dataclass
-class HarvestConfig:
-    model: str
-    data: str
-    out: str
-    split: str = "train"
-    hidden_states: bool = False
-    prompt_col: str = "prompt"
-    answer_col: str = "answer"
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-
-    def validate(self) -> None:
-        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
-        check_gpu_memory(self.gpu_memory_utilization)
-        self.sampling.validate()
 
 
 @dataclass

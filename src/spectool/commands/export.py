@@ -14,27 +14,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from spectool.config import GPU_MEMORY_UTILIZATION
+from spectool.config import ExportConfig
 from spectool.errors import SpectoolError
-
-
-@dataclass
-class ExportConfig:
-    draft: str
-    out: str
-    format: str = "vllm"
-    model: str | None = None  # policy; default: the one recorded in the draft's manifest
-    k: int = 3
-    verify: bool = True
-    min_acceptance_length: float = 1.2
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-
-    def validate(self) -> None:
-        from spectool.config import check, check_gpu_memory
-
-        check_gpu_memory(self.gpu_memory_utilization)
-        check(self.format in ("vllm", "speculators"), "--format", self.format, "must be 'vllm' or 'speculators'")
-        check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
 
 
 @dataclass

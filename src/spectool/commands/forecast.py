@@ -10,10 +10,9 @@ forecast.json, forecast.csv, forecast.png, with the assumptions written out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from spectool.config import check
+from spectool.config import ForecastConfig
 from spectool.errors import SpectoolError
 
 ASSUMPTIONS = (
@@ -24,38 +23,6 @@ ASSUMPTIONS = (
     "the rest of an RL step (training, weight sync) does not change with speculation; async overlaps "
     "the generation of step n+1 with the rest of step n completely",
 )
-
-
-@dataclass
-class ForecastConfig:
-    sweep: str
-    out: str | None = None
-    acceptance_rates: list[float] | None = None  # default: the sweep's measured rates (largest k row)
-    lengths: str = "long-tail"  # fixed | long-tail | a harvest run directory
-    max_tokens: int = 1024  # cap on output lengths of the simulated batch
-    batch: int = 512  # sequences in one RL batch (prompts x group size)
-    max_concurrency: int = 256  # sequences the engine runs at once
-    prompt_len: int = 128
-    ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
-    generation_share: float | None = None  # of a synchronous RL step; or from rl_run
-    rl_run: str | None = None
-    min_gain: float = 0.03
-
-    def validate(self) -> None:
-        check(self.generation_share is None or 0 < self.generation_share < 1, "--generation-share",
-              self.generation_share, "must be a fraction in (0, 1)")
-        check(self.generation_share is None or self.rl_run is None, "--rl-run", self.rl_run,
-              "and --generation-share exclude each other")
-        r = self.acceptance_rates
-        check(r is None or (all(0 <= x <= 1 for x in r) and all(x >= y for x, y in zip(r, r[1:]))),
-              "--acceptance-rates", r, "must be non-increasing rates in [0, 1]")
-        check(self.batch >= 1 and self.max_concurrency >= 1, "--batch/--max-concurrency",
-              (self.batch, self.max_concurrency), "must be >= 1")
-        check(self.max_tokens >= 1, "--max-tokens", self.max_tokens, "must be >= 1")
-        from spectool.costmodel import LENGTH_SHAPES
-
-        check(self.lengths in LENGTH_SHAPES or Path(self.lengths).is_dir(), "--lengths", self.lengths,
-              f"must be {' | '.join(LENGTH_SHAPES)} or a harvest run directory")
 
 
 def _sweep_rows(sweep_dir: Path) -> tuple[list[dict], dict]:
@@ -91,7 +58,7 @@ def generation_share(cfg: ForecastConfig) -> tuple[float, str]:
         if not share:
             raise SpectoolError(f"--rl-run {cfg.rl_run} recorded no generation share")
         return float(share), f"measured by {cfg.rl_run}"
-    return 0.66, "NeMo RL's RL-Zero share (REFERENCE.md), no --generation-share or --rl-run given"
+    return 0.66, "NeMo RL's RL-Zero share (arXiv 2604.26779), no --generation-share or --rl-run given"
 
 
 def run(cfg: ForecastConfig) -> dict:

@@ -17,50 +17,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, SamplingConfig, check, check_gpu_memory
+from spectool.config import InitDraftConfig
 from spectool.errors import SpectoolError
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
 RESUME_MAY_CHANGE = {"save_every"}  # settings a rerun may change and still resume
-
-
-@dataclass
-class InitDraftConfig:
-    out: str
-    model: str = DEFAULT_MODEL
-    data: str = DEFAULT_DATA  # data source (harvested first) or a harvest run directory
-    init_from: str | None = None  # warm start from an existing EAGLE-3 draft folder
-    remap_vocab: bool = False  # with init_from: rebuild the draft vocabulary from this data (rows kept where shared)
-    draft_vocab_size: int = 4096
-    ttt_steps: int = 5  # unroll length: trains draft positions 1..ttt_steps
-    step_decay: float = 0.8
-    epochs: int = 2
-    batch_size: int = 16
-    lr: float = 1e-3  # short runs on small harvests: higher than the 1e-4 of large-corpus EAGLE-3 recipes
-    warmup_steps: int = 20
-    save_every: int = 50
-    eval_fraction: float = 0.05
-    seed: int = 0
-    harvest: SamplingConfig = field(default_factory=lambda: SamplingConfig(n_prompts=256, samples=4, max_tokens=128))
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION  # the harvest engine's share (it stops before training)
-
-    def validate(self) -> None:
-        check_gpu_memory(self.gpu_memory_utilization)
-        check(self.ttt_steps >= 1, "--ttt-steps", self.ttt_steps, "must be >= 1 (use >= the largest k you run)")
-        check(self.draft_vocab_size >= 2, "--draft-vocab-size", self.draft_vocab_size, "must be >= 2")
-        check(not self.remap_vocab or self.init_from is not None, "--remap-vocab", self.remap_vocab,
-              "needs --init-from (a fresh draft always builds its vocabulary from the data)")
-        check(self.epochs >= 1, "--epochs", self.epochs, "must be >= 1")
-        check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
-        check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
-        check(0 < self.step_decay <= 1, "--step-decay", self.step_decay, "must be in (0, 1]")
-        check(0 < self.eval_fraction < 0.5, "--eval-fraction", self.eval_fraction, "must be in (0, 0.5)")
-        self.harvest.validate()
 
 
 @dataclass

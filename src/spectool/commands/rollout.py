@@ -7,49 +7,12 @@ acceptance from the engine's own counters when a draft is used).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from spectool.config import GPU_MEMORY_UTILIZATION, SamplingConfig, check, check_draft_sampling, check_gpu_memory
-from spectool.errors import SpectoolError
+from spectool.config import SamplingConfig
+from spectool.config import RolloutConfig
 from spectool.stats import AcceptanceStats
-
-
-@dataclass
-class RolloutConfig:
-    model: str
-    data: str
-    split: str = "eval"
-    out: str | None = None
-    prompt_col: str = "prompt"
-    answer_col: str = "answer"
-    draft: str | None = None  # EAGLE-3 draft folder: speculative rollouts
-    k: int | str = 3  # or "auto": the sweep's per-batch-size schedule (vLLM dynamic speculation)
-    sweep: str | None = None  # sweep-k run directory, for k="auto"
-    compare: bool = False  # also run plain decoding on the same prompts, report the speedup
-    draft_sampling: str = "greedy"  # or "probabilistic": proposals sampled from the draft (engine.EngineConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    acceptance_length: float | None = None  # what-if timing: drafted tokens accepted synthetically (lossy)
-
-    def validate(self) -> None:
-        check_gpu_memory(self.gpu_memory_utilization)
-        if self.acceptance_length is not None:
-            check(self.out is None, "--out", self.out, "is refused with --acceptance-length: synthetic acceptance is "
-                  "lossy by design (accepted tokens are the draft's, not the policy's), so its samples are not the "
-                  "policy's rollouts and must not become records; drop --out (the speed figures are printed)")
-            check(self.draft is not None and isinstance(self.k, int) and 1 <= self.acceptance_length <= self.k + 1,
-                  "--acceptance-length", self.acceptance_length, "needs --draft and a number in [1, k + 1]")
-        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
-        if self.k == "auto":
-            if self.sweep is None:
-                raise SpectoolError("--k auto needs --sweep RUN (a sweep-k run directory)")
-        else:
-            check(isinstance(self.k, int) and 1 <= self.k <= 16, "--k", self.k, "must be in [1, 16] or 'auto'")
-        check(not self.compare or self.draft is not None or self.sweep is not None, "--compare", self.compare,
-              "needs --draft (or --k auto --sweep RUN)")
-        check_draft_sampling(self.draft_sampling)
-        self.sampling.validate()
 
 
 @dataclass

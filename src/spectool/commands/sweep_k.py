@@ -19,89 +19,17 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from spectool import subproc
-from spectool.config import (DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check, check_draft_sampling,
-                             check_gpu_memory)
+from spectool.config import GPU_MEMORY_UTILIZATION
 from spectool.costmodel import k_schedule
+from spectool.config import SweepConfig
 from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
 
-METHODS = ("eagle3", "ngram")
 ROWS = "rows.jsonl"
-
-
-@dataclass
-class SweepConfig:
-    out: str
-    draft: str | None = None  # needed for eagle3
-    model: str = DEFAULT_MODEL
-    data: str = DEFAULT_DATA
-    split: str = "eval"
-    ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])  # init-draft trains 5 positions by default
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
-    methods: list[str] = field(default_factory=lambda: ["eagle3"])
-    max_tokens: int = 128
-    temperature: float = 1.0
-    min_seqs: int = 8  # sequences decoded per (arm, batch size): ceil(min_seqs / batch) waves
-    min_gain: float = 0.03  # speculation is recommended only when >= 3% faster than plain
-    seed: int = 0
-    draft_sampling: str = "greedy"  # eagle3 proposals: "greedy" or "probabilistic" (engine.EngineConfig)
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    # What-if mode (issue 11): a model known by its config.json (a folder or a templates/models name)
-    # with random weights and a dummy EAGLE-3 draft; drafted tokens accepted at these rates.
-    dummy_weights: bool = False
-    acceptance_rates: list[float] | None = None  # unconditional per position, r_1 >= r_2 >= ...
-    acceptance_length: float | None = None  # or one mean acceptance length (same conditional rate everywhere)
-    lengths: str = "fixed"  # synthetic output lengths: fixed | long-tail | a harvest run directory
-    prompt_len: int = 128  # synthetic prompt length in tokens (random ids)
-
-    @property
-    def synthetic(self) -> dict | None:
-        if self.acceptance_rates is not None:
-            return {"rates": self.acceptance_rates}
-        return {"length": self.acceptance_length} if self.acceptance_length is not None else None
-
-    def validate(self) -> None:
-        check_draft_sampling(self.draft_sampling)
-        check_gpu_memory(self.gpu_memory_utilization)
-        self._validate_synthetic()
-        check(len(self.ks) > 0 and all(k >= 1 for k in self.ks), "--k", self.ks, "must be a list of integers >= 1")
-        check(len(self.batch_sizes) > 0 and all(b >= 1 for b in self.batch_sizes), "--batch-sizes",
-              self.batch_sizes, "must be a non-empty list of integers >= 1")
-        check(len(self.methods) > 0 and all(m in METHODS for m in self.methods), "--methods", self.methods,
-              f"must be a list of {', '.join(METHODS)}")
-        if "eagle3" in self.methods and self.draft is None and not self.dummy_weights:
-            raise SpectoolError("--draft is required for method eagle3 (or use --methods ngram)")
-        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
-        check(1 <= self.max_tokens <= 32768, "--max-tokens", self.max_tokens, "must be in [1, 32768]")
-        check(0 <= self.temperature <= 10, "--temperature", self.temperature, "must be in [0, 10]")
-        check(self.min_seqs >= 1, "--min-seqs", self.min_seqs, "must be >= 1")
-        check(0 <= self.min_gain < 1, "--min-gain", self.min_gain, "must be in [0, 1)")
-
-
-    def _validate_synthetic(self) -> None:
-        r, a = self.acceptance_rates, self.acceptance_length
-        check(r is None or a is None, "--acceptance-rates", r, "and --acceptance-length exclude each other; give one")
-        if self.dummy_weights and r is None and a is None:
-            raise SpectoolError("--dummy-weights needs --acceptance-length A or --acceptance-rates r1,r2,...: random "
-                                "weights accept nothing meaningful, so acceptance is synthetic")
-        if r is not None:
-            check(len(r) >= max(self.ks) and all(0 <= x <= 1 for x in r) and all(x >= y for x, y in zip(r, r[1:])),
-                  "--acceptance-rates", r, f"must be {max(self.ks)}+ non-increasing rates in [0, 1] (one per position "
-                  "up to the largest --k)")
-        if a is not None:
-            check(1 <= a <= min(self.ks) + 1, "--acceptance-length", a, f"must be in [1, {min(self.ks) + 1}] (1 + the "
-                  "smallest --k)")
-        if self.synthetic:
-            check(self.methods == ["eagle3"], "--methods", self.methods, "must be eagle3 with synthetic acceptance")
-        check(self.prompt_len >= 1, "--prompt-len", self.prompt_len, "must be >= 1")
-        from spectool.costmodel import LENGTH_SHAPES
-
-        check(self.lengths in LENGTH_SHAPES or Path(self.lengths).is_dir(), "--lengths", self.lengths,
-              f"must be {' | '.join(LENGTH_SHAPES)} or a harvest run directory")
 
 
 # --- pure math ---------------------------------------------------------------------------------

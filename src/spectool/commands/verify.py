@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spectool import subproc
-from spectool.config import (DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check, check_draft_sampling,
-                             check_gpu_memory)
+from spectool.config import GPU_MEMORY_UTILIZATION
+from spectool.config import VerifyConfig
 from spectool.errors import SpectoolError
 from spectool.lossless import (
     ScoreTest,
@@ -34,40 +34,6 @@ from spectool.lossless import (
     welch,
 )
 
-CONTROLS = ("auto", "unpatched", "truncated", "none")
-
-
-@dataclass
-class VerifyConfig:
-    draft: str
-    model: str = DEFAULT_MODEL
-    data: str = DEFAULT_DATA
-    split: str = "eval"
-    k: int = 3
-    n_prompts: int = 4  # prompts for the token-distribution test
-    samples: int = 300  # completions per prompt and arm
-    positions: int = 6  # tokens per completion (max_tokens)
-    temperature: float = 1.0
-    alpha: float = 0.01  # family-wise level (Bonferroni over all tests of one arm)
-    logprob_tol: float = 1e-3  # max |engine - transformers| logprob (fp32); widen for bf16 engines
-    control: str = "auto"  # auto: unpatched on the CPU build, truncated elsewhere
-    out: str | None = None
-    seed: int = 0
-    draft_sampling: str = "greedy"  # how the speculative arm's draft proposes (engine.EngineConfig)
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-
-    def validate(self) -> None:
-        check_draft_sampling(self.draft_sampling)
-        check_gpu_memory(self.gpu_memory_utilization)
-        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
-        check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
-        check(self.n_prompts >= 1, "--n-prompts", self.n_prompts, "must be >= 1")
-        check(self.samples >= 20, "--samples", self.samples, "must be >= 20 (the tests need counts)")
-        check(self.positions >= 2, "--positions", self.positions, "must be >= 2 (position 1 is never speculated)")
-        check(0 < self.temperature <= 10, "--temperature", self.temperature, "must be in (0, 10]: greedy needs no test")
-        check(0 < self.alpha < 0.5, "--alpha", self.alpha, "must be in (0, 0.5)")
-        check(self.logprob_tol > 0, "--logprob-tol", self.logprob_tol, "must be > 0")
-        check(self.control in CONTROLS, "--control", self.control, f"must be one of {', '.join(CONTROLS)}")
 
 
 @dataclass

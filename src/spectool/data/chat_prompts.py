@@ -1,8 +1,8 @@
 """A built-in, offline source of general chat-style prompts (no verifier).
 
-Used to initialise "general" drafts for comparison with in-domain (math) drafts, as in the NeMo RL
-experiment (REFERENCE.md section 1). Generated combinatorially from hand-written templates, so it
-ships with the code and has a clear licence.
+Used to initialise "general" drafts for comparison with in-domain (math) drafts, as in NeMo RL's
+chat-initialised drafts (arXiv 2604.26779). Generated combinatorially from hand-written templates,
+so it ships with the code and has a clear licence.
 """
 
 from __future__ import annotations

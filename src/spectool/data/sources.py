@@ -124,7 +124,7 @@ def _gym_source(spec: str, seed: int) -> TaskSource:
         answer = extract_answer(completion)
         if answer is None:
             return 0.0
-        try:  # some checkers raise on non-numeric text (ENVIRONMENT.md)
+        try:  # some checkers raise on non-numeric text
             return float(ds.score_answer(answer, entry))
         except Exception:  # noqa: BLE001
             return 0.0

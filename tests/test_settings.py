@@ -1,0 +1,70 @@
+"""One source of truth for settings: every CLI option's default and help come from the command's
+settings dataclass (config.py), and every field a user may set has an option."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+from spectool.cli import app
+from spectool.config import (ExportConfig, ForecastConfig, HarvestConfig, InitDraftConfig, RolloutConfig,
+                             SweepConfig, VerifyConfig, field_default, field_docs)
+
+# command -> (settings class, {CLI parameter name: field path}, fields deliberately not on the command line)
+COMMANDS = {
+    "harvest": (HarvestConfig, {}, set()),
+    "init-draft": (InitDraftConfig, {"n_prompts": "harvest.n_prompts", "samples": "harvest.samples",
+                                     "max_tokens": "harvest.max_tokens", "temperature": "harvest.temperature"},
+                   {"step_decay", "warmup_steps", "eval_fraction", "harvest.top_p", "harvest.seed"}),
+    "rollout": (RolloutConfig, {}, set()),
+    "sweep-k": (SweepConfig, {"k": "ks"}, set()),
+    "export": (ExportConfig, {"min_acceptance": "min_acceptance_length"}, set()),
+    "verify": (VerifyConfig, {}, set()),
+    "forecast": (ForecastConfig, {"k": "ks"}, set()),
+}
+SAMPLING = {"n_prompts", "samples", "max_tokens", "temperature", "top_p", "seed"}
+
+
+def _field(cls, param: str, renamed: dict) -> str:
+    name = renamed.get(param, param)
+    if "." not in name and name in SAMPLING and "sampling" in field_docs(cls):
+        return f"sampling.{name}"
+    return name
+
+
+def _default(cls, path: str):
+    if "." in path:
+        section, leaf = path.split(".")
+        return getattr(field_default(cls, section), leaf)
+    return field_default(cls, path)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_cli_defaults_are_the_dataclass_defaults_and_every_setting_has_a_flag(command):
+    cls, renamed, hidden = COMMANDS[command]
+    click_cmd = typer.main.get_command(app).commands[command]
+    seen = set()
+    for p in click_cmd.params:
+        path = _field(cls, p.name, renamed)
+        seen.add(path)
+        want = _default(cls, path)
+        if isinstance(want, list):
+            want = ",".join(map(str, want))
+        if p.required:
+            assert want in ("", None), f"{command} --{p.name}: required, but the dataclass has a default {want!r}"
+        else:
+            assert p.default == want, f"{command} --{p.name}: CLI default {p.default!r} != dataclass {want!r}"
+        assert p.help, f"{command} --{p.name} has no help"
+    fields = {f for f in field_docs(cls) if f not in ("sampling", "harvest")}
+    if "sampling" in field_docs(cls):
+        fields |= {f"sampling.{x}" for x in SAMPLING}
+    if "harvest" in field_docs(cls):
+        fields |= {f"harvest.{x}" for x in SAMPLING}
+    assert fields - seen - hidden == set(), f"{command}: settings without a flag"
+
+
+def test_one_default_per_setting():
+    # the disagreement issue 13 found: --n-prompts was 32 on the command line and 64 in the config
+    assert field_default(RolloutConfig, "sampling").n_prompts == 32
+    assert field_default(HarvestConfig, "sampling").n_prompts == 64
+    assert max(field_default(SweepConfig, "ks")) <= field_default(InitDraftConfig, "ttt_steps")  # defaults fit
