@@ -19,6 +19,8 @@ def test_tiny_sweep_and_auto_k_rollout(tiny_policy, random_draft, tmp_path):
             "--k", "1,2", "--batch-sizes", "1,4", "--methods", "eagle3,ngram", "--max-tokens", "12", "--min-seqs", "2"]
     r = spectool(*args)
     assert "batch 1: recommend" in r.stdout and "batch 4: recommend" in r.stdout
+    progress = [line for line in r.stderr.splitlines() if "tokens/s" in line]  # live, per arm and batch size
+    assert len(progress) == 10 and all("batch 1:" in p or "batch 4:" in p for p in progress), r.stderr[-2000:]
     s = json.loads((out / "sweep.json").read_text())
     arms = {(x["method"], x["k"], x["batch"]) for x in s["rows"]}
     assert arms == {(m, k, b) for m, k in [("none", 0), ("eagle3", 1), ("eagle3", 2), ("ngram", 1), ("ngram", 2)]

@@ -19,15 +19,33 @@ from typing import Any, Callable
 from spectool.errors import SpectoolError
 
 
-def call(module: str, function: str, kwargs: dict[str, Any], env: dict[str, str] | None = None, what: str = "") -> Any:
-    """`module.function(**kwargs)` in a child process; returns its JSON result."""
+PROGRESS = "spectool-progress: "  # a child's output line starting so is passed to the parent's `progress`
+
+
+def report(message: str) -> None:
+    """Child side: one progress line for the parent (see `call`)."""
+    print(PROGRESS + message, file=sys.stderr, flush=True)
+
+
+def call(module: str, function: str, kwargs: dict[str, Any], env: dict[str, str] | None = None, what: str = "",
+         progress: Callable[[str], None] | None = None) -> Any:
+    """`module.function(**kwargs)` in a child process; returns its JSON result. Lines the child
+    sends with `report` reach `progress` as they come; the rest of its output is kept for errors."""
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
         spec.write_text(json.dumps({"function": function, "kwargs": kwargs}))
-        proc = subprocess.run([sys.executable, "-m", module, str(spec), str(out)],
-                              env={**os.environ, **(env or {})}, capture_output=True, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", module, str(spec), str(out)], env={**os.environ, **(env or {})},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        kept: list[str] = []
+        for line in proc.stdout:
+            if line.startswith(PROGRESS):
+                if progress:
+                    progress(line[len(PROGRESS):].rstrip())
+            else:
+                kept.append(line)
+        proc.wait()
         if proc.returncode != 0 or not out.exists():
-            tail = proc.stderr.strip()[-1200:]
+            tail = "".join(kept).strip()[-1200:]
             if "SpectoolError" in tail:
                 tail = tail.rsplit("SpectoolError:", 1)[-1].strip()
             raise SpectoolError(f"{what or function} failed: {tail}")

@@ -73,6 +73,7 @@ def measure_arm(model_path: str, method: str, k: int, draft: str | None, prompts
                                  draft_path=draft if method == "eagle3" else None, draft_sampling=draft_sampling,
                                  gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
                                  synthetic_acceptance=synthetic if method == "eagle3" else None))
+    subproc.report("  engine started; warming up")
     for batch in batch_sizes:  # warm-up at every measured shape
         engine.generate(prompts[:batch], Sampling(n=1, max_tokens=8, temperature=temperature))
     rows = []
@@ -90,6 +91,8 @@ def measure_arm(model_path: str, method: str, k: int, draft: str | None, prompts
             tokens += sum(len(c.response_ids) for per in outs for c in per)
             context += sum(len(c.prompt_ids) + len(c.response_ids) / 2 for per in outs for c in per)
             stats = stats + st
+        subproc.report(f"  batch {batch}: {waves * batch} sequences, {tokens / seconds:.1f} tokens/s"
+                       + (f", acceptance length {stats.mean_acceptance_length:.2f}" if stats.num_drafts else ""))
         rows.append({"method": method, "k": k, "batch": batch, "tokens": tokens, "seconds": seconds,
                      "tokens_per_s": tokens / seconds, "sequences": waves * batch,
                      "mean_context": context / (waves * batch),
@@ -177,7 +180,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
             draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
             dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths),
-            what=f"the {method} k={k} engine")
+            what=f"the {method} k={k} engine", progress=progress)
         for row in rows:
             append_jsonl(rows_path, row)
             done.append(row)
