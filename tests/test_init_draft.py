@@ -196,3 +196,39 @@ def test_an_existing_draft_refuses_other_settings_and_stays_intact(tiny_policy, 
     with pytest.raises(SpectoolError, match="holds other files; pick a new --out"):
         run(_cfg(tiny_policy, fake_harvest, other))
     assert (other / "notes.txt").read_text() == "mine" and len(list(other.iterdir())) == 1
+
+
+def test_a_harvests_hidden_state_shards_are_trained_on_without_a_policy_forward(tiny_policy, fake_harvest, tmp_path,
+                                                                                monkeypatch):
+    """One features format: the harvest's --hidden-states shards are what init-draft reads, and
+    training from them gives the same batches as training from a fresh forward."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    import spectool.hidden as hidden
+    from spectool.commands.init_draft import run
+    from spectool.records import load_records
+    from spectool.runs import MANIFEST, atomic_write_json, read_json
+
+    fresh = run(_cfg(tiny_policy, fake_harvest, tmp_path / "fresh", epochs=1))
+    assert (tmp_path / "fresh" / ".train" / "features.safetensors").exists()
+
+    with_shards = tmp_path / "harvest-with-hidden"
+    shutil.copytree(fake_harvest, with_shards)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32).eval()
+    recs = load_records(with_shards)
+    layer_ids = hidden.default_aux_layer_ids(policy.config.num_hidden_layers)
+    items = hidden.feature_items(policy, [p + r for p, r in zip(recs["prompt_ids"], recs["response_ids"])], layer_ids)
+    hidden.save_features(with_shards / "hidden" / "shard-00000.safetensors", items)
+    atomic_write_json(with_shards / MANIFEST, {**read_json(with_shards / MANIFEST), "aux_layer_ids": layer_ids})
+
+    def no_forward(*a, **k):
+        raise AssertionError("the policy's features were recomputed")
+
+    monkeypatch.setattr(hidden, "feature_items", no_forward)
+    reused = run(_cfg(tiny_policy, with_shards, tmp_path / "reused", epochs=1))
+    assert not (tmp_path / "reused" / ".train" / "features.safetensors").exists()
+    losses = [[json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+              for d in ("fresh", "reused")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and reused.eval_top1 == pytest.approx(fresh.eval_top1)

@@ -21,12 +21,17 @@ def test_harvest_init_export_rollout(tiny_policy, tmp_path):
     spectool("harvest", "--out", str(run), "--n-prompts", "20", *common)
     m = json.loads((run / "manifest.json").read_text())
     assert m["status"] == "complete" and m["records"] == 40 and m["sampler_fix"] == "applied"
-    assert (run / "hidden").exists()
+    from spectool.hidden import load_features
+
+    shards = sorted((run / "hidden").glob("shard-*.safetensors"))
+    feats = [x for f in shards for x in load_features(f)]  # one item per record, in record order
+    assert len(feats) == 40 and all(feats[0][1].shape[-1] == 3 * f[2].shape[-1] for f in feats)
     from spectool.records import load_records
 
     recs = load_records(run)
     assert set(recs.column_names) >= {"prompt_ids", "response_ids", "logprobs", "reward", "finish_reason"}
     assert all(len(a) == len(b) for a, b in zip(recs["response_ids"], recs["logprobs"]))
+    assert all(f[0].tolist() == p + r for f, p, r in zip(feats, recs["prompt_ids"], recs["response_ids"]))
 
     # Resume: asking for more prompts only generates the new ones, without duplicates.
     r = spectool("harvest", "--out", str(run), "--n-prompts", "24", *common)
@@ -43,6 +48,7 @@ def test_harvest_init_export_rollout(tiny_policy, tmp_path):
     spectool("init-draft", "--model", str(tiny_policy), "--data", str(run), "--out", str(draft),
              "--draft-vocab-size", "256", "--ttt-steps", "3", "--epochs", "2", "--batch-size", "8")
     assert json.loads((draft / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert not (draft / ".train" / "features.safetensors").exists()  # trained on the harvest's own shards
 
     out = tmp_path / "export"
     r = spectool("export", "--draft", str(draft), "--out", str(out), "--k", "2", "--min-acceptance", "1.0")
