@@ -10,8 +10,8 @@ cd "$(dirname "$0")/.."
 DRAFT=$1; OUT=${2:-runs/forecast-validation}
 S=".venv/bin/spectool"; PY=.venv/bin/python
 K=3; B=1,8,32; T=1.0; MT=128
-$S sweep-k --draft "$DRAFT" --k $K --batch-sizes $B --temperature $T --max-tokens $MT --min-seqs 16 --out "$OUT/real"
-RATES=$($PY -c "import json,sys; s=json.load(open('$OUT/real/sweep.json')); r=[x for x in s['rows'] if x['method']=='eagle3']; print(','.join(f'{sum(x['per_position'][j] for x in r)/len(r):.4f}' for j in range($K)))")
+$S sweep-k --draft "$DRAFT" --k $K --batch-sizes $B --temperature $T --max-tokens $MT --min-seqs 64 --out "$OUT/real"
+RATES=$($PY -c "import json,sys; s=json.load(open('$OUT/real/sweep.json')); r=[x for x in s['rows'] if x['method']=='eagle3']; print(','.join('%.4f' % (sum(x['per_position'][j] for x in r) / len(r)) for j in range($K)))")
 MODEL=$($PY -c "from spectool.models import resolve_model; print(resolve_model('smollm2-135m').path)")
 CFG="$OUT/config-only"; mkdir -p "$CFG"; cp "$MODEL/config.json" "$CFG/"
 # lengths: the draft's own harvest when init-draft made one (the real sweep's length profile), else fixed
@@ -19,7 +19,7 @@ CFG="$OUT/config-only"; mkdir -p "$CFG"; cp "$MODEL/config.json" "$CFG/"
 LEN=fixed; [ -f "$DRAFT/harvest/manifest.json" ] && LEN="$DRAFT/harvest"
 PL=$($PY -c "import json; r=[x for x in json.load(open('$OUT/real/sweep.json'))['rows'] if x['method']=='none']; print(max(1, round(sum(x['mean_context'] - x['tokens'] / x['sequences'] / 2 for x in r) / len(r))))")
 $S sweep-k --model "$CFG" --dummy-weights --acceptance-rates "$RATES" --draft "$DRAFT" --k 1,2,3 --batch-sizes $B \
-  --temperature $T --max-tokens $MT --lengths "$LEN" --prompt-len "$PL" --min-seqs 16 --out "$OUT/synthetic"
+  --temperature $T --max-tokens $MT --lengths "$LEN" --prompt-len "$PL" --min-seqs 64 --out "$OUT/synthetic"
 $PY - "$OUT" "$RATES" $K <<'PY'
 import json, sys
 from spectool.costmodel import fit

@@ -115,3 +115,22 @@ def test_cpu_expand_kernel_fix_writes_into_output():
     cu = torch.tensor([2, 3, 6], dtype=torch.int32)
     expand_kernel_torch(out, vals, cu, -1.0, 1.0)
     assert out.tolist() == [0.5, 0.5, 1.0, 2.0, 2.0, 2.0]
+
+
+def test_losses_on_hand_made_distributions():
+    from spectool.draft.loss import position_loss
+
+    p = torch.tensor([[0.5, 0.3, 0.2]])
+    q = torch.tensor([[0.2, 0.2, 0.6]])
+    logits = q.log()
+    overlap = 0.2 + 0.2 + 0.2  # sum min(p, q)
+    assert float(position_loss(p, logits, "tv")) == pytest.approx(1 - overlap)
+    ce = -(p * q.log()).sum()
+    assert float(position_loss(p, logits, "ce")) == pytest.approx(float(ce))
+    assert float(position_loss(p, logits, "mix")) == pytest.approx(float(ce) + 1 - overlap)
+    assert float(position_loss(p, p.log(), "tv")) == pytest.approx(0.0, abs=1e-7)  # q = p: always accepted
+    g = torch.zeros(1, 3, requires_grad=True)
+    position_loss(p, g, "tv").backward()
+    assert g.grad.abs().sum() > 0  # TV trains the draft
+    with pytest.raises(ValueError, match="unknown loss"):
+        position_loss(p, logits, "kl")

@@ -109,6 +109,7 @@ def init_draft(
     remap_vocab: bool = option(I, "remap_vocab"),
     draft_vocab_size: int = option(I, "draft_vocab_size"),
     ttt_steps: int = option(I, "ttt_steps"),
+    loss: str = option(I, "loss"),
     epochs: int = option(I, "epochs"),
     batch_size: int = option(I, "batch_size"),
     lr: float = option(I, "lr"),
@@ -126,7 +127,7 @@ def init_draft(
 
         render(run(InitDraftConfig(
             out=out, model=model, data=data, init_from=init_from, remap_vocab=remap_vocab,
-            draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, epochs=epochs, batch_size=batch_size, lr=lr,
+            draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, loss=loss, epochs=epochs, batch_size=batch_size, lr=lr,
             save_every=save_every, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
             harvest=SamplingConfig(n_prompts, samples, max_tokens, temperature, 1.0, seed))))
     except SpectoolError as e:

@@ -140,6 +140,9 @@ class InitDraftConfig:
     """Unroll length: trains draft positions 1..N (use >= the largest k you run)."""
     step_decay: float = 0.8
     """Loss weight of unroll position j is step_decay^j."""
+    loss: str = "ce"
+    """Per-position loss against the policy's distribution: ce (soft cross-entropy) | tv (1 - sum min(p, q),
+    the rejection probability of a sampling draft) | mix (ce + tv)."""
     epochs: int = 2
     """Passes over the harvested records."""
     batch_size: int = 16
@@ -170,6 +173,7 @@ class InitDraftConfig:
         check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
         check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
         check(0 < self.step_decay <= 1, "--step-decay", self.step_decay, "must be in (0, 1]")
+        check(self.loss in ("ce", "tv", "mix"), "--loss", self.loss, "must be ce, tv or mix")
         check(0 < self.eval_fraction < 0.5, "--eval-fraction", self.eval_fraction, "must be in (0, 0.5)")
         self.harvest.validate()
 

@@ -276,7 +276,7 @@ def _train(cfg: InitDraftConfig, tr: _Training, data: _Data, feats, evaluate, W_
             epoch, idx = tr.batch(data.train)
             t0 = time.perf_counter()
             loss, per_step = ttt_step_loss(tr.draft, [feats[i] for i in idx], [data.prompt_lens[i] for i in idx],
-                                           W_dv, cfg.ttt_steps, cfg.step_decay, acc.device)
+                                           W_dv, cfg.ttt_steps, cfg.step_decay, acc.device, cfg.loss)
             tr.update(loss)
             seconds += time.perf_counter() - t0
             tokens += sum(len(feats[i][0]) for i in idx) * acc.num_processes  # all processes (near-equal shares)

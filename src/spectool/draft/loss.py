@@ -4,6 +4,10 @@ For unroll step j (0-based) at anchor t the draft predicts x[t+j+2]; its target 
 next-token distribution at position t+j+1, restricted to the draft vocabulary and renormalised
 (soft cross-entropy = forward KL up to the target's entropy). Steps are weighted decay**j
 (EAGLE-3 / SpecForge use 0.8). Only positions whose target predicts a response token count.
+
+Losses per position (`LOSSES`): "ce" soft cross-entropy; "tv" total variation 1 - sum_v min(p_v, q_v),
+one minus the probability that a draft sampling from q is accepted (what T=1 speculation pays for);
+"mix" their sum (TV's gradient vanishes where q has no mass, CE's does not).
 """
 
 from __future__ import annotations
@@ -26,14 +30,30 @@ def shift(x: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
+LOSSES = ("ce", "tv", "mix")
+
+
+def position_loss(p: torch.Tensor, draft_logits: torch.Tensor, kind: str = "ce") -> torch.Tensor:
+    """p: [N, Vd] target distribution, draft_logits: [N, Vd] -> mean loss over the N positions."""
+    if kind not in LOSSES:
+        raise ValueError(f"unknown loss {kind!r}; one of {LOSSES}")
+    logq = F.log_softmax(draft_logits.float(), -1)
+    ce = -(p * logq).sum(-1).mean() if kind != "tv" else None
+    tv = (1 - torch.minimum(p, logq.exp()).sum(-1)).mean() if kind != "ce" else None
+    return ce if tv is None else tv if ce is None else ce + tv
+
+
 def ttt_loss(
     draft_logits: list[torch.Tensor],  # steps x [B, T, Vd]
     target_logits_dv: torch.Tensor,  # [B, T, Vd] policy logits at each position, draft vocab only
     prompt_lens: torch.Tensor,  # [B]
     lengths: torch.Tensor,  # [B] prompt + response length
     decay: float = 0.8,
+    kind: str = "ce",
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, list[float]]:
-    """Weighted soft cross-entropy over unroll steps. Returns (loss, per-step loss values)."""
+    """Weighted loss (`position_loss`) over unroll steps against the policy at `temperature`.
+    Returns (loss, per-step loss values)."""
     B, T, _ = target_logits_dv.shape
     total = draft_logits[0].new_zeros(())
     per_step = []
@@ -42,10 +62,10 @@ def ttt_loss(
         if not m.any():
             per_step.append(float("nan"))
             continue
-        p = torch.softmax(shift(target_logits_dv, j + 1)[m].float(), -1)
-        ce = -(p * F.log_softmax(logits[m].float(), -1)).sum(-1).mean()
-        total = total + (decay**j) * ce
-        per_step.append(float(ce.detach()))
+        p = torch.softmax(shift(target_logits_dv, j + 1)[m].float() / temperature, -1)
+        loss = position_loss(p, logits[m], kind)
+        total = total + (decay**j) * loss
+        per_step.append(float(loss.detach()))
     return total, per_step
 
 

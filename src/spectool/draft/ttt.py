@@ -42,13 +42,13 @@ def chain_length(rates: list[float]) -> float:
 
 
 def ttt_step_loss(draft, items, prompt_lens: list[int], W_dv: torch.Tensor, ttt_steps: int, decay: float,
-                  device) -> tuple[torch.Tensor, list[float]]:
+                  device, loss: str = "ce") -> tuple[torch.Tensor, list[float]]:
     """The weighted TTT loss of one batch (the caller does backward and the optimizer step).
-    W_dv: [Vd, H] the policy's output embedding rows of the draft vocabulary."""
+    W_dv: [Vd, H] the policy's output embedding rows of the draft vocabulary; loss: loss.LOSSES."""
     ids, aux, last, P, L = collate_features(items, prompt_lens, device)
     s = first_anchor(P, ttt_steps)
     logits = draft(aux, ids, ttt_steps, s)  # steps x [B, T - s, Vd]
-    return ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, decay)
+    return ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, decay, kind=loss)
 
 
 @torch.no_grad()
