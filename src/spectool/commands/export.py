@@ -87,8 +87,12 @@ def run(cfg: ExportConfig) -> ExportResult:
 
 
 def _portable_name(model_name: str) -> str:
-    """The verifier named without this machine's paths: a hub id or embedded name as given, a
-    local folder by its own name."""
+    """The verifier named without this machine's paths: a hub id as given, the embedded default by
+    its hub id, a local folder by its own name."""
+    from spectool.models import HUB_IDS
+
+    if model_name in HUB_IDS:
+        return HUB_IDS[model_name]
     return Path(model_name).name if Path(model_name).exists() else model_name
 
 
