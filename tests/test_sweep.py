@@ -84,3 +84,15 @@ def test_a_forecast_schedule_needs_the_draft_to_run(tmp_path):
     assert read_schedule(str(tmp_path), None, "greedy") == ([(1, 8, 2)], str(tmp_path / "d"))
     with pytest.raises(SpectoolError, match="is not the draft"):
         read_schedule(str(tmp_path), str(tmp_path / "other"), "greedy")
+
+
+def test_a_synthetic_acceptance_length_means_the_largest_k_and_one_conditional_rate():
+    from spectool.costmodel import acceptance_length
+
+    cfg = SweepConfig(out="x", dummy_weights=True, acceptance_length=3.32, ks=[1, 2, 3])
+    cfg.validate()
+    rates = cfg.synthetic["rates"]
+    assert len(rates) == 3 and acceptance_length(rates, 3) == pytest.approx(3.32)
+    assert rates[1] == pytest.approx(rates[0] ** 2)  # the k=1 arm gets rate c, the k=2 arm c and c^2
+    with pytest.raises(SpectoolError, match="--acceptance-length=4.5: must be in \\[1, 4\\]"):
+        SweepConfig(out="x", dummy_weights=True, acceptance_length=4.5, ks=[1, 3]).validate()

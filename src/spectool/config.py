@@ -293,7 +293,8 @@ class SweepConfig:
     acceptance_rates: list[float] | None = None
     """Synthetic acceptance per position (unconditional, non-increasing), e.g. 0.8,0.6,0.45."""
     acceptance_length: float | None = None
-    """Synthetic mean acceptance length (instead of --acceptance-rates)."""
+    """Synthetic mean acceptance length at the largest --k (instead of --acceptance-rates): one conditional
+    rate c for every position, so position j is accepted with c^j at every k."""
     lengths: str = "fixed"
     """With --dummy-weights: output lengths fixed | long-tail | a harvest run's."""
     prompt_len: int = 128
@@ -301,9 +302,14 @@ class SweepConfig:
 
     @property
     def synthetic(self) -> dict | None:
+        """{"rates": unconditional per-position rates} for the engine, or None (real acceptance)."""
         if self.acceptance_rates is not None:
             return {"rates": self.acceptance_rates}
-        return {"length": self.acceptance_length} if self.acceptance_length is not None else None
+        if self.acceptance_length is not None:
+            from spectool.costmodel import rates_from_length
+
+            return {"rates": rates_from_length(self.acceptance_length, max(self.ks))}
+        return None
 
     def validate(self) -> None:
         check(bool(self.out), "--out", self.out, "must name the run directory")
@@ -334,8 +340,8 @@ class SweepConfig:
                   "--acceptance-rates", r, f"must be {max(self.ks)}+ non-increasing rates in [0, 1] (one per position "
                   "up to the largest --k)")
         if a is not None:
-            check(1 <= a <= min(self.ks) + 1, "--acceptance-length", a, f"must be in [1, {min(self.ks) + 1}] (1 + the "
-                  "smallest --k)")
+            check(1 <= a <= max(self.ks) + 1, "--acceptance-length", a, f"must be in [1, {max(self.ks) + 1}] (1 + the "
+                  "largest --k)")
         if self.synthetic:
             check(self.methods == ["eagle3"], "--methods", self.methods, "must be eagle3 with synthetic acceptance")
         check(self.prompt_len >= 1, "--prompt-len", self.prompt_len, "must be >= 1")
