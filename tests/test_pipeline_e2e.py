@@ -61,6 +61,8 @@ def test_harvest_init_export_rollout(tiny_policy, tmp_path):
     r = spectool("rollout", "--model", str(tiny_policy), "--data", DATA, "--draft", str(out), "--k", "2",
                  "--n-prompts", "6", "--max-tokens", "24", "--compare", "--out", str(tmp_path / "ro"))
     assert "speedup" in r.stdout and "mean acceptance length (k=2)" in r.stdout
+    # the engine's log lines go to the run folder's engine.log, not the terminal (--verbose shows them)
+    assert "cpu_worker.py" not in r.stdout + r.stderr and "cpu_worker.py" in (tmp_path / "ro" / "engine.log").read_text()
     ro = json.loads((tmp_path / "ro" / "manifest.json").read_text())
     assert ro["summary"]["acceptance"]["num_drafts"] > 0
 

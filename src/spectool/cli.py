@@ -24,6 +24,19 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _options(verbose: bool = typer.Option(
+        False, "--verbose", help="Show vLLM's and the libraries' log lines here (default: engine.log in the run folder).")
+) -> None:
+    import os
+
+    if verbose:
+        os.environ["SPECTOOL_VERBOSE"] = "1"
+    else:  # the libraries' info lines and progress bars stay off the terminal (read before they are imported)
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def option(cls, name: str, *flags: str, required: bool = False):
     """A Typer option for field `name` of the settings dataclass `cls` (`section.field` for a nested
     SamplingConfig): its default, and its docstring as help. Lists are comma-separated strings."""

@@ -84,8 +84,8 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     n_shards = len(shard_paths(out))
     tokenizer = AutoTokenizer.from_pretrained(model.path)
     policy = _load_policy(model.path) if cfg.hidden_states and todo else None
-    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed,
-                                  gpu_memory_utilization=cfg.gpu_memory_utilization)) if todo else None
+    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization)) if todo else None
     n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = 0, 0, 0.0, 0, 0
     with Progress(TextColumn("harvest"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                   TimeRemainingColumn()) as bar:

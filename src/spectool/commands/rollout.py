@@ -54,9 +54,10 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     schedule, draft = read_schedule(cfg.sweep, cfg.draft, cfg.draft_sampling) if cfg.k == "auto" else (None, cfg.draft)
     max_k = max(k for _, _, k in schedule) if schedule else cfg.k
     draft_path = check_draft(draft, model, max(max_k, 1)) if draft else None
+    log_path = str(Path(cfg.out) / "engine.log") if cfg.out else None
     plain_tps = None
     if cfg.compare:
-        plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed,
+        plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=log_path,
                                     gpu_memory_utilization=cfg.gpu_memory_utilization))
         rollout_tasks(plain, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
         _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling)
@@ -65,7 +66,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         import gc
 
         gc.collect()
-    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path,
+    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, log_path=log_path,
                                  k=max(max_k, 1), k_schedule=schedule, draft_sampling=cfg.draft_sampling,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))

@@ -62,7 +62,8 @@ def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method:
 def measure_arm(model_path: str, method: str, k: int, draft: str | None, prompts: list[list[int]],
                 batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int,
                 draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-                dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None) -> list[dict]:
+                dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None,
+                log_path: str | None = None) -> list[dict]:
     """One engine (method "none" = plain decoding): per batch size, decode >= min_seqs sequences in
     waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves. With
     `lengths` (synthetic runs) sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
@@ -72,6 +73,7 @@ def measure_arm(model_path: str, method: str, k: int, draft: str | None, prompts
                                  method="eagle3" if method == "none" else method,
                                  draft_path=draft if method == "eagle3" else None, draft_sampling=draft_sampling,
                                  gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
+                                 log_path=log_path,
                                  synthetic_acceptance=synthetic if method == "eagle3" else None))
     subproc.report("  engine started; warming up")
     for batch in batch_sizes:  # warm-up at every measured shape
@@ -179,7 +181,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             model_path=model.path, method=method, k=k, draft=draft, prompts=prompts, batch_sizes=todo,
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
             draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
-            dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths),
+            dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths, log_path=str(out / "engine.log")),
             what=f"the {method} k={k} engine", progress=progress)
         for row in rows:
             append_jsonl(rows_path, row)

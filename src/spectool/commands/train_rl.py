@@ -163,7 +163,7 @@ def _setup(cfg: RLConfig) -> _Run:
             online.load_state_dict(st["draft"])
     engine = Engine(EngineConfig(
         model_path=model.path, draft_path=draft_path, k=max(k, 1), k_schedule=schedule, seed=cfg.seed,
-        draft_sampling=cfg.speculation.draft_sampling, dtype=dtype, gpu_memory_utilization=e.gpu_memory_utilization,
+        log_path=str(out / "engine.log"), draft_sampling=cfg.speculation.draft_sampling, dtype=dtype, gpu_memory_utilization=e.gpu_memory_utilization,
         kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=e.max_model_len or None,
         logprobs_mode="processed_logprobs",  # behaviour logprobs at the sampling temperature
     ))

@@ -82,14 +82,14 @@ class VerifyResult:
 
 def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[int]], samples: int,
                positions: int, temperature: float, top_p: float, seed: int, draft_sampling: str = "greedy",
-               gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> dict:
+               gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, log_path: str | None = None) -> dict:
     """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance.
     float32 on every device: the proof is about the sampling algorithm, and its tests compare
     against a float32 transformers forward (a bfloat16 engine differs from it by precision alone)."""
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
     engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, k=k, seed=seed, draft_sampling=draft_sampling,
-                                 dtype="float32", gpu_memory_utilization=gpu_memory_utilization))
+                                 dtype="float32", gpu_memory_utilization=gpu_memory_utilization, log_path=log_path))
     outs, stats = engine.generate(prompts, Sampling(n=samples, max_tokens=positions, temperature=temperature, top_p=top_p))
     arm = {
         "responses": [[c.response_ids for c in per] for per in outs],
@@ -199,7 +199,8 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     prompts = [encode_prompt(tok, t.prompt) for t in tasks]
     common = dict(model_path=model.path, k=cfg.k, prompts=prompts, samples=cfg.samples, positions=cfg.positions,
                   temperature=cfg.temperature, draft_sampling=cfg.draft_sampling,
-                  gpu_memory_utilization=cfg.gpu_memory_utilization)
+                  gpu_memory_utilization=cfg.gpu_memory_utilization,
+                  log_path=str(Path(cfg.out) / "engine.log") if cfg.out else None)
 
     progress("sampling: plain decoding")
     arms = {"plain": sample_arm(draft=None, top_p=1.0, seed=cfg.seed, **common)}

@@ -50,6 +50,7 @@ class EngineConfig:
     # rejection sampling: {"rates": [r_1, ..., r_k]} (unconditional per position) or {"length": A}.
     dummy_weights: bool = False
     synthetic_acceptance: dict[str, Any] | None = None
+    log_path: str | None = None  # where vLLM's log lines go (engine/logs.py); None: the cache's engine.log
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after temperature / top-p)
     enable_prefix_caching: bool = True
     enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1")  # True: no torch.compile (7 s start on CPU instead of 35-110 s, ~35% slower decode)
@@ -104,8 +105,10 @@ class Engine:
 
     def __init__(self, cfg: EngineConfig):
         from spectool.engine.compat import support
+        from spectool.engine.logs import route
         from spectool.precision import engine_dtype
 
+        quiet = route(cfg.log_path) is not None  # before vLLM is imported: its logging reads the stream then
         self.cfg = cfg
         self.support = support()  # refuses an unsupported vLLM before anything starts
         cpu = self.support.cpu_build
@@ -127,6 +130,8 @@ class Engine:
             logprobs_mode=cfg.logprobs_mode,
             worker_extension_cls="spectool.engine.worker_ext.SpectoolWorkerExtension",
         )
+        if quiet:
+            kwargs["use_tqdm_on_load"] = False
         if cfg.dummy_weights:
             kwargs.update(load_format="dummy", skip_tokenizer_init=True)
         if cpu:

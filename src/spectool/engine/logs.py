@@ -1,0 +1,38 @@
+"""Where the engine's log lines go: a file (the run folder's engine.log, or the cache's), so the
+terminal shows spectool's own progress and tables; `spectool --verbose` (SPECTOOL_VERBOSE=1) keeps
+them on the terminal. vLLM's handler reads its stream from VLLM_LOGGING_STREAM ("ext://module.attr")
+each time it configures logging, in this process and in spawned workers, which import this module
+and reopen the same file."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ENV = "SPECTOOL_ENGINE_LOG"
+STREAM = open(os.environ[ENV], "a", buffering=1) if os.environ.get(ENV) else sys.stderr  # noqa: SIM115
+
+
+def verbose() -> bool:
+    return os.environ.get("SPECTOOL_VERBOSE") == "1"
+
+
+def route(log_path: str | Path | None) -> Path | None:
+    """Send vLLM's and transformers' log lines to `log_path` (default: the cache's logs/engine.log)
+    unless verbose; returns the file, or None when verbose."""
+    global STREAM
+    if verbose():
+        return None
+    if log_path is None:
+        from spectool.models import cache_dir
+
+        log_path = cache_dir() / "logs" / "engine.log"
+    path = Path(log_path)
+    if os.environ.get(ENV) != str(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        STREAM = open(path, "a", buffering=1)  # noqa: SIM115
+        os.environ[ENV] = str(path)
+        print(f"vLLM's log: {path} (spectool --verbose shows it here)", file=sys.stderr)
+    os.environ["VLLM_LOGGING_STREAM"] = "ext://spectool.engine.logs.STREAM"
+    return path
