@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${SPECTOOL_VENV:-.venv}
 STAMP="$VENV/.spectool-setup-v1"
-if [ -f "$STAMP" ] && cmp -s "$STAMP" pyproject.toml; then
+if [ -f "$STAMP" ] && cmp -s "$STAMP" <(cat pyproject.toml scripts/setup.sh); then
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
@@ -27,4 +27,4 @@ $PIP install -q -e ".[dev]"
 # modules the test uses import fine with what is here, so it comes without its dependencies.
 $PIP install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "loguru>=0.7.2,<=0.7.3" "pydantic-settings>=2"
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-cp pyproject.toml "$STAMP"
+cat pyproject.toml scripts/setup.sh > "$STAMP"  # a change to either reruns the setup
