@@ -41,8 +41,9 @@ def test_tiny_sweep_and_auto_k_rollout(tiny_policy, random_draft, tmp_path):
     assert "plain decoding" not in r.stderr
 
     # --k auto with a schedule that speculates (k=2) up to 4 sequences and not above.
-    s["eagle3_schedule"] = [[1, 4, 2], [5, 1024, 0]]
-    (out / "sweep.json").write_text(json.dumps(s))
+    from spectool.schedule import write_schedule
+
+    write_schedule(out, [(1, 4, 2), (5, 1024, 0)], "sweep", str(random_draft), "greedy")
     r = spectool("rollout", "--model", str(tiny_policy), "--data", DATA, "--k", "auto", "--sweep", str(out),
                  "--n-prompts", "3", "--max-tokens", "12", "--out", str(tmp_path / "ro"))
     ro = json.loads((tmp_path / "ro" / "manifest.json").read_text())

@@ -44,7 +44,7 @@ class InitDraftResult:
     main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
 
 
-def _claim_out(cfg: InitDraftConfig, write: bool) -> None:
+def _claim_out(cfg: InitDraftConfig) -> None:
     """Refuse an --out that holds anything but an init-draft run with these settings, before
     anything is written; then record the settings (a rerun of the same command resumes)."""
     from dataclasses import asdict
@@ -63,8 +63,7 @@ def _claim_out(cfg: InitDraftConfig, write: bool) -> None:
         what = "a draft without its init-draft settings (an older spectool, or another tool)" \
             if (out / "config.json").exists() else "other files"
         raise SpectoolError(f"--out {out} holds {what}; pick a new --out (--init-from {out} warm-starts from a draft)")
-    if write:
-        atomic_write_json(out / RUN_CONFIG, cfg)
+    atomic_write_json(out / RUN_CONFIG, cfg)
 
 
 def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
@@ -119,7 +118,8 @@ def _setup(cfg: InitDraftConfig):
     if acc.num_processes > 1 and not (Path(cfg.data) / "manifest.json").exists():
         raise SpectoolError(f"--data {cfg.data} is a data source; under accelerate launch pass a harvest run "
                             "instead (spectool harvest --out H ..., then --data H): vLLM runs in one process")
-    _claim_out(cfg, write=acc.is_main_process)
+    if acc.is_main_process:  # one process claims --out (a refusal ends the launch; the others are stopped)
+        _claim_out(cfg)
     acc.wait_for_everyone()
     data = _data(cfg, model)
     # The policy is loaded after the harvest's engine is gone: on a GPU it then has the memory to
