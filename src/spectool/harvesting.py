@@ -49,7 +49,8 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
-    from spectool.engine.engine import Engine, EngineConfig, is_cpu_build
+    from spectool.engine.compat import is_cpu_build
+    from spectool.engine.engine import Engine, EngineConfig
     from spectool.models import resolve_model
     from spectool.records import load_records, shard_paths, write_shard
     from spectool.generation import rollout_tasks
@@ -83,6 +84,9 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     todo = [t for t in tasks if t.id not in done]
     n_shards = len(shard_paths(out))
     tokenizer = AutoTokenizer.from_pretrained(model.path)
+    from spectool.hidden import default_aux_layer_ids
+
+    layer_ids = default_aux_layer_ids(model.fingerprint["num_hidden_layers"])  # vLLM's defaults, as drafts use
     policy = _load_policy(model.path) if cfg.hidden_states and todo else None
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
                                  gpu_memory_utilization=cfg.gpu_memory_utilization)) if todo else None
@@ -96,7 +100,7 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
             s = SamplingConfig(**{**asdict(cfg.sampling), "seed": cfg.sampling.seed + n_shards})
             rows, _, toks, secs = rollout_tasks(engine, tokenizer, source, part, s)
             if policy is not None:
-                hidden_bytes += _store_hidden(policy, rows, out / "hidden" / f"shard-{n_shards:05d}.safetensors")
+                hidden_bytes += _store_hidden(policy, rows, layer_ids, out / "hidden" / f"shard-{n_shards:05d}.safetensors")
                 hidden_tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
             write_shard(out, n_shards, rows)
             n_shards += 1
@@ -109,21 +113,13 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     mean_reward = float(sum(records["reward"]) / max(len(records), 1))
     manifest.update(status="complete", records=len(records), prompts=len(set(records["prompt_id"])),
                     mean_reward=mean_reward, sampler_fix=engine.sampler_fix if engine else None,
-                    aux_layer_ids=_aux_ids(model.path) if cfg.hidden_states else None)
+                    aux_layer_ids=layer_ids if cfg.hidden_states else None)
     atomic_write_json(out / MANIFEST, manifest)
     return HarvestResult(
         out=str(out), n_records=len(records), n_new=n_new, mean_reward=mean_reward,
         tokens_per_s=n_tokens / gen_s if gen_s else 0.0,
         hidden_bytes_per_token=hidden_bytes / hidden_tokens if hidden_tokens else None,
     )
-
-
-def _aux_ids(model_path: str) -> list[int]:
-    from transformers import AutoConfig
-
-    from spectool.hidden import default_aux_layer_ids
-
-    return default_aux_layer_ids(AutoConfig.from_pretrained(model_path).num_hidden_layers)
 
 
 def _load_policy(path: str):
@@ -134,9 +130,8 @@ def _load_policy(path: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev).eval()
 
 
-def _store_hidden(policy, rows: list[dict], path: Path) -> int:
+def _store_hidden(policy, rows: list[dict], layer_ids: list[int], path: Path) -> int:
     """The shard's policy features in the one features format (hidden.save_features); bytes."""
-    from spectool.hidden import default_aux_layer_ids, feature_items, save_features
+    from spectool.hidden import feature_items, save_features
 
-    layer_ids = default_aux_layer_ids(policy.config.num_hidden_layers)
     return save_features(path, feature_items(policy, [r["prompt_ids"] + r["response_ids"] for r in rows], layer_ids))

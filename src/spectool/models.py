@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+from functools import lru_cache
 import json
 import os
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class ModelRef:
         return _short_hash(json.dumps([self.fingerprint[k] for k in FINGERPRINT_FIELDS]))
 
 
+@lru_cache(maxsize=None)
 def model_fingerprint(path: Path) -> dict:
     """Architecture, layer count, hidden size, vocabulary size and a hash of the tokenizer's
     token -> id map of the model folder `path`."""

@@ -181,7 +181,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
     from spectool.data import load_source
     from spectool.runs import check_draft
-    from spectool.engine.engine import is_cpu_build
+    from spectool.engine.compat import is_cpu_build
     from spectool.models import resolve_model
     from spectool.prompts import encode_prompt
     from spectool.runs import CONFIG, MANIFEST, atomic_write_json, make_manifest

@@ -77,12 +77,6 @@ class Sampling:
     max_tokens_each: list[int] | None = None  # per prompt, instead of max_tokens (timing runs)
 
 
-def is_cpu_build() -> bool:
-    from spectool.engine.compat import is_cpu_build as cpu
-
-    return cpu()
-
-
 def _cpu_environment(cfg: EngineConfig) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -110,8 +104,7 @@ class Engine:
 
         quiet = route(cfg.log_path) is not None  # before vLLM is imported: its logging reads the stream then
         self.cfg = cfg
-        self.support = support()  # refuses an unsupported vLLM before anything starts
-        cpu = self.support.cpu_build
+        cpu = support().cpu_build  # refuses an unsupported vLLM before anything starts
         if cpu:
             _cpu_environment(cfg)
         else:

@@ -19,8 +19,8 @@ def verbose() -> bool:
 
 
 def route(log_path: str | Path | None) -> Path | None:
-    """Send vLLM's and transformers' log lines to `log_path` (default: the cache's logs/engine.log)
-    unless verbose; returns the file, or None when verbose."""
+    """Send vLLM's log lines to `log_path` (default: the cache's logs/engine.log) unless verbose;
+    returns the file, or None when verbose. (The CLI keeps transformers' quiet.)"""
     global STREAM
     if verbose():
         return None
