@@ -86,3 +86,45 @@ def test_answer_extraction_and_math_equivalence():
     assert extract_answer("no digits") is None
     assert math_equal("0.5", "\\frac{1}{2}") == 1.0
     assert math_equal("3", "4") == 0.0
+
+
+WIDE = "gym:chain_sum:min_terms=2,max_terms=3,min_digits=1,max_digits=2"
+
+
+def test_mix_follows_weights_and_scores_with_each_sources_verifier(tmp_path):
+    from spectool.data.sources import mix_counts
+
+    f = tmp_path / "products.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"What is {a} * {b}?", "answer": str(a * b)}) + "\n"
+                         for a in range(20) for b in range(20)))
+    spec = f"{GYM}@3+{f}@1"
+    src = load_source(spec, seed=0)
+    tasks = src.tasks("train", 40)
+    assert mix_counts(spec, tasks, src) == {GYM: 30, str(f): 10}
+    assert [t.id for t in load_source(spec, seed=0).tasks("train", 40)] == [t.id for t in tasks]  # deterministic
+    for t in tasks[:8]:  # each task is scored by the verifier of the source it came from
+        assert src.score(t, f"The answer is {t.answer}.") == 1.0
+        assert src.score(t, "no idea") == 0.0
+
+
+def test_mix_keeps_train_and_eval_prompts_apart_across_sources():
+    # The narrow task's prompts are also prompts of the wide one: a shared prompt is drawn once,
+    # and the split by prompt text puts it on the same side whichever source drew it.
+    spec = f"{GYM}@1+{WIDE}@1"
+    src = load_source(spec, seed=0)
+    train, ev = src.tasks("train", 400), src.tasks("eval", 40)
+    assert len({t.prompt for t in train}) == len(train)
+    assert not {t.prompt for t in train} & {t.prompt for t in ev}
+    narrow_eval = {t.prompt for t in load_source(GYM, seed=0).tasks("eval", 100)}
+    assert narrow_eval and not narrow_eval & {t.prompt for t in train}
+
+
+def test_mix_errors_name_the_part():
+    with pytest.raises(SpectoolError, match="weight 'x'"):
+        load_source(f"{GYM}@x+{WIDE}")
+    with pytest.raises(SpectoolError, match="weight > 0"):
+        load_source(f"{GYM}@0+{WIDE}")
+    with pytest.raises(SpectoolError, match="appears twice"):
+        load_source(f"{GYM}+{GYM}@2")
+    with pytest.raises(SpectoolError, match="unknown reasoning-gym task"):
+        load_source(f"{GYM}+gym:no_such_task")

@@ -66,6 +66,12 @@ def test_aux_hidden_states_match_engine(engine, policy_and_draft, tmp_path):
     assert not torch.allclose(first, shifted[0], atol=1e-3)
 
 
+def test_served_draft_equals_its_training_unroll(engine, policy_and_draft, tmp_path):
+    from tests.served import served_vs_trained
+
+    served_vs_trained(engine, policy_and_draft[0], policy_and_draft[1], tmp_path)
+
+
 def test_speculative_generation_counts_and_logprobs(engine, policy_and_draft):
     from spectool.engine.engine import Sampling
 

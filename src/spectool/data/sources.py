@@ -1,4 +1,5 @@
-"""Data sources: `dapo`, `gym:<task>[:k=v,...]`, a local .jsonl/.parquet file, and `chat`.
+"""Data sources: `dapo`, `gym:<task>[:k=v,...]`, a local .jsonl/.parquet file, `chat`, and a
+weighted mix of them: `SOURCE[@WEIGHT]+SOURCE[@WEIGHT]...` (e.g. `gym:chain_sum@2+gym:products@1`).
 
 Every source yields `Task`s (a prompt and, when verifiable, its answer) and scores a completion.
 Splits are decided by a hash of the prompt text (about 10% held out as "eval"), so they are
@@ -80,6 +81,8 @@ def _task_id(spec: str, prompt: str) -> str:
 def load_source(spec: str, *, seed: int = 0, prompt_col: str = "prompt", answer_col: str = "answer") -> TaskSource:
     """Parse a `--data` value into a TaskSource; errors name the accepted forms."""
     spec = spec.strip()
+    if MIX_SEPARATOR in spec:
+        return _mix_source(spec, seed, prompt_col, answer_col)
     if spec == "dapo":
         return _dapo_source()
     if spec.startswith("gym:"):
@@ -93,6 +96,67 @@ def load_source(spec: str, *, seed: int = 0, prompt_col: str = "prompt", answer_
         f"unknown data source {spec!r}: use 'dapo', 'gym:<task>[:key=value,...]' "
         "(e.g. gym:chain_sum), a .jsonl/.parquet file, or 'chat'"
     )
+
+
+# --- weighted mixes -------------------------------------------------------------------------------
+
+MIX_SEPARATOR = "+"
+
+
+def parse_mix(spec: str) -> list[tuple[str, float]]:
+    """`A@2+B@1+C` -> [(A, 2.0), (B, 1.0), (C, 1.0)]; errors name the bad part."""
+    parts = []
+    for part in spec.split(MIX_SEPARATOR):
+        part = part.strip()
+        name, _, weight = part.rpartition("@") if "@" in part else (part, "", "1")
+        try:
+            w = float(weight)
+        except ValueError:
+            raise SpectoolError(f"--data {spec!r}: weight {weight!r} of {name!r} is not a number "
+                                "(a mix is SOURCE@WEIGHT+SOURCE@WEIGHT, e.g. gym:chain_sum@2+gym:products@1)") from None
+        if not name or w <= 0:
+            raise SpectoolError(f"--data {spec!r}: each part of a mix needs a source and a weight > 0, got {part!r}")
+        if MIX_SEPARATOR in name or name in (n for n, _ in parts):
+            raise SpectoolError(f"--data {spec!r}: {name!r} appears twice; give it one weight")
+        parts.append((name, w))
+    return parts
+
+
+def _mix_source(spec: str, seed: int, prompt_col: str, answer_col: str) -> TaskSource:
+    """Tasks drawn from several sources in proportion to their weights (deterministic smooth
+    weighted round-robin; an exhausted source leaves the rest to the others). A prompt text that
+    two sources share is drawn once, so the split by prompt text keeps train and eval apart."""
+    parts = parse_mix(spec)
+    sources = [load_source(name, seed=seed, prompt_col=prompt_col, answer_col=answer_col) for name, _ in parts]
+
+    def draw():
+        streams = [iter(src._draw()) for src in sources]
+        live = list(range(len(streams)))
+        drawn = [0] * len(streams)
+        while live:
+            i = min(live, key=lambda s: ((drawn[s] + 1) / parts[s][1], s))  # the most behind its share
+            try:
+                prompt, answer, payload = next(streams[i])
+            except StopIteration:
+                live.remove(i)
+                continue
+            drawn[i] += 1
+            yield prompt, answer, (i, payload if payload is not None else Task("", prompt, answer))
+
+    def score(payload: tuple[int, Any], completion: str) -> float:
+        i, inner = payload
+        return float(sources[i]._score(inner, completion)) if sources[i]._score else 0.0
+
+    return TaskSource(spec, all(s.verifiable for s in sources), draw, score)
+
+
+def mix_counts(spec: str, tasks: list[Task], source: TaskSource) -> dict[str, int]:
+    """How many of `tasks` (drawn from `source`) came from each part of the mix `spec`."""
+    names = [n for n, _ in parse_mix(spec)]
+    counts = dict.fromkeys(names, 0)
+    for t in tasks:
+        counts[names[source._payloads[t.id][0]]] += 1
+    return counts
 
 
 # --- reasoning-gym ------------------------------------------------------------------------------

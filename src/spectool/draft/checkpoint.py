@@ -16,12 +16,15 @@ DRAFT_JSON = "draft.json"
 WEIGHTS = "model.safetensors"
 
 
-def new_draft(policy, target_ids: torch.Tensor, aux_layer_ids: list[int]) -> Eagle3Draft:
-    """A fresh draft for `policy` (a transformers causal LM): embedding and lm_head rows copied
-    from the policy for the draft vocabulary `target_ids` [Vd]."""
+def new_draft(policy, target_ids: torch.Tensor, aux_layer_ids: list[int], num_layers: int = 1) -> Eagle3Draft:
+    """A fresh draft of `num_layers` decoder layers for `policy` (a transformers causal LM):
+    embedding and lm_head rows copied from the policy for the draft vocabulary `target_ids` [Vd]."""
+    import dataclasses
+
     from spectool.draft.vocab import d2t_from_ids
 
-    cfg = DraftConfig.from_policy(policy.config, len(target_ids), aux_layer_ids)
+    cfg = dataclasses.replace(DraftConfig.from_policy(policy.config, len(target_ids), aux_layer_ids),
+                              num_hidden_layers=num_layers)
     draft = Eagle3Draft(cfg)
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)

@@ -84,10 +84,13 @@ def acceptance_metrics(
     p_accept  mean policy probability of the draft's greedy token = acceptance probability at
               temperature 1 for a greedy draft (min(1, p/q) with one-hot q);
     p_accept_sampled  mean of sum_v min(p_v, q_v) = acceptance probability at temperature 1 for
-              a draft that samples its proposal from q (vLLM's draft_sample_method="probabilistic").
+              a draft that samples its proposal from q (vLLM's draft_sample_method="probabilistic");
+    oracle_greedy  mean max_v p_v: p_accept of the oracle that proposes the policy's own argmax,
+              the ceiling of any greedy draft at temperature 1 (a sampling draft's ceiling is 1,
+              at q = p; at temperature 0 the oracle's top1 is 1).
     """
     B, T, _ = target_logits_full.shape
-    top1, p_acc, p_samp, counts = [], [], [], []
+    top1, p_acc, p_samp, oracle, counts = [], [], [], [], []
     for j, logits in enumerate(draft_logits):
         m = step_mask(prompt_lens, lengths, T, j)
         tgt = shift(target_logits_full, j + 1)[m]  # [N, V]
@@ -98,5 +101,6 @@ def acceptance_metrics(
         q = torch.softmax(logits[m].float(), -1)  # [N, Vd]; zero outside the draft vocabulary
         overlap = torch.minimum(p[:, draft_ids], q).sum(-1)  # [N]
         p_samp.append(float(overlap.mean()) if m.any() else float("nan"))
+        oracle.append(float(p.max(-1).values.mean()) if m.any() else float("nan"))
         counts.append(int(m.sum()))
-    return {"top1": top1, "p_accept": p_acc, "p_accept_sampled": p_samp, "count": counts}
+    return {"top1": top1, "p_accept": p_acc, "p_accept_sampled": p_samp, "oracle_greedy": oracle, "count": counts}

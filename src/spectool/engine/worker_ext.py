@@ -18,22 +18,30 @@ class SpectoolWorkerExtension:
         return cpu_fix.apply()
 
     def spectool_capture_draft_inputs(self, path: str | None) -> int:
-        """Record what the EAGLE-3 drafter receives as aux hidden states.
+        """Record what the EAGLE-3 drafter receives as aux hidden states: the input of its `fc`,
+        the concatenation of the target's aux hidden states [tokens, n_aux * H_target]."""
+        return self._spectool_capture(path, "model.fc", 0)
 
-        With `path=None`, installs a pre-hook on the draft's `fc` (its input is the concatenation
-        of the target's aux hidden states, [tokens, n_aux * H_target]). With a path, saves the
-        inputs recorded so far to a safetensors file and removes the hook. Returns the count.
-        """
+    def spectool_capture_draft_outputs(self, path: str | None) -> int:
+        """Record the drafter's final-normed hidden states that its lm_head reads, per draft step
+        ([sequences, H]: the input of `logits_processor`; the drafter's own layers run compiled,
+        where hooks do not fire)."""
+        return self._spectool_capture(path, "logits_processor", 1)
+
+    def _spectool_capture(self, path: str | None, module: str, arg: int) -> int:
+        """With `path=None`, hooks the draft's `module` to record its input number `arg`. With a
+        path, saves what was recorded as call0, call1, ... to a safetensors file and removes the
+        hook. Returns the count."""
         from safetensors.torch import save_file
 
-        draft = self.model_runner.get_draft_model()
+        target = self.model_runner.get_draft_model().get_submodule(module)
         if path is None:
             self._spectool_captured = []
 
-            def hook(_module, args):
-                self._spectool_captured.append(args[0].detach().clone())
+            def record(_module, args):
+                self._spectool_captured.append(args[arg].detach().clone())
 
-            self._spectool_hook = draft.model.fc.register_forward_pre_hook(hook)
+            self._spectool_hook = target.register_forward_pre_hook(record)
             return 0
         self._spectool_hook.remove()
         captured = self._spectool_captured
