@@ -31,7 +31,7 @@ def chain(r): return 1 + sum(math.prod(r[:i + 1]) for i in range(len(r)))
 print("loss  top-1 (pos 1-3)      P(acc) greedy       P(acc) sampling     exp. AL k=3: T=0 / T=1 greedy / T=1 sampling")
 for loss in ("ce", "tv", "mix"):
     r = json.load(open(f"{out}/{loss}/manifest.json"))["result"]
-    t, g, s = r["eval_top1"][:3], r["eval_p_accept"][:3], r["eval_p_accept_sampled"][:3]
+    t, g, s = (r["heldout"][k][:3] for k in ("top1", "p_accept", "p_accept_sampled"))
     f = lambda xs: " ".join(f"{x:.3f}" for x in xs)
     print(f"{loss:4}  {f(t):18}  {f(g):18}  {f(s):18}  {chain(t):.2f} / {chain(g):.2f} / {chain(s):.2f}")
 PY

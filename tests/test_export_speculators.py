@@ -9,8 +9,8 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="module")
-def small_vocab_export(tiny_policy, tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-layer", "2-layer"])
+def small_vocab_export(tiny_policy, tmp_path_factory, request):
     from transformers import AutoModelForCausalLM
 
     from spectool.commands.export import run
@@ -22,7 +22,7 @@ def small_vocab_export(tiny_policy, tmp_path_factory):
     root = tmp_path_factory.mktemp("spec_export")
     policy = AutoModelForCausalLM.from_pretrained(tiny_policy)
     torch.manual_seed(3)
-    draft = new_draft(policy, torch.arange(0, policy.config.vocab_size, 2), default_aux_layer_ids(4))
+    draft = new_draft(policy, torch.arange(0, policy.config.vocab_size, 2), default_aux_layer_ids(4), request.param)
     save_draft(draft, root / "draft", extra=draft_metadata(resolve_model(str(tiny_policy)), 3))
     run(ExportConfig(draft=str(root / "draft"), out=str(root / "spec"), format="speculators", model=str(tiny_policy),
                      k=3, verify=False))

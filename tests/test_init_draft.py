@@ -54,7 +54,12 @@ def test_training_learns_and_writes_a_loadable_draft(tiny_policy, fake_harvest, 
     lines = [json.loads(x) for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, r.steps + 1))
     assert lines[-1]["loss"] < lines[0]["loss"]
-    assert len(r.eval_top1) == 3 and 0 <= r.coverage <= 1
+    assert len(r.heldout["top1"]) == 3 and 0 <= r.coverage <= 1
+    # The report: the oracle proposes the policy's argmax, so no greedy draft's P(accept) is above it.
+    for m in (r.heldout, r.train):
+        assert all(0 <= g <= o + 1e-6 for g, o in zip(m["p_accept"], m["oracle_greedy"]))
+    lengths = r.acceptance_lengths()
+    assert lengths["T=1 greedy"] <= lengths["oracle T=1 greedy"] and lengths["oracle T=1 probabilistic"] == 4
     from transformers import AutoModelForCausalLM
 
     draft, meta = load_draft(tmp_path / "d", AutoModelForCausalLM.from_pretrained(tiny_policy))
@@ -231,4 +236,43 @@ def test_a_harvests_hidden_state_shards_are_trained_on_without_a_policy_forward(
     assert not (tmp_path / "reused" / ".train" / "features.safetensors").exists()
     losses = [[json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
               for d in ("fresh", "reused")]
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and reused.eval_top1 == pytest.approx(fresh.eval_top1)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and all(reused.heldout[k] == pytest.approx(v) for k, v in fresh.heldout.items())
+
+
+def test_disk_budget_refuses_before_anything_is_written(tiny_policy, fake_harvest, tmp_path):
+    from spectool.commands.init_draft import run
+
+    out = tmp_path / "d"
+    with pytest.raises(SpectoolError, match=r"feature cache would take up to .* GiB .*--disk-budget-gb is 1e-06"):
+        run(_cfg(tiny_policy, fake_harvest, out, disk_budget_gb=1e-6))
+    assert not out.exists()
+    r = run(_cfg(tiny_policy, fake_harvest, out, disk_budget_gb=1.0, epochs=1))  # the same run within budget
+    assert 0 < r.feature_cache_bytes < 1024**3
+
+
+def test_two_layer_draft_trains_and_a_warm_start_keeps_its_depth(tiny_policy, fake_harvest, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from spectool.commands.init_draft import run
+    from spectool.draft.checkpoint import load_draft
+
+    run(_cfg(tiny_policy, fake_harvest, tmp_path / "d2", epochs=1, draft_layers=2))
+    draft, _ = load_draft(tmp_path / "d2", AutoModelForCausalLM.from_pretrained(tiny_policy))
+    assert draft.config.num_hidden_layers == 2 and json.loads((tmp_path / "d2" / "config.json").read_text())[
+        "num_hidden_layers"] == 2
+    with pytest.raises(SpectoolError, match="has 2 decoder layer.*pass --draft-layers 2"):
+        run(_cfg(tiny_policy, fake_harvest, tmp_path / "d3", init_from=str(tmp_path / "d2")))
+    assert not (tmp_path / "d3").exists()
+
+
+def test_preset_fills_what_the_command_line_did_not_set():
+    from spectool.config import INIT_DRAFT_PRESETS, InitDraftConfig, apply_preset
+
+    cfg = InitDraftConfig(out="o", preset="quality", epochs=7)
+    got = apply_preset(cfg, {"epochs", "out", "preset"})
+    q = INIT_DRAFT_PRESETS["quality"]
+    assert got.epochs == 7 and got.batch_size == q["batch_size"] and got.data == q["data"]
+    assert got.harvest.n_prompts == q["harvest.n_prompts"] and got.harvest.seed == cfg.harvest.seed
+    assert cfg.batch_size == InitDraftConfig().batch_size  # the given config is not changed
+    with pytest.raises(SpectoolError, match="--preset='fast': must be one of quality"):
+        apply_preset(InitDraftConfig(out="o", preset="fast"), set())

@@ -113,8 +113,18 @@ def harvest(
 I = InitDraftConfig  # noqa: E741
 
 
+def _presets_help() -> str:
+    from spectool.config import INIT_DRAFT_PRESETS, field_docs
+
+    sets = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in vals.items())
+                     for name, vals in INIT_DRAFT_PRESETS.items())
+    return f"{field_docs(InitDraftConfig)['preset']} {sets}"
+
+
+
 @app.command("init-draft")
 def init_draft(
+    ctx: typer.Context,
     out: str = option(I, "out", required=True),
     model: str = option(I, "model"),
     data: str = option(I, "data"),
@@ -122,6 +132,7 @@ def init_draft(
     remap_vocab: bool = option(I, "remap_vocab"),
     draft_vocab_size: int = option(I, "draft_vocab_size"),
     ttt_steps: int = option(I, "ttt_steps"),
+    draft_layers: int = option(I, "draft_layers"),
     loss: str = option(I, "loss"),
     epochs: int = option(I, "epochs"),
     batch_size: int = option(I, "batch_size"),
@@ -133,18 +144,32 @@ def init_draft(
     temperature: float = option(I, "harvest.temperature"),
     seed: int = option(I, "seed"),
     gpu_memory_utilization: float = option(I, "gpu_memory_utilization"),
+    disk_budget_gb: Optional[float] = option(I, "disk_budget_gb"),
+    preset: Optional[str] = typer.Option(None, "--preset", help=_presets_help()),
 ) -> None:
     """Build and train an EAGLE-3 draft for the policy on in-domain data."""
     try:
         from spectool.commands.init_draft import render, run
+        from spectool.config import apply_preset
 
-        render(run(InitDraftConfig(
+        cfg = InitDraftConfig(
             out=out, model=model, data=data, init_from=init_from, remap_vocab=remap_vocab,
-            draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, loss=loss, epochs=epochs, batch_size=batch_size, lr=lr,
-            save_every=save_every, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-            harvest=SamplingConfig(n_prompts, samples, max_tokens, temperature, 1.0, seed))))
+            draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, draft_layers=draft_layers, loss=loss, epochs=epochs,
+            batch_size=batch_size, lr=lr, save_every=save_every, seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization, disk_budget_gb=disk_budget_gb, preset=preset,
+            harvest=SamplingConfig(n_prompts, samples, max_tokens, temperature, 1.0, seed))
+        render(run(apply_preset(cfg, _given(ctx, sampling=("n_prompts", "samples", "max_tokens", "temperature")))))
     except SpectoolError as e:
         _fail(e)
+
+
+def _given(ctx: typer.Context, sampling: tuple[str, ...]) -> set[str]:
+    """Settings set on the command line (not defaulted), as config field names; the flags in
+    `sampling` are the nested SamplingConfig's ("harvest.<field>")."""
+    from click.core import ParameterSource
+
+    given = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+    return {f"harvest.{n}" if n in sampling else n for n in given}
 
 
 S = SweepConfig

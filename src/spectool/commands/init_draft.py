@@ -10,7 +10,10 @@ Workflow (`run`, phase by phase):
  4. training-time-test unroll over `ttt_steps` positions (>= the largest k you will run), weighted
     soft cross-entropy (loss.py), AdamW + cosine schedule, under `accelerate`;
  5. held-out per-position top-1 agreement and expected acceptance; metrics.jsonl; a checkpoint
-    every `save_every` steps; a killed run resumes at the next step; final vLLM-loadable folder.
+    every `save_every` steps; a killed run resumes at the next step; final vLLM-loadable folder;
+ 6. the report: per position, on held-out prompts and on as many training records, the draft's
+    acceptance proxies next to the greedy oracle's (ttt.METRICS), and the acceptance lengths they
+    imply at T=0, T=1 greedy and T=1 probabilistic.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from spectool.config import InitDraftConfig
 from spectool.errors import SpectoolError
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
-RESUME_MAY_CHANGE = {"save_every"}  # settings a rerun may change and still resume
+RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset"}  # settings a rerun may change and still resume
+GIB = 1024**3
 
 
 @dataclass
@@ -34,14 +38,22 @@ class InitDraftResult:
     out: str
     steps: int
     coverage: float
-    eval_top1: list[float]
-    eval_p_accept: list[float]  # T=1, greedy proposals
-    eval_p_accept_sampled: list[float]  # T=1, proposals sampled from the draft
-    expected_acceptance_length: float  # greedy proxy at k = ttt_steps, from top1 chain
+    heldout: dict[str, list[float]]  # ttt.METRICS per draft position, held-out prompts
+    train: dict[str, list[float]]  # the same on as many training records: the gap says whether data limits
     train_tokens_per_s: float
-    draft_to_policy_cost: float  # measured forward time ratio per token
+    draft_to_policy_cost: float  # measured forward time ratio per drafted token
+    feature_cache_bytes: int  # disk the policy features took (0: a harvest's shards were reused)
     seconds: float
     main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
+
+    def acceptance_lengths(self, which: str = "heldout") -> dict[str, float]:
+        """Expected acceptance length at k = ttt_steps implied by the per-position proxies."""
+        from spectool.draft.ttt import chain_length
+
+        m = getattr(self, which)
+        return {"T=0": chain_length(m["top1"]), "T=1 greedy": chain_length(m["p_accept"]),
+                "T=1 probabilistic": chain_length(m["p_accept_sampled"]),
+                "oracle T=1 greedy": chain_length(m["oracle_greedy"]), "oracle T=1 probabilistic": len(m["top1"]) + 1.0}
 
 
 def _claim_out(cfg: InitDraftConfig) -> None:
@@ -109,8 +121,12 @@ def _setup(cfg: InitDraftConfig):
         if not Path(cfg.init_from).exists():
             raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
         check_draft(cfg.init_from, model, 1, flag="--init-from")
-        load_draft(Path(cfg.init_from))
+        warm, _ = load_draft(Path(cfg.init_from))
+        if warm.config.num_hidden_layers != cfg.draft_layers:
+            raise SpectoolError(f"--init-from {cfg.init_from} has {warm.config.num_hidden_layers} decoder layer(s); "
+                                f"pass --draft-layers {warm.config.num_hidden_layers} (a warm start keeps its depth)")
     # Under `accelerate launch`, the main process harvests and caches features; the others wait.
+    _check_disk_budget(cfg, model)  # before --out is claimed or anything is harvested
     acc = Accelerator(cpu=not torch.cuda.is_available())
     if cfg.batch_size < acc.num_processes:
         raise SpectoolError(f"--batch-size {cfg.batch_size} is smaller than the {acc.num_processes} processes; "
@@ -130,6 +146,62 @@ def _setup(cfg: InitDraftConfig):
         (Path(cfg.out) / ".train").mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
     return model, acc, data, policy
+
+
+def _feature_bytes_per_token(fingerprint: dict) -> int:
+    """One token of the feature cache: ids (int64) + 3 aux layers and the last hidden (float16)."""
+    return 8 + (3 + 1) * fingerprint["hidden_size"] * 2
+
+
+def _feature_bytes_per_token_of(policy) -> int:
+    return _feature_bytes_per_token({"hidden_size": policy.config.hidden_size})
+
+
+def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
+    """Tokens whose features init-draft will cache: 0 when its cache exists or the harvest's
+    --hidden-states shards hold them; a harvest run's exact count; for a data source still to be
+    harvested, the most it can produce (n_prompts x samples x (longest prompt + max_tokens))."""
+    from spectool.runs import MANIFEST, read_json
+
+    if (Path(cfg.out) / ".train" / "features.safetensors").exists():
+        return 0
+    p = Path(cfg.data)
+    if (p / MANIFEST).exists():
+        if (p / "hidden").is_dir() and read_json(p / MANIFEST).get("aux_layer_ids"):
+            return 0
+        from spectool.records import load_records
+
+        r = load_records(p)
+        return sum(len(a) + len(b) for a, b in zip(r["prompt_ids"], r["response_ids"]))
+    from transformers import AutoTokenizer
+
+    from spectool.data import load_source
+    from spectool.prompts import encode_prompt
+
+    h = cfg.harvest
+    tok = AutoTokenizer.from_pretrained(model.path)
+    tasks = load_source(cfg.data, seed=h.seed).tasks("train", h.n_prompts)
+    return len(tasks) * h.samples * (max(len(encode_prompt(tok, t.prompt)) for t in tasks) + h.max_tokens)
+
+
+def _check_disk_budget(cfg: InitDraftConfig, model) -> None:
+    """Refuse, before anything is written, a feature cache over --disk-budget-gb (default: the
+    free space where --out will live)."""
+    import shutil
+
+    need = _tokens_to_cache(cfg, model) * _feature_bytes_per_token(model.fingerprint)
+    if need == 0:
+        return
+    where = next(q for q in [Path(cfg.out).absolute(), *Path(cfg.out).absolute().parents] if q.exists())
+    free = shutil.disk_usage(where).free
+    budget = cfg.disk_budget_gb * GIB if cfg.disk_budget_gb is not None else free
+    if need > min(budget, free):
+        limit = (f"--disk-budget-gb is {cfg.disk_budget_gb:g}" if cfg.disk_budget_gb is not None and budget <= free
+                 else f"{where} has {free / GIB:.2f} GiB free")
+        raise SpectoolError(
+            f"the policy-feature cache would take up to {need / GIB:.2f} GiB "
+            f"({_feature_bytes_per_token(model.fingerprint) / 1024:.1f} KiB per token) and {limit}; "
+            "lower --n-prompts, --samples or --max-tokens, put --out on a larger disk, or raise --disk-budget-gb")
 
 
 def _data(cfg: InitDraftConfig, model) -> _Data:
@@ -170,7 +242,8 @@ def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
     if not cfg.init_from:
         target_ids, coverage = build_vocab(responses, policy.config.vocab_size, vsize)
         torch.manual_seed(cfg.seed)
-        return new_draft(policy, target_ids, default_aux_layer_ids(policy.config.num_hidden_layers)), target_ids, coverage
+        layers = default_aux_layer_ids(policy.config.num_hidden_layers)
+        return new_draft(policy, target_ids, layers, cfg.draft_layers), target_ids, coverage
     warm, _ = load_draft(Path(cfg.init_from), policy)
     if not cfg.remap_vocab:  # keep the warm start's vocabulary map
         target_ids = ids_from_d2t(warm.d2t)
@@ -202,6 +275,9 @@ def _features(policy, data: _Data, layer_ids: list[int], cache: Path):
                                                    zip(items, data.records["prompt_ids"], data.records["response_ids"])):
             return items
     seqs = [p + r for p, r in zip(data.records["prompt_ids"], data.records["response_ids"])]
+    tokens = sum(map(len, seqs))
+    print(f"policy features: {tokens} tokens, a {tokens * _feature_bytes_per_token_of(policy) / GIB:.2f} GiB cache "
+          f"at {cache}")
     with Progress() as bar:
         job = bar.add_task("policy hidden states", total=len(seqs))
         items = feature_items(policy, seqs, layer_ids, on_batch=lambda n: bar.advance(job, n))
@@ -294,7 +370,7 @@ def _train(cfg: InitDraftConfig, tr: _Training, data: _Data, feats, evaluate, W_
 
 def run(cfg: InitDraftConfig) -> InitDraftResult:
     from spectool.draft.checkpoint import draft_metadata, save_draft
-    from spectool.draft.ttt import chain_length, heldout_metrics
+    from spectool.draft.ttt import heldout_metrics
     from spectool.runs import MANIFEST, atomic_write_json, make_manifest
 
     cfg.validate()
@@ -309,19 +385,22 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     target_on_device = target_ids.to(acc.device)  # [Vd]
     tr = _Training(cfg, acc, draft, len(data.train), out / ".train")
 
-    def evaluate() -> dict:
-        return heldout_metrics(tr.unwrapped, [feats[i] for i in data.heldout], [data.prompt_lens[i] for i in data.heldout],
+    def evaluate(idx: list[int] | None = None) -> dict:
+        idx = data.heldout if idx is None else idx
+        return heldout_metrics(tr.unwrapped, [feats[i] for i in idx], [data.prompt_lens[i] for i in idx],
                                W, target_on_device, cfg.ttt_steps, cfg.batch_size, acc.device)
 
     # loop
     tokens, seconds = _train(cfg, tr, data, feats, evaluate, W[target_ids])
-    # save: held-out metrics, the vLLM-loadable folder with its metadata, the manifest
-    final = evaluate()
+    # save: held-out and training-sample metrics, the vLLM-loadable folder with its metadata, the manifest
+    g = torch.Generator().manual_seed(cfg.seed)
+    train_sample = [data.train[i] for i in torch.randperm(len(data.train), generator=g)[: max(len(data.heldout), 32)]]
+    cache = out / ".train" / "features.safetensors"
     result = InitDraftResult(
-        out=str(out), steps=tr.step, coverage=coverage, eval_top1=final["top1"], eval_p_accept=final["p_accept"],
-        eval_p_accept_sampled=final["p_accept_sampled"], expected_acceptance_length=chain_length(final["top1"]),
+        out=str(out), steps=tr.step, coverage=coverage, heldout=evaluate(), train=evaluate(train_sample),
         train_tokens_per_s=tokens / seconds if seconds else 0.0,
         draft_to_policy_cost=_cost_ratio(policy, tr.unwrapped, feats[data.train[0]]),
+        feature_cache_bytes=cache.stat().st_size if cache.exists() else 0,
         seconds=time.perf_counter() - t_start, main_process=acc.is_main_process,
     )
     if acc.is_main_process:
@@ -329,7 +408,8 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         atomic_write_json(out / MANIFEST, make_manifest(
             "draft", model=model.name, model_identity=model.identity, harvest=str(data.run_dir),
             harvest_data=data.manifest.get("data"), records=len(data.records), train_records=len(data.train),
-            eval_records=len(data.heldout), ttt_steps=cfg.ttt_steps, result=result))
+            eval_records=len(data.heldout), ttt_steps=cfg.ttt_steps, result=result,
+            acceptance_lengths={"heldout": result.acceptance_lengths(), "train": result.acceptance_lengths("train")}))
     return result
 
 
@@ -373,16 +453,22 @@ def render(r: InitDraftResult) -> None:
     t = Table(title=f"init-draft -> {r.out}", show_header=False)
     t.add_row("steps", str(r.steps))
     t.add_row("draft vocab coverage of responses", f"{r.coverage:.1%}")
-    t.add_row("held-out top-1 agreement by position", " ".join(f"{x:.2f}" for x in r.eval_top1))
-    t.add_row("held-out P(accept), T=1, greedy draft", " ".join(f"{x:.2f}" for x in r.eval_p_accept))
-    t.add_row("held-out P(accept), T=1, sampling draft", " ".join(f"{x:.2f}" for x in r.eval_p_accept_sampled))
-    k = len(r.eval_top1)
-    from spectool.draft.ttt import chain_length
-
-    t.add_row(f"expected acceptance length, k={k}",
-              f"T=0 {r.expected_acceptance_length:.2f}, T=1 greedy {chain_length(r.eval_p_accept):.2f}, "
-              f"T=1 sampling {chain_length(r.eval_p_accept_sampled):.2f}")
+    rows = [("top-1 agreement (T=0 acceptance)", "top1"), ("P(accept), T=1, greedy draft", "p_accept"),
+            ("P(accept), T=1, probabilistic draft: sum min(p, q)", "p_accept_sampled"),
+            ("P(accept), T=1, greedy oracle: max p", "oracle_greedy")]
+    for label, key in rows:
+        t.add_row(f"{label}, by position", f"held-out {_fmt(r.heldout[key])}  |  train {_fmt(r.train[key])}")
+    k = len(r.heldout["top1"])
+    for which in ("heldout", "train"):
+        t.add_row(f"expected acceptance length, k={k}, {which}",
+                  ", ".join(f"{name} {v:.2f}" for name, v in r.acceptance_lengths(which).items()))
     t.add_row("training throughput", f"{r.train_tokens_per_s:.0f} tokens/s")
-    t.add_row("draft / policy forward cost", f"{r.draft_to_policy_cost:.3f}")
+    t.add_row("draft / policy forward cost per drafted token", f"{r.draft_to_policy_cost:.3f}")
+    t.add_row("feature cache", f"{r.feature_cache_bytes / GIB:.2f} GiB" if r.feature_cache_bytes
+              else "none (the harvest's --hidden-states shards)")
     t.add_row("wall time", f"{r.seconds:.0f} s")
     Console().print(t)
+
+
+def _fmt(xs: list[float]) -> str:
+    return " ".join(f"{x:.2f}" for x in xs)

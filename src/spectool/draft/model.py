@@ -118,13 +118,15 @@ class MLP(nn.Module):
 
 
 class MidLayer(nn.Module):
-    """A draft decoder layer; the first reads cat(token embedding, h) [2H], the others h [H].
-    Every layer has `hidden_norm`, as vLLM's does (only the first uses it)."""
+    """A draft decoder layer; the first reads cat(token embedding, hidden_norm(h)) [2H], the
+    others h [H] (no hidden_norm: vLLM builds one per layer but only the first reads it, and the
+    speculators format has none)."""
 
     def __init__(self, c: DraftConfig, first: bool = True):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        if first:
+            self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = Attention(c, (2 if first else 1) * c.hidden_size)
         self.mlp = MLP(c)
