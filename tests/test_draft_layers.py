@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.served import served_vs_trained
+from served import served_vs_trained
 
 pytestmark = pytest.mark.engine
 

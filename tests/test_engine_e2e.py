@@ -67,7 +67,7 @@ def test_aux_hidden_states_match_engine(engine, policy_and_draft, tmp_path):
 
 
 def test_served_draft_equals_its_training_unroll(engine, policy_and_draft, tmp_path):
-    from tests.served import served_vs_trained
+    from served import served_vs_trained
 
     served_vs_trained(engine, policy_and_draft[0], policy_and_draft[1], tmp_path)
 

@@ -69,3 +69,16 @@ def test_harvest_init_export_rollout(tiny_policy, tmp_path):
     # k beyond the trained unroll is refused with the fix named.
     r = spectool("rollout", "--model", str(tiny_policy), "--draft", str(draft), "--k", "5", check=False)
     assert r.returncode == 2 and "--ttt-steps" in r.stderr
+
+
+def test_the_policy_as_its_own_draft_is_the_oracle(tiny_policy, tmp_path):
+    """`rollout --draft-model policy`: vLLM's draft-model speculation with the policy proposing its
+    own argmax. At T=0 every proposal is the policy's next token, so each verify step accepts all k
+    (up to the end of a sequence): the acceptance ceiling that init-draft's report cites."""
+    r = spectool("rollout", "--model", str(tiny_policy), "--data", DATA, "--draft-model", "policy", "--k", "3",
+                 "--temperature", "0", "--n-prompts", "4", "--max-tokens", "40", "--out", str(tmp_path / "oracle"))
+    acc = json.loads((tmp_path / "oracle" / "manifest.json").read_text())["summary"]["acceptance"]
+    assert acc["num_drafts"] > 0 and acc["accepted_per_pos"][0] >= acc["num_drafts"] - 4  # one short end per prompt
+    assert acc["num_accepted_tokens"] >= 3 * acc["num_drafts"] - 4 * 3
+    r = spectool("rollout", "--model", str(tiny_policy), "--draft-model", "policy", "--draft", str(tmp_path), check=False)
+    assert r.returncode == 2 and "--draft-model" in r.stderr

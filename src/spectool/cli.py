@@ -234,6 +234,7 @@ def rollout(
     prompt_col: str = option(R, "prompt_col"),
     answer_col: str = option(R, "answer_col"),
     draft: Optional[str] = option(R, "draft"),
+    draft_model: Optional[str] = option(R, "draft_model"),
     k: str = option(R, "k"),
     sweep: Optional[str] = option(R, "sweep"),
     compare: bool = option(R, "compare"),
@@ -250,7 +251,7 @@ def rollout(
             raise SpectoolError(f"--k={k!r} must be an integer in [1, 16] or 'auto'")
         render(run(RolloutConfig(
             model=model, data=data, split=split, out=out, prompt_col=prompt_col, answer_col=answer_col, draft=draft,
-            k=k if k == "auto" else int(k), sweep=sweep, compare=compare, draft_sampling=draft_sampling,
+            draft_model=draft_model, k=k if k == "auto" else int(k), sweep=sweep, compare=compare, draft_sampling=draft_sampling,
             gpu_memory_utilization=gpu_memory_utilization, acceptance_length=acceptance_length,
             sampling=SamplingConfig(n_prompts, samples, max_tokens, temperature, top_p, seed))))
     except SpectoolError as e:

@@ -260,6 +260,9 @@ class RolloutConfig:
     """Answer column of a file source."""
     draft: str | None = None
     """EAGLE-3 draft folder: speculative rollouts."""
+    draft_model: str | None = None
+    """Instead of --draft: a smaller causal LM with the policy's tokenizer (vLLM's draft-model speculation);
+    'policy' drafts with the policy itself, the oracle whose T=1 greedy acceptance bounds every greedy draft's."""
     k: int | str = 3
     """Draft tokens per step, or 'auto': per batch size from --sweep (vLLM's dynamic speculation)."""
     sweep: str | None = None
@@ -283,14 +286,17 @@ class RolloutConfig:
                   "policy's rollouts and must not become records; drop --out (the speed figures are printed)")
             check(self.draft is not None and isinstance(self.k, int) and 1 <= self.acceptance_length <= self.k + 1,
                   "--acceptance-length", self.acceptance_length, "needs --draft and a number in [1, k + 1]")
+        if self.draft_model is not None:
+            check(self.draft is None and self.k != "auto", "--draft-model", self.draft_model,
+                  "is refused with --draft or --k auto (one draft per rollout; a fixed --k)")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         if self.k == "auto":
             if self.sweep is None:
                 raise SpectoolError("--k auto needs --sweep RUN (a sweep-k or forecast run directory)")
         else:
             check(isinstance(self.k, int) and 1 <= self.k <= 16, "--k", self.k, "must be in [1, 16] or 'auto'")
-        check(not self.compare or self.draft is not None or self.sweep is not None, "--compare", self.compare,
-              "needs --draft (or --k auto --sweep RUN)")
+        check(not self.compare or self.draft is not None or self.draft_model is not None or self.sweep is not None,
+              "--compare", self.compare, "needs --draft or --draft-model (or --k auto --sweep RUN)")
         check_draft_sampling(self.draft_sampling)
         self.sampling.validate()
 

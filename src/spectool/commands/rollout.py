@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from spectool.errors import SpectoolError
 from spectool.config import SamplingConfig
 from spectool.config import RolloutConfig
 from spectool.stats import AcceptanceStats
@@ -54,6 +55,9 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     schedule, draft = read_schedule(cfg.sweep, cfg.draft, cfg.draft_sampling) if cfg.k == "auto" else (None, cfg.draft)
     max_k = max(k for _, _, k in schedule) if schedule else cfg.k
     draft_path = check_draft(draft, model, max(max_k, 1)) if draft else None
+    method = "eagle3"
+    if cfg.draft_model:
+        draft_path, method = _draft_model(cfg.draft_model, model), "draft_model"
     log_path = str(Path(cfg.out) / "engine.log") if cfg.out else None
     plain_tps = None
     if cfg.compare:
@@ -67,7 +71,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
 
         gc.collect()
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, log_path=log_path,
-                                 k=max(max_k, 1), k_schedule=schedule, draft_sampling=cfg.draft_sampling,
+                                 method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=cfg.draft_sampling,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
     rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
@@ -76,7 +80,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         n_prompts=len(tasks), n_completions=len(rows),
         mean_reward=sum(r["reward"] for r in rows) / len(rows),
         mean_response_len=n_tokens / len(rows), tokens_per_s=n_tokens / seconds, seconds=seconds,
-        acceptance=stats, out=cfg.out, k=cfg.k if draft else None, draft_sampling=cfg.draft_sampling,
+        acceptance=stats, out=cfg.out, k=cfg.k if draft_path else None, draft_sampling=cfg.draft_sampling,
         plain_tokens_per_s=plain_tps,
     )
     if cfg.out:
@@ -90,6 +94,20 @@ def run(cfg: RolloutConfig) -> RolloutResult:
                           sampler_fix=engine.sampler_fix, summary=result),
         )
     return result
+
+
+def _draft_model(name: str, policy) -> str:
+    """The folder of a --draft-model ('policy': the policy's own); refused unless its tokenizer is
+    the policy's (its proposals are token ids the policy verifies)."""
+    from spectool.models import resolve_model
+
+    if name == "policy":
+        return policy.path
+    dm = resolve_model(name)
+    if dm.fingerprint["tokenizer_vocab_sha"] != policy.fingerprint["tokenizer_vocab_sha"]:
+        raise SpectoolError(f"--draft-model {name} has another tokenizer than the policy {policy.name}; "
+                            "a draft model must share the policy's vocabulary")
+    return dm.path
 
 
 def render(r: RolloutResult) -> None:

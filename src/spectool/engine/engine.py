@@ -32,7 +32,7 @@ class EngineConfig:
     model_path: str
     draft_path: str | None = None  # plain EAGLE-3 folder (config.json + model.safetensors)
     k: int = 3  # num_speculative_tokens (the largest k when k_schedule is set)
-    method: str = "eagle3"  # "eagle3" (plain decoding when draft_path is None) or "ngram" (prompt lookup)
+    method: str = "eagle3"  # "eagle3" | "draft_model" (draft_path: a causal LM; plain decoding when None) | "ngram"
     # eagle3 proposals: "greedy" (the draft's argmax; accepted with probability p(token)) or
     # "probabilistic" (sampled from the draft's q at the request's temperature; accepted with
     # min(1, p/q), so a position is accepted with probability sum_v min(p_v, q_v)). Both are exact.
