@@ -52,3 +52,19 @@ def test_tiny_sweep_and_auto_k_rollout(tiny_policy, random_draft, tmp_path):
 
     r = spectool("rollout", "--model", str(tiny_policy), "--k", "auto", check=False)
     assert r.returncode == 2 and "--k auto needs --sweep" in r.stderr
+
+
+def test_sweep_measures_draft_model_speculation(tiny_policy, tmp_path):
+    """--methods draft_model: vLLM's draft-model speculation as a sweep arm. With the policy drafting
+    for itself at T=0 every proposal is the policy's next token (the oracle), so acceptance is near
+    k + 1 and every position is accepted almost always."""
+    out = tmp_path / "sweep"
+    spectool("sweep-k", "--model", str(tiny_policy), "--data", DATA, "--out", str(out), "--methods", "draft_model",
+             "--draft-model", "policy", "--k", "2", "--batch-sizes", "2", "--max-tokens", "24", "--min-seqs", "2",
+             "--temperature", "0")
+    rows = {x["method"]: x for x in json.loads((out / "sweep.json").read_text())["rows"]}
+    assert set(rows) == {"none", "draft_model"}
+    assert rows["draft_model"]["mean_acceptance_length"] > 2.5 and min(rows["draft_model"]["per_position"]) > 0.75
+    r = spectool("sweep-k", "--model", str(tiny_policy), "--out", str(tmp_path / "x"), "--methods", "draft_model",
+                 check=False)
+    assert r.returncode == 2 and "--draft-model" in r.stderr

@@ -185,6 +185,7 @@ def sweep_k(
     k: str = option(S, "ks", "--k"),
     batch_sizes: str = option(S, "batch_sizes"),
     methods: str = option(S, "methods"),
+    draft_model: Optional[str] = option(S, "draft_model"),
     max_tokens: int = option(S, "max_tokens"),
     temperature: float = option(S, "temperature"),
     min_seqs: int = option(S, "min_seqs"),
@@ -206,7 +207,7 @@ def sweep_k(
         cfg = SweepConfig(
             out=out, draft=draft, model=model, data=data, split=split, ks=parse_int_list(k, "--k"),
             batch_sizes=parse_int_list(batch_sizes, "--batch-sizes"),
-            methods=[m.strip() for m in methods.split(",") if m.strip()], max_tokens=max_tokens,
+            methods=[m.strip() for m in methods.split(",") if m.strip()], draft_model=draft_model, max_tokens=max_tokens,
             temperature=temperature, min_seqs=min_seqs, min_gain=min_gain, seed=seed, draft_sampling=draft_sampling,
             gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
             acceptance_rates=parse_float_list(acceptance_rates, "--acceptance-rates"),

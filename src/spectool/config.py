@@ -15,7 +15,7 @@ from spectool.errors import SpectoolError
 DEFAULT_MODEL = "smollm2-135m"
 # Two-term one-digit sums: SmolLM2-135M scores ~0.4 here, a real RL signal (measured).
 DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
-METHODS = ("eagle3", "ngram")  # sweep-k's speculative methods
+METHODS = ("eagle3", "ngram", "draft_model")  # sweep-k's speculative methods
 CONTROLS = ("auto", "unpatched", "truncated", "none")  # verify's lossy controls
 # How an EAGLE-3 draft proposes (vLLM's draft_sample_method): its argmax, or a sample from it.
 DRAFT_SAMPLING = ("greedy", "probabilistic")
@@ -319,7 +319,10 @@ class SweepConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
     """Concurrent sequences, comma-separated."""
     methods: list[str] = field(default_factory=lambda: ["eagle3"])
-    """eagle3,ngram (comma-separated)."""
+    """eagle3,ngram,draft_model (comma-separated)."""
+    draft_model: str | None = None
+    """For --methods draft_model: a smaller causal LM with the policy's tokenizer, or 'policy' (the policy drafts
+    for itself: the greedy-drafting oracle)."""
     max_tokens: int = 128
     """Max generated tokens per completion."""
     temperature: float = 1.0
@@ -369,6 +372,10 @@ class SweepConfig:
               f"must be a list of {', '.join(METHODS)}")
         if "eagle3" in self.methods and self.draft is None and not self.dummy_weights:
             raise SpectoolError("--draft is required for method eagle3 (or use --methods ngram)")
+        check(("draft_model" in self.methods) == (self.draft_model is not None), "--draft-model", self.draft_model,
+              "goes with --methods draft_model, and that method needs it")
+        check(not (self.dummy_weights and "draft_model" in self.methods), "--methods", self.methods,
+              "draft_model is measured on real weights only (drop --dummy-weights)")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         check(1 <= self.max_tokens <= 32768, "--max-tokens", self.max_tokens, "must be in [1, 32768]")
         check(0 <= self.temperature <= 10, "--temperature", self.temperature, "must be in [0, 10]")

@@ -74,9 +74,12 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
             )
     elif out.exists() and any(out.iterdir()):
         raise SpectoolError(f"--out {out} exists and is not a harvest run; pick a new folder")
+    from spectool.data.sources import MIX_SEPARATOR, mix_counts
+
     manifest = make_manifest("harvest", model=model.name, model_path=model.path, model_identity=model.identity,
                              model_fingerprint=model.fingerprint,
-                             data=cfg.data, settings=settings, chunk_prompts=chunk, status="running")
+                             data=cfg.data, settings=settings, chunk_prompts=chunk, status="running",
+                             prompts_per_source=mix_counts(cfg.data, tasks, source) if MIX_SEPARATOR in cfg.data else None)
     atomic_write_json(out / MANIFEST, manifest)
     atomic_write_json(out / CONFIG, cfg)
 

