@@ -39,6 +39,13 @@ def measure(out: Path, draft_args: list[str], temperature: float, draft_sampling
     return AcceptanceStats(**json.loads((out / "manifest.json").read_text())["summary"]["acceptance"])
 
 
+def _tag(draft: str) -> str:
+    """A short name per draft folder: a rerun with another --new measures it, and reuses the rest."""
+    import hashlib
+
+    return hashlib.sha256(str(Path(draft).resolve()).encode()).hexdigest()[:8]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--new", required=True, help="the new draft folder")
@@ -56,7 +63,7 @@ def main() -> None:
         for mode, temperature, sampling in MODES:
             if arm == "oracle" and sampling == "probabilistic":
                 continue  # q = p: every proposal is accepted, k + 1 by construction
-            out = Path(a.out) / f"{arm}-{mode.replace(' ', '-').replace('=', '')}"
+            out = Path(a.out) / f"{arm}-{_tag(draft_args[1])}-{mode.replace(' ', '-').replace('=', '')}"
             table.setdefault(arm, {})[mode] = measure(out, draft_args, temperature, sampling, a)
     result = {arm: {mode: {"acceptance_length": s.mean_acceptance_length, "per_position": s.per_position_rate,
                            "drafts": s.num_drafts} for mode, s in row.items()} for arm, row in table.items()}

@@ -19,6 +19,7 @@ Workflow (`run`, phase by phase):
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +47,15 @@ class InitDraftResult:
     seconds: float
     main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
 
-    def acceptance_lengths(self, which: str = "heldout") -> dict[str, float]:
-        """Expected acceptance length at k = ttt_steps implied by the per-position proxies."""
+    def acceptance_lengths(self, which: str = "heldout", k: int | None = None) -> dict[str, float]:
+        """Expected acceptance length at k (default: every trained position) implied by the
+        per-position proxies."""
         from spectool.draft.ttt import chain_length
 
-        m = getattr(self, which)
+        m = {key: v[:k] for key, v in getattr(self, which).items()}
         return {"T=0": chain_length(m["top1"]), "T=1 greedy": chain_length(m["p_accept"]),
                 "T=1 probabilistic": chain_length(m["p_accept_sampled"]),
-                "oracle T=1 greedy": chain_length(m["oracle_greedy"]), "oracle T=1 probabilistic": len(m["top1"]) + 1.0}
+                "T=1 greedy oracle": chain_length(m["oracle_greedy"]), "T=1 probabilistic oracle": len(m["top1"]) + 1.0}
 
 
 def _claim_out(cfg: InitDraftConfig) -> None:
@@ -453,21 +455,26 @@ def render(r: InitDraftResult) -> None:
     t = Table(title=f"init-draft -> {r.out}", show_header=False)
     t.add_row("steps", str(r.steps))
     t.add_row("draft vocab coverage of responses", f"{r.coverage:.1%}")
-    rows = [("top-1 agreement (T=0 acceptance)", "top1"), ("P(accept), T=1, greedy draft", "p_accept"),
-            ("P(accept), T=1, probabilistic draft: sum min(p, q)", "p_accept_sampled"),
-            ("P(accept), T=1, greedy oracle: max p", "oracle_greedy")]
-    for label, key in rows:
-        t.add_row(f"{label}, by position", f"held-out {_fmt(r.heldout[key])}  |  train {_fmt(r.train[key])}")
-    k = len(r.heldout["top1"])
-    for which in ("heldout", "train"):
-        t.add_row(f"expected acceptance length, k={k}, {which}",
-                  ", ".join(f"{name} {v:.2f}" for name, v in r.acceptance_lengths(which).items()))
     t.add_row("training throughput", f"{r.train_tokens_per_s:.0f} tokens/s")
     t.add_row("draft / policy forward cost per drafted token", f"{r.draft_to_policy_cost:.3f}")
     t.add_row("feature cache", f"{r.feature_cache_bytes / GIB:.2f} GiB" if r.feature_cache_bytes
               else "none (the harvest's --hidden-states shards)")
     t.add_row("wall time", f"{r.seconds:.0f} s")
-    Console().print(t)
+    Console(width=None if sys.stdout.isatty() else 100).print(t)
+    k = len(r.heldout["top1"])
+    ks = sorted({min(3, k), k})  # 3: the default k of rollout and train-rl
+    m = Table(title=f"P(accept) by draft position 1..{k}, on the policy's own T=1 paths (T=0 paths accept more)",
+              caption=f"AL: the expected acceptance length these imply at k = {' / '.join(map(str, ks))}")
+    for col in ("", "held-out prompts", "training records"):
+        m.add_column(col, no_wrap=True)
+    rows = [("top-1 agreement (T=0 rule)", "top1"), ("T=1 greedy: p(draft's)", "p_accept"),
+            ("T=1 probabilistic", "p_accept_sampled"), ("T=1 greedy oracle: max p", "oracle_greedy")]
+    for label, key in rows:
+        m.add_row(label, _fmt(r.heldout[key]), _fmt(r.train[key]))
+    lengths = {which: [r.acceptance_lengths(which, kk) for kk in ks] for which in ("heldout", "train")}
+    for name in lengths["heldout"][0]:
+        m.add_row(f"AL {name}", *(" / ".join(f"{x[name]:.2f}" for x in lengths[w]) for w in ("heldout", "train")))
+    Console(width=None if sys.stdout.isatty() else 100).print(m)
 
 
 def _fmt(xs: list[float]) -> str:
