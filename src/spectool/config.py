@@ -198,8 +198,8 @@ class InitDraftConfig:
 INIT_DRAFT_PRESETS: dict[str, dict[str, object]] = {
     "quality": {
         "data": f"{DEFAULT_DATA}@3+gym:chain_sum:min_terms=2,max_terms=3,min_digits=1,max_digits=2@1",
-        "harvest.n_prompts": 256, "harvest.samples": 4, "harvest.max_tokens": 128,
-        "batch_size": 4, "epochs": 3, "loss": "mix",
+        "harvest.n_prompts": 256, "harvest.samples": 8, "harvest.max_tokens": 128,
+        "batch_size": 4, "epochs": 4, "loss": "mix",
     },
 }
 

@@ -35,4 +35,9 @@ def route(log_path: str | Path | None) -> Path | None:
         os.environ[ENV] = str(path)
         print(f"vLLM's log: {path} (spectool --verbose shows it here)", file=sys.stderr)
     os.environ["VLLM_LOGGING_STREAM"] = "ext://spectool.engine.logs.STREAM"
+    import warnings
+
+    # vLLM's own deprecation notices at import (torch.distributed.reduce_op, ...): the user can do nothing about them
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"(vllm|torch)\.")
     return path
