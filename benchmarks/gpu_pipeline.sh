@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo pipeline on one GPU (issue 10), every stage timed: init-draft (demo preset), export,
 # rollout --compare at T=0 and T=1, train-rl 10 steps with online refresh, verify at T=1 with greedy
-# and probabilistic draft sampling. Prints a table of stage times and the measured speedups.
+# and probabilistic draft sampling; then the quality preset (issue 12: under 5 min on one GPU) and its
+# engine-measured acceptance next to the demo draft's and the oracle's. Prints a table of stage times.
 # Usage (GPU machine, bundle installed): . /tmp/site/env.sh && bash benchmarks/gpu_pipeline.sh [OUT]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +28,11 @@ stage train-rl $S train-rl --config templates/rl.yaml --set out="$OUT/rl" --set 
   --set draft_refresh.steps_per_refresh=10 --set draft_refresh.ttt_steps=3
 stage verify-greedy $S verify --draft "$OUT/export" --k 3 --out "$OUT/verify-greedy"
 stage verify-probabilistic $S verify --draft "$OUT/export" --k 3 --draft-sampling probabilistic --out "$OUT/verify-prob"
+stage init-draft-quality $S init-draft --preset quality --out "$OUT/quality"
+stage draft-quality $PY benchmarks/draft_quality.py --new "$OUT/quality" --base "$OUT/draft" --out "$OUT/draft-quality"
 echo
 echo "stage seconds (name, wall s, exit code):"; cat "$LOG"
+tail -5 "$OUT/draft-quality.out"
 echo
 for t in t0 t1; do echo "rollout $t:"; grep -E "speedup|throughput|plain decoding|mean acceptance" "$OUT/rollout-$t.out"; done
 echo "train-rl logprob checks (max |engine - trainer| per step):"

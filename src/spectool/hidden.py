@@ -67,6 +67,11 @@ def feature_items(policy, seqs: list[list[int]], layer_ids: list[int], on_batch=
     return items
 
 
+def bytes_per_token(hidden_size: int, n_aux: int = 3) -> int:
+    """Disk per token in the features format: ids (int64), n_aux aux layers and the last hidden (float16)."""
+    return 8 + (n_aux + 1) * hidden_size * 2
+
+
 def save_features(path: Path, items: list[FeatureItem]) -> int:
     """The one on-disk format of policy features (harvest --hidden-states shards, init-draft's
     cache): safetensors with ids, aux, last concatenated over sequences, and their lengths.

@@ -150,15 +150,6 @@ def _setup(cfg: InitDraftConfig):
     return model, acc, data, policy
 
 
-def _feature_bytes_per_token(fingerprint: dict) -> int:
-    """One token of the feature cache: ids (int64) + 3 aux layers and the last hidden (float16)."""
-    return 8 + (3 + 1) * fingerprint["hidden_size"] * 2
-
-
-def _feature_bytes_per_token_of(policy) -> int:
-    return _feature_bytes_per_token({"hidden_size": policy.config.hidden_size})
-
-
 def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
     """Tokens whose features init-draft will cache: 0 when its cache exists or the harvest's
     --hidden-states shards hold them; a harvest run's exact count; for a data source still to be
@@ -169,7 +160,10 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
         return 0
     p = Path(cfg.data)
     if (p / MANIFEST).exists():
-        if (p / "hidden").is_dir() and read_json(p / MANIFEST).get("aux_layer_ids"):
+        from spectool.hidden import default_aux_layer_ids
+
+        ids = default_aux_layer_ids(model.fingerprint["num_hidden_layers"])  # what a fresh draft reads (_features)
+        if (p / "hidden").is_dir() and read_json(p / MANIFEST).get("aux_layer_ids") == ids:
             return 0
         from spectool.records import load_records
 
@@ -191,7 +185,10 @@ def _check_disk_budget(cfg: InitDraftConfig, model) -> None:
     free space where --out will live)."""
     import shutil
 
-    need = _tokens_to_cache(cfg, model) * _feature_bytes_per_token(model.fingerprint)
+    from spectool.hidden import bytes_per_token
+
+    per_token = bytes_per_token(model.fingerprint["hidden_size"])
+    need = _tokens_to_cache(cfg, model) * per_token
     if need == 0:
         return
     where = next(q for q in [Path(cfg.out).absolute(), *Path(cfg.out).absolute().parents] if q.exists())
@@ -202,7 +199,7 @@ def _check_disk_budget(cfg: InitDraftConfig, model) -> None:
                  else f"{where} has {free / GIB:.2f} GiB free")
         raise SpectoolError(
             f"the policy-feature cache would take up to {need / GIB:.2f} GiB "
-            f"({_feature_bytes_per_token(model.fingerprint) / 1024:.1f} KiB per token) and {limit}; "
+            f"({per_token / 1024:.1f} KiB per token) and {limit}; "
             "lower --n-prompts, --samples or --max-tokens, put --out on a larger disk, or raise --disk-budget-gb")
 
 
@@ -266,7 +263,7 @@ def _features(policy, data: _Data, layer_ids: list[int], cache: Path):
     policy forward per record (batched, on the policy's device), cached for resume and reruns."""
     from rich.progress import Progress
 
-    from spectool.hidden import feature_items, load_features, save_features
+    from spectool.hidden import bytes_per_token, feature_items, load_features, save_features
 
     if cache.exists():
         return load_features(cache)
@@ -278,8 +275,8 @@ def _features(policy, data: _Data, layer_ids: list[int], cache: Path):
             return items
     seqs = [p + r for p, r in zip(data.records["prompt_ids"], data.records["response_ids"])]
     tokens = sum(map(len, seqs))
-    print(f"policy features: {tokens} tokens, a {tokens * _feature_bytes_per_token_of(policy) / GIB:.2f} GiB cache "
-          f"at {cache}")
+    print(f"policy features: {tokens} tokens, a {tokens * bytes_per_token(policy.config.hidden_size) / GIB:.2f} GiB "
+          f"cache at {cache}")
     with Progress() as bar:
         job = bar.add_task("policy hidden states", total=len(seqs))
         items = feature_items(policy, seqs, layer_ids, on_batch=lambda n: bar.advance(job, n))
