@@ -121,7 +121,6 @@ def _presets_help() -> str:
     return f"{field_docs(InitDraftConfig)['preset']} {sets}"
 
 
-
 @app.command("init-draft")
 def init_draft(
     ctx: typer.Context,
@@ -252,7 +251,8 @@ def rollout(
             raise SpectoolError(f"--k={k!r} must be an integer in [1, 16] or 'auto'")
         render(run(RolloutConfig(
             model=model, data=data, split=split, out=out, prompt_col=prompt_col, answer_col=answer_col, draft=draft,
-            draft_model=draft_model, k=k if k == "auto" else int(k), sweep=sweep, compare=compare, draft_sampling=draft_sampling,
+            draft_model=draft_model, k=k if k == "auto" else int(k), sweep=sweep, compare=compare,
+            draft_sampling=draft_sampling,
             gpu_memory_utilization=gpu_memory_utilization, acceptance_length=acceptance_length,
             sampling=SamplingConfig(n_prompts, samples, max_tokens, temperature, top_p, seed))))
     except SpectoolError as e:
