@@ -205,23 +205,27 @@ class Eagle3Draft(nn.Module):
             mask = causal[first:]  # [n, T]
             resid = h
             x = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids)), self.midlayer.hidden_norm(h)], -1)
-            for layer, kv in zip(layers, keys):
-                if layer is not self.midlayer:
+            for i, (layer, kv) in enumerate(zip(layers, keys)):
+                if i > 0:
                     x = layer.input_layernorm(resid)
-                r = self._attend(layer.self_attn, x, pos, kv, mask) + resid
+                cut = start - first if i == len(layers) - 1 else 0  # the last layer: only anchors >= start
+                r = self._attend(layer.self_attn, x, pos, kv, mask, cut) + resid[:, cut:]
                 resid = layer.mlp(layer.post_attention_layernorm(r)) + r  # the layer's prenorm
-            h = resid[:, start - first :]  # [B, T - start, H]
+            h = resid  # [B, T - start, H]
             logits.append(self.lm_head(self.norm(h)))
         return logits
 
-    def _attend(self, a: Attention, x: torch.Tensor, pos: torch.Tensor, kv: dict, mask: torch.Tensor) -> torch.Tensor:
+    def _attend(self, a: Attention, x: torch.Tensor, pos: torch.Tensor, kv: dict, mask: torch.Tensor,
+                cut: int = 0) -> torch.Tensor:
         """One layer's attention for one unroll step. x: [B, n, in]; step 0 (kv["k0"] unset) has
-        n = T and fills the layer's keys at every position; later steps add their chain keys."""
+        n = T and fills the layer's keys at every position; later steps add their chain keys.
+        Queries (and the output, [B, n - cut, H]) only for rows >= cut."""
         B, n, _ = x.shape
         rep, scale = a.nh // a.nkv, a.hd**-0.5
-        q = self._rope(a.q_proj(x).view(B, n, a.nh, a.hd).transpose(1, 2), pos)  # [B, nh, n, hd]
         k = self._rope(a.k_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2), pos).repeat_interleave(rep, dim=1)
         v = a.v_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2).repeat_interleave(rep, dim=1)
+        n, mask = n - cut, mask[cut:]
+        q = self._rope(a.q_proj(x[:, cut:]).view(B, n, a.nh, a.hd).transpose(1, 2), pos[cut:])  # [B, nh, n, hd]
         if kv["k0"] is None:
             kv["k0"], kv["v0"] = k, v  # [B, nh, T, hd]
         else:
