@@ -157,16 +157,19 @@ def init_draft(
             batch_size=batch_size, lr=lr, save_every=save_every, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, disk_budget_gb=disk_budget_gb, preset=preset,
             harvest=SamplingConfig(n_prompts, samples, max_tokens, temperature, 1.0, seed))
-        render(run(apply_preset(cfg, _given(ctx, sampling=("n_prompts", "samples", "max_tokens", "temperature")))))
+        render(run(apply_preset(cfg, _given(ctx))))
     except SpectoolError as e:
         _fail(e)
 
 
-def _given(ctx: typer.Context, sampling: tuple[str, ...]) -> set[str]:
-    """Settings set on the command line (not defaulted), as config field names; the flags in
-    `sampling` are the nested SamplingConfig's ("harvest.<field>")."""
+def _given(ctx: typer.Context) -> set[str]:
+    """Settings set on the command line (not defaulted), as config field names; SamplingConfig's
+    flags name the nested harvest settings ("harvest.<field>")."""
+    from dataclasses import fields
+
     from click.core import ParameterSource
 
+    sampling = {f.name for f in fields(SamplingConfig)} - {"seed"}  # --seed sets both; the preset names neither
     given = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
     return {f"harvest.{n}" if n in sampling else n for n in given}
 
