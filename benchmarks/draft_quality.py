@@ -7,6 +7,9 @@ never harvested for training) with the same seeds, reading the engine's own acce
   - the oracle: `--draft-model policy`, the policy proposing its own argmax. At T=1 with greedy
     proposals no draft can be accepted more often; a probabilistic draft's ceiling is k+1 (q = p),
     and at T=0 the oracle's is k+1 too.
+Then, for every greedy cell, the acceptance length init-draft's report predicts for it
+(`loss.greedy_walk` over the cell's own records, policy features recomputed by transformers), next
+to the engine's: the check that the report's T=1 greedy figure is the engine's.
 
     .venv/bin/python benchmarks/draft_quality.py --new runs/quality/draft --base runs/demo/draft
 """
@@ -39,11 +42,35 @@ def measure(out: Path, draft_args: list[str], temperature: float, draft_sampling
     return AcceptanceStats(**json.loads((out / "manifest.json").read_text())["summary"]["acceptance"])
 
 
-def _tag(draft: str) -> str:
-    """A short name per draft folder: a rerun with another --new measures it, and reuses the rest."""
+def walked(cell: Path, draft: str, k: int) -> dict[str, float]:
+    """init-draft's walk over the records of one rollout: {"draft": AL, "oracle": AL} at k."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from spectool.draft.checkpoint import load_draft
+    from spectool.draft.ttt import heldout_metrics
+    from spectool.draft.vocab import ids_from_d2t
+    from spectool.hidden import feature_items
+    from spectool.models import resolve_model
+    from spectool.records import load_records
+
+    policy = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m").path, torch_dtype=torch.float32)
+    d, _ = load_draft(Path(draft), policy)
+    recs = load_records(cell)
+    prompt_lens = [len(p) for p in recs["prompt_ids"]]
+    items = feature_items(policy, [p + r for p, r in zip(recs["prompt_ids"], recs["response_ids"])],
+                          d.config.aux_layer_ids)
+    m = heldout_metrics(d, items, prompt_lens, policy.get_output_embeddings().weight, ids_from_d2t(d.d2t), k, 8, "cpu")
+    return {"draft": m["walk_greedy"][k - 1], "oracle": m["walk_oracle"][k - 1]}
+
+
+def _cell(out: str, arm: str, draft_args: list[str], mode: str) -> Path:
+    """One cell's rollout folder, named by a hash of the draft folder: a rerun with another --new
+    measures it, and reuses the rest."""
     import hashlib
 
-    return hashlib.sha256(str(Path(draft).resolve()).encode()).hexdigest()[:8]
+    tag = hashlib.sha256(str(Path(draft_args[1]).resolve()).encode()).hexdigest()[:8]
+    return Path(out) / f"{arm}-{tag}-{mode.replace(' ', '-').replace('=', '')}"
 
 
 def main() -> None:
@@ -63,8 +90,8 @@ def main() -> None:
         for mode, temperature, sampling in MODES:
             if arm == "oracle" and sampling == "probabilistic":
                 continue  # q = p: every proposal is accepted, k + 1 by construction
-            out = Path(a.out) / f"{arm}-{_tag(draft_args[1])}-{mode.replace(' ', '-').replace('=', '')}"
-            table.setdefault(arm, {})[mode] = measure(out, draft_args, temperature, sampling, a)
+            table.setdefault(arm, {})[mode] = measure(_cell(a.out, arm, draft_args, mode), draft_args, temperature,
+                                                      sampling, a)
     result = {arm: {mode: {"acceptance_length": s.mean_acceptance_length, "per_position": s.per_position_rate,
                            "drafts": s.num_drafts} for mode, s in row.items()} for arm, row in table.items()}
     (Path(a.out) / "summary.json").write_text(json.dumps({"new": a.new, "base": a.base, "k": a.k, **result}, indent=2))
@@ -79,6 +106,15 @@ def main() -> None:
                          if s else f"{a.k + 1:.2f} (q = p)")
         print(f"{arm:8}" + "".join(f"{c:>30}" for c in cells))
     print(f"{'bar':8}" + "".join(f"{'>= ' + str(BARS[m]):>30}" for m, _, _ in MODES))
+
+    print("\ninit-draft's walk over each greedy cell's own records vs the engine on them (acceptance length)")
+    for arm, draft_args in arms.items():
+        for mode, _, sampling in MODES:
+            if sampling != "greedy":
+                continue
+            w = walked(_cell(a.out, arm, draft_args, mode), a.new if arm == "oracle" else draft_args[1], a.k)
+            pred = w["oracle" if arm == "oracle" else "draft"]
+            print(f"{arm:8}{mode:>12}: walk {pred:.2f}, engine {table[arm][mode].mean_acceptance_length:.2f}")
 
 
 if __name__ == "__main__":

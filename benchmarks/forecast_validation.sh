@@ -2,24 +2,25 @@
 # Issue 11's validation: does the cost model, fitted on a WEIGHTLESS sweep of the embedded policy's
 # shape with synthetic acceptance, predict the speedups a REAL sweep-k of a real draft measures?
 # One run, alone on the machine: (1) real sweep-k of DRAFT, (2) weightless sweep of the same config
-# at the real sweep's per-position acceptance, fixed output lengths (the real mean), (3) the cost
-# model fitted on (2) predicts (1)'s speedup per batch size at (1)'s acceptance; printed side by
-# side with the relative error (bar: within 15%). Default T=0: the plain and speculative arms then
-# decode the same tokens (lossless + greedy), so their ratio carries no sampling noise in lengths.
-# Usage: bash benchmarks/forecast_validation.sh DRAFT [OUT] [TEMPERATURE]
+# at the real sweep's per-position acceptance, (3) the cost model fitted on (2) predicts (1)'s
+# speedup per batch size at (1)'s acceptance; printed side by side with the relative error (bar:
+# within 15%). Both sweeps decode MT tokens per sequence (--lengths fixed: EOS ignored), so at T>0
+# the plain and speculative arms decode the same number of tokens and no arm ends in a ragged tail.
+# Usage: bash benchmarks/forecast_validation.sh DRAFT [OUT] [TEMPERATURE] [MIN_SEQS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DRAFT=$1; OUT=${2:-runs/forecast-validation}; T=${3:-0}
+DRAFT=$1; OUT=${2:-runs/forecast-validation}; T=${3:-0}; N=${4:-32}
 S=".venv/bin/spectool"; PY=.venv/bin/python
 K=3; B=1,8,32; MT=128
-$S sweep-k --draft "$DRAFT" --k $K --batch-sizes $B --temperature $T --max-tokens $MT --min-seqs 64 --out "$OUT/real"
+$S sweep-k --draft "$DRAFT" --k $K --batch-sizes $B --temperature $T --max-tokens $MT --lengths fixed \
+  --min-seqs $N --out "$OUT/real"
 RATES=$($PY -c "import json,sys; s=json.load(open('$OUT/real/sweep.json')); r=[x for x in s['rows'] if x['method']=='eagle3']; print(','.join('%.4f' % (sum(x['per_position'][j] for x in r) / len(r)) for j in range($K)))")
 MODEL=$($PY -c "from spectool.models import resolve_model; print(resolve_model('smollm2-135m').path)")
 CFG="$OUT/config-only"; mkdir -p "$CFG"; cp "$MODEL/config.json" "$CFG/"
-# fixed output lengths at the real sweep's mean, prompts as long as its (mean context minus half the output)
-read PL OL < <($PY -c "import json; r=[x for x in json.load(open('$OUT/real/sweep.json'))['rows'] if x['method']=='none']; o=sum(x['tokens'] / x['sequences'] for x in r) / len(r); print(max(1, round(sum(x['mean_context'] for x in r) / len(r) - o / 2)), max(1, round(o)))")
-$S sweep-k --model "$CFG" --dummy-weights --acceptance-rates "$RATES" --draft "$DRAFT" --k 1,2,3 --batch-sizes $B \
-  --temperature $T --max-tokens "$OL" --lengths fixed --prompt-len "$PL" --min-seqs 64 --out "$OUT/synthetic"
+# prompts as long as the real sweep's (its mean context minus half the output)
+PL=$($PY -c "import json; r=[x for x in json.load(open('$OUT/real/sweep.json'))['rows'] if x['method']=='none']; print(max(1, round(sum(x['mean_context'] for x in r) / len(r) - $MT / 2)))")
+$S sweep-k --model "$CFG" --dummy-weights --acceptance-rates "$RATES" --draft "$DRAFT" --k 1,$K --batch-sizes $B \
+  --temperature $T --max-tokens $MT --lengths fixed --prompt-len "$PL" --min-seqs $N --out "$OUT/synthetic"
 $PY - "$OUT" "$RATES" $K <<'PY'
 import json, sys
 from spectool.costmodel import fit

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spectool.draft.loss import acceptance_metrics, step_mask, ttt_loss
+from spectool.draft.loss import acceptance_metrics, greedy_walk, step_mask, ttt_loss
 from spectool.draft.model import DraftConfig, Eagle3Draft
 from spectool.draft.vocab import build_vocab, d2t_from_ids, ids_from_d2t
 from spectool.engine.cpu_fix import expand_kernel_torch
@@ -107,6 +107,24 @@ def test_acceptance_metrics_hand_made():
         overlap.append(float(torch.minimum(pt, q).sum()))
     assert m["p_accept_sampled"][0] == pytest.approx(sum(overlap) / 2)
     assert m["p_accept_sampled"][0] > m["p_accept"][0]  # a hedged draft beats its own argmax here
+
+
+def test_greedy_walk_visits_anchors_as_the_engine_drafts():
+    """One record, prompt of 2, 8 tokens. Step 0 guesses right at even anchors only, step 1 always:
+    the walk anchors at 1 (wrong: 1 token), 2 (both right at k=2: 3 tokens), 5 (wrong), then stops."""
+    ids = torch.tensor([[0, 1, 2, 3, 2, 3, 2, 3]])
+    V, T = 4, 8
+    nxt = lambda n: torch.cat([ids[0, n:], torch.zeros(n, dtype=torch.int64)])  # noqa: E731 - x[t+n] per t
+    wrong0 = torch.where(torch.arange(T) % 2 == 0, nxt(2), (nxt(2) + 1) % V)
+    draft = [torch.nn.functional.one_hot(g, V).float()[None] for g in (wrong0, nxt(3))]  # 2 steps x [1, T, V]
+    target = torch.nn.functional.one_hot(nxt(1), V).float()[None] * 5  # the policy's argmax is the record
+    w = greedy_walk(draft, target, torch.arange(V), ids, torch.tensor([2]), torch.tensor([8]))
+    assert w["draft"] == {"steps": [3, 3], "accepted": [2, 2]}  # k=1: anchors 1, 2, 4; k=2: 1, 2, 5
+    assert w["oracle"] == {"steps": [3, 2], "accepted": [3, 4]}  # k=1: anchors 1, 3, 5; k=2: 1, 4
+    # the per-position proxy averages over every anchor instead (0..6; right at the even ones):
+    # 4/7 at position 1, where the engine's walk accepts 1 of 3 first proposals at k=2
+    m = acceptance_metrics(draft, target, torch.arange(V), torch.tensor([2]), torch.tensor([8]))
+    assert m["top1"][0] == pytest.approx(4 / 7)
 
 
 def test_cpu_expand_kernel_fix_writes_into_output():

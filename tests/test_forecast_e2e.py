@@ -41,6 +41,41 @@ def test_weightless_sweep_with_synthetic_acceptance_then_forecast(tiny_policy, t
     assert "assumptions" in r.output and (f / "forecast.png").stat().st_size > 0
 
 
+def test_weightless_draft_model_sweep_then_forecast(tiny_policy, tmp_path):
+    """vLLM's draft-model speculation, weightless: the draft model is a config of the target's
+    vocabulary (one layer here); synthetic acceptance applies to it; forecast fits on its rows."""
+    target = json.loads((tiny_policy / "config.json").read_text())
+    for name, cfg in (("cfg", target), ("dm", {**target, "num_hidden_layers": 1})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "sweep"
+    spectool("sweep-k", "--model", str(tmp_path / "cfg"), "--dummy-weights", "--acceptance-rates", "0.8,0.6",
+             "--methods", "draft_model", "--draft-model", str(tmp_path / "dm"), "--k", "2", "--batch-sizes", "2",
+             "--max-tokens", "16", "--min-seqs", "4", "--prompt-len", "8", "--out", str(out))
+    s = json.loads((out / "sweep.json").read_text())
+    (dm,) = [r for r in s["rows"] if r["method"] == "draft_model"]
+    assert dm["tokens"] == dm["sequences"] * 16 and s["draft_model"] == str(tmp_path / "dm")
+    assert dm["per_position"][0] == pytest.approx(0.8, abs=0.2)
+    r = CliRunner().invoke(app, ["forecast", "--sweep", str(out), "--batch", "8", "--max-tokens", "32", "--k", "1,2"])
+    assert r.exit_code == 2 and "--method" in r.output  # the sweep has no eagle3 rows
+    r = CliRunner().invoke(app, ["forecast", "--sweep", str(out), "--method", "draft_model", "--batch", "8",
+                                 "--max-tokens", "32", "--k", "1,2", "--out", str(tmp_path / "f")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "f" / "forecast.json").read_text())["method"] == "draft_model"
+    assert not (tmp_path / "f" / "schedule.json").exists()  # rollout --k auto schedules EAGLE-3 drafts only
+
+
+def test_weightless_draft_model_needs_the_targets_vocabulary(tiny_policy, tmp_path):
+    target = json.loads((tiny_policy / "config.json").read_text())
+    (tmp_path / "dm").mkdir()
+    (tmp_path / "dm" / "config.json").write_text(json.dumps({**target, "vocab_size": target["vocab_size"] + 64}))
+    r = CliRunner().invoke(app, ["sweep-k", "--model", str(tiny_policy), "--dummy-weights", "--acceptance-length", "2",
+                                 "--methods", "draft_model", "--draft-model", str(tmp_path / "dm"), "--k", "2",
+                                 "--out", str(tmp_path / "s")])
+    assert r.exit_code == 2 and f"vocab_size {target['vocab_size'] + 64}" in r.output, r.output
+    assert not (tmp_path / "s").exists()
+
+
 def test_synthetic_acceptance_refuses_records(tmp_path, random_draft, tiny_policy):
     r = CliRunner().invoke(app, ["rollout", "--model", str(tiny_policy), "--draft", str(random_draft), "--k", "3",
                                  "--acceptance-length", "2.5", "--out", str(tmp_path / "ro")])

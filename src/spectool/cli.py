@@ -198,7 +198,7 @@ def sweep_k(
     dummy_weights: bool = option(S, "dummy_weights"),
     acceptance_rates: Optional[str] = option(S, "acceptance_rates"),
     acceptance_length: Optional[float] = option(S, "acceptance_length"),
-    lengths: str = option(S, "lengths"),
+    lengths: Optional[str] = option(S, "lengths"),
     prompt_len: int = option(S, "prompt_len"),
 ) -> None:
     """Measure acceptance and throughput per draft length k (and batch size); recommend k.
@@ -330,6 +330,7 @@ F = ForecastConfig
 @app.command()
 def forecast(
     sweep: str = option(F, "sweep", required=True),
+    method: str = option(F, "method"),
     acceptance_rates: Optional[str] = option(F, "acceptance_rates"),
     lengths: str = option(F, "lengths"),
     max_tokens: int = option(F, "max_tokens"),
@@ -346,7 +347,7 @@ def forecast(
     try:
         from spectool.commands.forecast import render, run
 
-        cfg = ForecastConfig(sweep=sweep, out=out, lengths=lengths, max_tokens=max_tokens, batch=batch,
+        cfg = ForecastConfig(sweep=sweep, method=method, out=out, lengths=lengths, max_tokens=max_tokens, batch=batch,
                              acceptance_rates=parse_float_list(acceptance_rates, "--acceptance-rates"),
                              max_concurrency=max_concurrency, prompt_len=prompt_len, ks=parse_int_list(k, "--k"),
                              generation_share=generation_share, rl_run=rl_run, min_gain=min_gain)

@@ -323,7 +323,8 @@ class SweepConfig:
     """eagle3,ngram,draft_model (comma-separated)."""
     draft_model: str | None = None
     """For --methods draft_model: a smaller causal LM with the policy's tokenizer, or 'policy' (the policy drafts
-    for itself: the greedy-drafting oracle)."""
+    for itself: the greedy-drafting oracle); with --dummy-weights a config.json folder or a templates/models name
+    of the policy's vocabulary (e.g. qwen3-0.6b for the Qwen3 shapes)."""
     max_tokens: int = 128
     """Max generated tokens per completion."""
     temperature: float = 1.0
@@ -345,8 +346,9 @@ class SweepConfig:
     acceptance_length: float | None = None
     """Synthetic mean acceptance length at the largest --k (instead of --acceptance-rates): one conditional
     rate c for every position, so position j is accepted with c^j at every k."""
-    lengths: str = "fixed"
-    """With --dummy-weights: output lengths fixed | long-tail | a harvest run's."""
+    lengths: str | None = None
+    """Output lengths fixed | long-tail | a harvest run's, EOS ignored, so every arm decodes the same tokens (fair
+    timing at T>0). Default: fixed with --dummy-weights, else the policy's own (EOS ends a completion)."""
     prompt_len: int = 128
     """With --dummy-weights: prompt tokens (random ids)."""
 
@@ -375,8 +377,6 @@ class SweepConfig:
             raise SpectoolError("--draft is required for method eagle3 (or use --methods ngram)")
         check(("draft_model" in self.methods) == (self.draft_model is not None), "--draft-model", self.draft_model,
               "goes with --methods draft_model, and that method needs it")
-        check(not (self.dummy_weights and "draft_model" in self.methods), "--methods", self.methods,
-              "draft_model is measured on real weights only (drop --dummy-weights)")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         check(1 <= self.max_tokens <= 32768, "--max-tokens", self.max_tokens, "must be in [1, 32768]")
         check(0 <= self.temperature <= 10, "--temperature", self.temperature, "must be in [0, 10]")
@@ -397,9 +397,11 @@ class SweepConfig:
             check(1 <= a <= max(self.ks) + 1, "--acceptance-length", a, f"must be in [1, {max(self.ks) + 1}] (1 + the "
                   "largest --k)")
         if self.synthetic:
-            check(self.methods == ["eagle3"], "--methods", self.methods, "must be eagle3 with synthetic acceptance")
+            check(set(self.methods) <= {"eagle3", "draft_model"}, "--methods", self.methods,
+                  "must be eagle3 and/or draft_model with synthetic acceptance (ngram proposes from the text itself)")
         check(self.prompt_len >= 1, "--prompt-len", self.prompt_len, "must be >= 1")
-        check_lengths(self.lengths)
+        if self.lengths is not None:
+            check_lengths(self.lengths)
 
 
 @dataclass
@@ -456,6 +458,8 @@ class VerifyConfig:
 class ForecastConfig:
     sweep: str = ""
     """sweep-k run (real, or --dummy-weights with synthetic acceptance) to fit the cost model on."""
+    method: str = "eagle3"
+    """The sweep's speculation method to forecast: eagle3 | draft_model (schedule.json: eagle3 only)."""
     out: str | None = None
     """Folder for forecast.json/.csv/.png and schedule.json."""
     acceptance_rates: list[float] | None = None
@@ -481,6 +485,7 @@ class ForecastConfig:
 
     def validate(self) -> None:
         check(bool(self.sweep), "--sweep", self.sweep, "must name a sweep-k run")
+        check(self.method in ("eagle3", "draft_model"), "--method", self.method, "must be eagle3 or draft_model")
         check(self.generation_share is None or 0 < self.generation_share < 1, "--generation-share",
               self.generation_share, "must be a fraction in (0, 1)")
         check(self.generation_share is None or self.rl_run is None, "--rl-run", self.rl_run,

@@ -98,14 +98,14 @@ def templates_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "templates" / "models"
 
 
-def resolve_config(name: str) -> ModelRef:
+def resolve_config(name: str, flag: str = "--model") -> ModelRef:
     """A model known by its config.json alone (weightless what-if runs): a folder holding one, or
     a name from templates/models/. Its identity is a hash of the config."""
     path = Path(name) if Path(name).exists() else templates_dir() / name
     if not (path / "config.json").exists():
         known = sorted(p.name for p in templates_dir().iterdir() if (p / "config.json").exists()) \
             if templates_dir().exists() else []
-        raise SpectoolError(f"--model {name}: not a folder with config.json, nor a name in templates/models/ "
+        raise SpectoolError(f"{flag} {name}: not a folder with config.json, nor a name in templates/models/ "
                             f"({', '.join(known) or 'none found'})")
     from transformers import AutoConfig
 

@@ -25,25 +25,28 @@ ASSUMPTIONS = (
 )
 
 
-def _sweep_rows(sweep_dir: Path) -> tuple[list[dict], dict]:
+def _sweep_rows(sweep_dir: Path, method: str) -> tuple[list[dict], dict]:
+    """The sweep's plain rows and `method`'s rows, and the sweep."""
     from spectool.runs import read_json
 
     path = sweep_dir / "sweep.json"
     if not path.exists():
         raise SpectoolError(f"--sweep {sweep_dir} has no sweep.json; run spectool sweep-k --out {sweep_dir} first")
     sweep = read_json(path)
-    rows = [r for r in sweep["rows"] if r["method"] in ("none", "eagle3")]
-    if not any(r["method"] == "none" for r in rows) or not any(r["method"] == "eagle3" for r in rows):
-        raise SpectoolError(f"--sweep {sweep_dir} needs plain and eagle3 rows to fit a cost model")
+    rows = [r for r in sweep["rows"] if r["method"] in ("none", method)]
+    if not any(r["method"] == "none" for r in rows) or not any(r["method"] == method for r in rows):
+        have = sorted({r["method"] for r in sweep["rows"]} - {"none"})
+        raise SpectoolError(f"--sweep {sweep_dir} needs plain and {method} rows to fit a cost model (it has "
+                            f"{', '.join(have) or 'none'}: set --method, or sweep with --methods {method})")
     if any("mean_context" not in r for r in rows):
         raise SpectoolError(f"--sweep {sweep_dir} was measured by an older spectool (rows lack mean_context); sweep again")
     return rows, sweep
 
 
-def measured_rates(rows: list[dict]) -> list[float]:
-    """The per-position acceptance of the sweep's largest-k eagle3 rows (pooled over batch sizes)."""
-    k = max(r["k"] for r in rows if r["method"] == "eagle3")
-    per = [r["per_position"] for r in rows if r["method"] == "eagle3" and r["k"] == k and r["per_position"]]
+def measured_rates(rows: list[dict], method: str = "eagle3") -> list[float]:
+    """The per-position acceptance of the sweep's largest-k rows of `method` (pooled over batch sizes)."""
+    k = max(r["k"] for r in rows if r["method"] == method)
+    per = [r["per_position"] for r in rows if r["method"] == method and r["k"] == k and r["per_position"]]
     return [sum(p[j] for p in per) / len(per) for j in range(k)]
 
 
@@ -65,9 +68,9 @@ def run(cfg: ForecastConfig) -> dict:
     from spectool.costmodel import batch_rollout, fit, k_schedule, output_lengths, rl_step_speedup
 
     cfg.validate()
-    rows, sweep = _sweep_rows(Path(cfg.sweep))
-    model = fit([{**r, "k": r["k"] if r["method"] == "eagle3" else 0} for r in rows])
-    rates = cfg.acceptance_rates or measured_rates(rows)
+    rows, sweep = _sweep_rows(Path(cfg.sweep), cfg.method)
+    model = fit([{**r, "k": r["k"] if r["method"] == cfg.method else 0} for r in rows])
+    rates = cfg.acceptance_rates or measured_rates(rows, cfg.method)
     ks = cfg.ks  # rates beyond the given positions continue geometrically (costmodel.acceptance_length)
     sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, cfg.max_concurrency} | {r["batch"] for r in rows})
     sizes = [b for b in sizes if b <= cfg.max_concurrency]
@@ -90,11 +93,11 @@ def run(cfg: ForecastConfig) -> dict:
     share, share_src = generation_share(cfg)
     rollout_speedup = plain["seconds"] / spec["seconds"]
     result = {
-        "sweep": cfg.sweep, "model": sweep.get("model"), "synthetic_sweep": sweep.get("synthetic"),
+        "sweep": cfg.sweep, "method": cfg.method, "model": sweep.get("model"), "synthetic_sweep": sweep.get("synthetic"),
         "cost_model": model.as_dict(), "acceptance_rates": rates,
         "acceptance_source": "given" if cfg.acceptance_rates else f"measured by sweep {cfg.sweep}",
-        "per_batch": per_batch, "eagle3_schedule": schedule, "draft_sampling": sweep.get("draft_sampling", "greedy"),
-        "draft": sweep.get("draft"),
+        "per_batch": per_batch, "schedule": schedule, "draft_sampling": sweep.get("draft_sampling", "greedy"),
+        "draft": sweep.get("draft") if cfg.method == "eagle3" else sweep.get("draft_model"),
         "rl_batch": {"sequences": cfg.batch, "max_concurrency": cfg.max_concurrency, "lengths": cfg.lengths,
                      "mean_length": sum(lengths) / len(lengths), "max_length": max(lengths),
                      "plain_s": plain["seconds"], "speculative_s": spec["seconds"], "speedup": rollout_speedup,
@@ -115,7 +118,8 @@ def _write(out: Path, result: dict, cfg: ForecastConfig, trace: list[tuple[int, 
     from spectool.schedule import write_schedule
 
     atomic_write_json(out / "forecast.json", result)
-    write_schedule(out, result["eagle3_schedule"], "forecast", None, result["draft_sampling"])
+    if result["method"] == "eagle3":  # rollout --k auto runs EAGLE-3 drafts
+        write_schedule(out, result["schedule"], "forecast", None, result["draft_sampling"])
     atomic_write_json(out / CONFIG, cfg)
     ks = list(result["per_batch"][0]["speedup_by_k"])
     lines = ["batch,plain_tokens_per_s," + ",".join(f"speedup_k{k}" for k in ks) + ",best_k,best_speedup"]
@@ -151,7 +155,7 @@ def render(r: dict, out: str | None) -> None:
 
     c = Console()
     ks = list(r["per_batch"][0]["speedup_by_k"])
-    t = Table(title=f"forecast for {r['model']} (cost model fitted on {r['sweep']}, rel. RMSE "
+    t = Table(title=f"forecast for {r['model']}, {r['method']} (cost model fitted on {r['sweep']}, rel. RMSE "
                     f"{r['cost_model']['rel_rmse']:.1%})")
     for col in ("batch", "plain tok/s", *[f"k={k}" for k in ks], "best"):
         t.add_column(col, justify="right")
@@ -165,7 +169,7 @@ def render(r: dict, out: str | None) -> None:
     c.print(f"one RL batch ({b['sequences']} sequences, {b['lengths']} lengths, mean {b['mean_length']:.0f}, max "
             f"{b['max_length']}, {b['max_concurrency']} at once): rollout {b['plain_s']:.1f} s -> "
             f"{b['speculative_s']:.1f} s, [bold]{b['speedup']:.2f}x[/] with k per live batch "
-            f"{r['eagle3_schedule']}; fixed k: " + ", ".join(f"k={k} {v:.2f}x" for k, v in b["speedup_fixed_k"].items()))
+            f"{r['schedule']}; fixed k: " + ", ".join(f"k={k} {v:.2f}x" for k, v in b["speedup_fixed_k"].items()))
     s = r["rl_step"]
     c.print(f"RL step at generation share {s['generation_share']:.0%} ({s['generation_share_source']}): "
             f"sync [bold]{s['sync']:.2f}x[/]; async (one-step overlap) {s['async_vs_sync_plain']:.2f}x over sync "

@@ -39,7 +39,7 @@ class InitDraftResult:
     out: str
     steps: int
     coverage: float
-    heldout: dict[str, list[float]]  # ttt.METRICS per draft position, held-out prompts
+    heldout: dict[str, list[float]]  # ttt.METRICS per draft position and ttt.WALKS per k, held-out prompts
     train: dict[str, list[float]]  # the same on as many training records: the gap says whether data limits
     train_tokens_per_s: float
     draft_to_policy_cost: float  # measured forward time ratio per drafted token
@@ -48,14 +48,15 @@ class InitDraftResult:
     main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
 
     def acceptance_lengths(self, which: str = "heldout", k: int | None = None) -> dict[str, float]:
-        """Expected acceptance length at k (default: every trained position) implied by the
-        per-position proxies."""
+        """Expected acceptance length at k (default: every trained position): T=1 greedy (draft and
+        oracle) walked over the records as the engine drafts (exact, ttt.WALKS); T=0 and T=1
+        probabilistic chained from the per-position proxies (no exact walk exists for them on T=1 paths)."""
         from spectool.draft.ttt import chain_length
 
         m = {key: v[:k] for key, v in getattr(self, which).items()}
-        return {"T=0": chain_length(m["top1"]), "T=1 greedy": chain_length(m["p_accept"]),
+        return {"T=0": chain_length(m["top1"]), "T=1 greedy": m["walk_greedy"][-1],
                 "T=1 probabilistic": chain_length(m["p_accept_sampled"]),
-                "T=1 greedy oracle": chain_length(m["oracle_greedy"]), "T=1 probabilistic oracle": len(m["top1"]) + 1.0}
+                "T=1 greedy oracle": m["walk_oracle"][-1], "T=1 probabilistic oracle": len(m["top1"]) + 1.0}
 
 
 def _claim_out(cfg: InitDraftConfig) -> None:
@@ -461,7 +462,9 @@ def render(r: InitDraftResult) -> None:
     k = len(r.heldout["top1"])
     ks = sorted({min(3, k), k})  # 3: the default k of rollout and train-rl
     m = Table(title=f"P(accept) by draft position 1..{k}, on the policy's own T=1 paths (T=0 paths accept more)",
-              caption=f"AL: the expected acceptance length these imply at k = {' / '.join(map(str, ks))}")
+              caption=f"AL at k = {' / '.join(map(str, ks))}: T=1 greedy walked over the records as the engine drafts "
+                      "(exact); T=0 and probabilistic chained from the per-position rates, which average over every "
+                      "position while the engine drafts more often right after a rejection")
     for col in ("", "held-out prompts", "training records"):
         m.add_column(col, no_wrap=True)
     rows = [("top-1 agreement (T=0 rule)", "top1"), ("T=1 greedy: p(draft's)", "p_accept"),

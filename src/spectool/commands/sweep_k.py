@@ -66,7 +66,7 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                 log_path: str | None = None) -> list[dict]:
     """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, decode >= min_seqs sequences in
     waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves. With
-    `lengths` (synthetic runs) sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
+    `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
     engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1),
@@ -74,7 +74,7 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                                  draft_path=drafts.get(method), draft_sampling=draft_sampling,
                                  gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
                                  log_path=log_path,
-                                 synthetic_acceptance=synthetic if method == "eagle3" else None))
+                                 synthetic_acceptance=synthetic if method != "none" else None))
     subproc.report("  engine started; warming up")
     for batch in batch_sizes:  # warm-up at every measured shape
         engine.generate(prompts[:batch], Sampling(n=1, max_tokens=8, temperature=temperature))
@@ -108,9 +108,11 @@ def _arms(cfg: SweepConfig) -> list[tuple[str, int]]:
 
 
 def _real_inputs(cfg: SweepConfig):
-    """(model, drafts by method, prompt token ids, None): the policy and its drafts, prompts from the data."""
+    """(model, drafts by method, prompt token ids, output lengths or None): the policy and its drafts, prompts
+    from the data; lengths only with --lengths (else EOS ends each completion)."""
     from transformers import AutoTokenizer
 
+    from spectool.costmodel import output_lengths
     from spectool.data import load_source
     from spectool.runs import check_draft
     from spectool.models import draft_model_path, resolve_model
@@ -122,33 +124,57 @@ def _real_inputs(cfg: SweepConfig):
         drafts["draft_model"] = draft_model_path(cfg.draft_model, model)
     tasks = load_source(cfg.data, seed=cfg.seed).tasks(cfg.split, max(cfg.batch_sizes + [cfg.min_seqs]))
     tok = AutoTokenizer.from_pretrained(model.path)
-    return model, drafts, [encode_prompt(tok, t.prompt) for t in tasks], None
+    lengths = output_lengths(cfg.lengths, len(tasks), cfg.max_tokens, cfg.seed) if cfg.lengths else None
+    return model, drafts, [encode_prompt(tok, t.prompt) for t in tasks], lengths
 
 
 def _synthetic_inputs(cfg: SweepConfig, out: Path):
-    """(model, draft, random prompt ids, output lengths) for a model known by its config alone;
-    the draft is --draft, the template's eagle3/ folder, or one built from the config."""
+    """(model, drafts by method, random prompt ids, output lengths) for a model known by its config alone;
+    the eagle3 draft is --draft, the template's eagle3/ folder, or one built from the config; the draft
+    model (--draft-model) is a config of the same vocabulary."""
     import random
 
     from transformers import AutoConfig
 
     from spectool.costmodel import output_lengths
-    from spectool.draft.checkpoint import dummy_draft_config
     from spectool.models import resolve_config
-    from spectool.runs import atomic_write_json
 
     model = resolve_config(cfg.model)
     target = AutoConfig.from_pretrained(model.path)
-    draft = cfg.draft
-    if draft is None:
-        draft = str(Path(model.path) / "eagle3") if (Path(model.path) / "eagle3" / "config.json").exists() else None
-    if draft is None:
-        draft = str(out / "dummy-draft")
-        atomic_write_json(Path(draft) / "config.json", dummy_draft_config(target))
+    drafts = {"draft_model": _dummy_draft_model(cfg.draft_model, target)} if cfg.draft_model else {}
+    if "eagle3" in cfg.methods:
+        drafts["eagle3"] = _dummy_eagle3(cfg.draft, model.path, target, out)
     rng = random.Random(cfg.seed)
     n = max(cfg.batch_sizes + [cfg.min_seqs])
     prompts = [[rng.randrange(100, target.vocab_size - 100) for _ in range(cfg.prompt_len)] for _ in range(n)]
-    return model, {"eagle3": draft}, prompts, output_lengths(cfg.lengths, n, cfg.max_tokens, cfg.seed)
+    return model, drafts, prompts, output_lengths(cfg.lengths or "fixed", n, cfg.max_tokens, cfg.seed)
+
+
+def _dummy_eagle3(draft: str | None, model_path: str, target, out: Path) -> str:
+    """--draft, else the template's eagle3/ folder, else a draft config built from the target's (in `out`)."""
+    from spectool.draft.checkpoint import dummy_draft_config
+    from spectool.runs import atomic_write_json
+
+    if draft is not None:
+        return draft
+    if (Path(model_path) / "eagle3" / "config.json").exists():
+        return str(Path(model_path) / "eagle3")
+    atomic_write_json(out / "dummy-draft" / "config.json", dummy_draft_config(target))
+    return str(out / "dummy-draft")
+
+
+def _dummy_draft_model(name: str, target) -> str:
+    """The folder of a config-only draft model; refused unless its vocabulary is the target's."""
+    from transformers import AutoConfig
+
+    from spectool.models import resolve_config
+
+    path = resolve_config(name, flag="--draft-model").path
+    vocab = AutoConfig.from_pretrained(path).vocab_size
+    if vocab != target.vocab_size:
+        raise SpectoolError(f"--draft-model {name}: vocab_size {vocab}, the model's is {target.vocab_size}; a draft "
+                            "model proposes token ids the model verifies, so both need one vocabulary")
+    return path
 
 
 def run(cfg: SweepConfig, progress=print) -> dict:
@@ -193,7 +219,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     rec = recommend(rows, cfg.batch_sizes, cfg.min_gain)
     eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
     result = {"rows": rows, "recommendation": {str(b): v for b, v in rec.items()},
-              "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft,
+              "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft, "draft_model": drafts.get("draft_model"),
               "model": model.name, "max_k": max(cfg.ks), "draft_sampling": cfg.draft_sampling,
               "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights}
     atomic_write_json(out / "sweep.json", result)

@@ -104,3 +104,45 @@ def acceptance_metrics(
         oracle.append(float(p.max(-1).values.mean()) if m.any() else float("nan"))
         counts.append(int(m.sum()))
     return {"top1": top1, "p_accept": p_acc, "p_accept_sampled": p_samp, "oracle_greedy": oracle, "count": counts}
+
+
+@torch.no_grad()
+def greedy_walk(
+    draft_logits: list[torch.Tensor],  # steps x [B, T, Vd], anchors 0..T-1
+    target_logits_full: torch.Tensor,  # [B, T, V] the policy's logits at the same positions
+    draft_ids: torch.Tensor,  # [Vd] target id of each draft id
+    ids: torch.Tensor,  # [B, T] the records' tokens at the same positions
+    prompt_lens: torch.Tensor,  # [B]
+    lengths: torch.Tensor,  # [B]
+) -> dict[str, dict[str, list[int]]]:
+    """Verify steps and accepted tokens per k = 1..steps, for the draft's greedy proposals and the
+    oracle's (the policy's own argmax), walked over the records as the engine drafts them.
+
+    Exact for greedy proposals on paths the policy sampled, at their temperature: vLLM accepts a
+    one-hot proposal d with probability p(d) and otherwise resamples from p with d removed, so the
+    emitted token equals d exactly when d is accepted, and the engine's output is distributed as
+    the policy's samples. Hence on a record: the first draft step anchors at the last prompt
+    position; at anchor t the chain proposes x[t+2..t+k+1] (each step fed the record's token,
+    which is its own accepted proposal), m = its leading matches with the record are accepted and
+    the next anchor is t + m + 1. Unlike per-position averages (`acceptance_metrics`), this weights
+    positions as the engine visits them: an anchor lands right after a rejection more often.
+    """
+    T = ids.shape[1]
+    guesses = {"draft": [draft_ids[lg.argmax(-1)] for lg in draft_logits],  # steps x [B, T]
+               "oracle": [shift(target_logits_full, j + 1).argmax(-1) for j in range(len(draft_logits))]}
+    out = {}
+    for name, g in guesses.items():
+        match = torch.stack([g[j] == shift(ids, j + 2) for j in range(len(g))], -1).tolist()  # [B, T, steps]
+        steps, accepted = [0] * len(g), [0] * len(g)
+        for k in range(1, len(g) + 1):
+            for b, (p, n) in enumerate(zip(prompt_lens.tolist(), lengths.tolist())):
+                t = p - 1
+                while t + 2 <= min(n, T) - 1:
+                    m = 0
+                    while m < k and t + m + 2 <= n - 1 and match[b][t][m]:
+                        m += 1
+                    steps[k - 1] += 1
+                    accepted[k - 1] += m
+                    t += m + 1
+        out[name] = {"steps": steps, "accepted": accepted}
+    return out

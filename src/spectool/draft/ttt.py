@@ -11,9 +11,10 @@ import math
 
 import torch
 
-from spectool.draft.loss import acceptance_metrics, ttt_loss
+from spectool.draft.loss import acceptance_metrics, greedy_walk, ttt_loss
 
 METRICS = ("top1", "p_accept", "p_accept_sampled", "oracle_greedy")  # per draft position (loss.acceptance_metrics)
+WALKS = ("walk_greedy", "walk_oracle")  # acceptance length per k = 1..steps, walked as the engine drafts
 
 
 def collate_features(items, prompt_lens, device: torch.device | str = "cpu"):
@@ -54,17 +55,27 @@ def ttt_step_loss(draft, items, prompt_lens: list[int], W_dv: torch.Tensor, ttt_
 @torch.no_grad()
 def heldout_metrics(draft, items, prompt_lens: list[int], W: torch.Tensor, target_ids: torch.Tensor, ttt_steps: int,
                     batch_size: int, device) -> dict[str, list[float]]:
-    """METRICS per draft position over `items`, weighted by the positions each batch scores.
+    """METRICS per draft position over `items`, weighted by the positions each batch scores, and
+    WALKS: the acceptance length of greedy proposals (the draft's, the oracle's) at k = 1..ttt_steps,
+    exact for the engine at the records' temperature (loss.greedy_walk).
     W: [V, H] the policy's output embedding; target_ids: [Vd] on `device`."""
     was_training = draft.training
     draft.eval()
     sums = {k: [0.0] * ttt_steps for k in (*METRICS, "count")}
+    walks = {name: {"steps": [0] * ttt_steps, "accepted": [0] * ttt_steps} for name in ("draft", "oracle")}
     for b in range(0, len(items), batch_size):
         ids, aux, last, P, L = collate_features(items[b : b + batch_size], prompt_lens[b : b + batch_size], device)
         s = first_anchor(P, ttt_steps)
-        m = acceptance_metrics(draft.unroll(aux, ids, ttt_steps, s), last[:, s:] @ W.T, target_ids, P - s, L - s)
+        logits, target = draft.unroll(aux, ids, ttt_steps, s), last[:, s:] @ W.T  # steps x [B, T-s, Vd]; [B, T-s, V]
+        m = acceptance_metrics(logits, target, target_ids, P - s, L - s)
         for k in METRICS:
             sums[k] = [acc + (0 if math.isnan(v) else v) * c for acc, v, c in zip(sums[k], m[k], m["count"])]
         sums["count"] = [a + c for a, c in zip(sums["count"], m["count"])]
+        for name, w in greedy_walk(logits, target, target_ids, ids[:, s:], P - s, L - s).items():
+            for key in ("steps", "accepted"):
+                walks[name][key] = [a + c for a, c in zip(walks[name][key], w[key])]
     draft.train(was_training)
-    return {k: [v / max(c, 1) for v, c in zip(sums[k], sums["count"])] for k in METRICS}
+    out = {k: [v / max(c, 1) for v, c in zip(sums[k], sums["count"])] for k in METRICS}
+    for key, name in zip(WALKS, ("draft", "oracle")):
+        out[key] = [1 + a / max(n, 1) for a, n in zip(walks[name]["accepted"], walks[name]["steps"])]
+    return out
