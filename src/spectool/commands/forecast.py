@@ -69,7 +69,10 @@ def run(cfg: ForecastConfig) -> dict:
 
     cfg.validate()
     rows, sweep = _sweep_rows(Path(cfg.sweep), cfg.method)
-    model = fit([{**r, "k": r["k"] if r["method"] == cfg.method else 0} for r in rows])
+    try:
+        model = fit([{**r, "k": r["k"] if r["method"] == cfg.method else 0} for r in rows])
+    except ValueError as e:
+        raise SpectoolError(f"--sweep {cfg.sweep}: {e}; sweep more batch sizes") from None
     rates = cfg.acceptance_rates or measured_rates(rows, cfg.method)
     ks = cfg.ks  # rates beyond the given positions continue geometrically (costmodel.acceptance_length)
     sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, cfg.max_concurrency} | {r["batch"] for r in rows})

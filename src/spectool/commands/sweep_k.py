@@ -76,8 +76,11 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                                  log_path=log_path,
                                  synthetic_acceptance=synthetic if method != "none" else None))
     subproc.report("  engine started; warming up")
-    for batch in batch_sizes:  # warm-up at every measured shape
-        engine.generate(prompts[:batch], Sampling(n=1, max_tokens=8, temperature=temperature))
+    for batch in batch_sizes:  # warm-up at every measured batch size, long enough that speculation's varying
+        # step shapes (tokens accepted per sequence) are compiled before timing: after 8 tokens the first timed
+        # wave still paid for compilation (measured: 33 vs 52-57 tokens/s in the next waves, batch 8, k=3)
+        engine.generate(prompts[:batch], Sampling(n=1, max_tokens=min(max_tokens, 64), temperature=temperature,
+                                                  ignore_eos=True))
     rows = []
     for batch in batch_sizes:
         waves = max(1, math.ceil(min_seqs / batch))

@@ -90,7 +90,7 @@ class OnlineDraft:
     def _top1(self, feats: list[Features], W: torch.Tensor) -> list[float]:
         """Greedy agreement with the policy per draft position (a proxy for acceptance)."""
         return heldout_metrics(self.draft, [(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats], W,
-                               self.target_ids, self.ttt_steps, len(feats), self.device)["top1"]
+                               self.target_ids, self.ttt_steps, len(feats), self.device, walk=False)["top1"]
 
     def state_dict(self) -> dict:
         return {"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "steps": self.steps,

@@ -54,10 +54,11 @@ def ttt_step_loss(draft, items, prompt_lens: list[int], W_dv: torch.Tensor, ttt_
 
 @torch.no_grad()
 def heldout_metrics(draft, items, prompt_lens: list[int], W: torch.Tensor, target_ids: torch.Tensor, ttt_steps: int,
-                    batch_size: int, device) -> dict[str, list[float]]:
+                    batch_size: int, device, walk: bool = True) -> dict[str, list[float]]:
     """METRICS per draft position over `items`, weighted by the positions each batch scores, and
-    WALKS: the acceptance length of greedy proposals (the draft's, the oracle's) at k = 1..ttt_steps,
-    exact for the engine at the records' temperature (loss.greedy_walk).
+    (`walk`) WALKS: the acceptance length of greedy proposals (the draft's, the oracle's) at
+    k = 1..ttt_steps, exact for the engine at the records' temperature (loss.greedy_walk; a Python
+    loop over every position, so callers that need only the proxies skip it).
     W: [V, H] the policy's output embedding; target_ids: [Vd] on `device`."""
     was_training = draft.training
     draft.eval()
@@ -71,11 +72,11 @@ def heldout_metrics(draft, items, prompt_lens: list[int], W: torch.Tensor, targe
         for k in METRICS:
             sums[k] = [acc + (0 if math.isnan(v) else v) * c for acc, v, c in zip(sums[k], m[k], m["count"])]
         sums["count"] = [a + c for a, c in zip(sums["count"], m["count"])]
-        for name, w in greedy_walk(logits, target, target_ids, ids[:, s:], P - s, L - s).items():
+        for name, w in (greedy_walk(logits, target, target_ids, ids[:, s:], P - s, L - s) if walk else {}).items():
             for key in ("steps", "accepted"):
                 walks[name][key] = [a + c for a, c in zip(walks[name][key], w[key])]
     draft.train(was_training)
     out = {k: [v / max(c, 1) for v, c in zip(sums[k], sums["count"])] for k in METRICS}
-    for key, name in zip(WALKS, ("draft", "oracle")):
+    for key, name in zip(WALKS, ("draft", "oracle")) if walk else ():
         out[key] = [1 + a / max(n, 1) for a, n in zip(walks[name]["accepted"], walks[name]["steps"])]
     return out
