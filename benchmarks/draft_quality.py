@@ -42,19 +42,14 @@ def measure(out: Path, draft_args: list[str], temperature: float, draft_sampling
     return AcceptanceStats(**json.loads((out / "manifest.json").read_text())["summary"]["acceptance"])
 
 
-def walked(cell: Path, draft: str, k: int) -> dict[str, float]:
+def walked(policy, cell: Path, draft: str, k: int) -> dict[str, float]:
     """init-draft's walk over the records of one rollout: {"draft": AL, "oracle": AL} at k."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from spectool.draft.checkpoint import load_draft
     from spectool.draft.ttt import heldout_metrics
     from spectool.draft.vocab import ids_from_d2t
     from spectool.hidden import feature_items
-    from spectool.models import resolve_model
     from spectool.records import load_records
 
-    policy = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m").path, torch_dtype=torch.float32)
     d, _ = load_draft(Path(draft), policy)
     recs = load_records(cell)
     prompt_lens = [len(p) for p in recs["prompt_ids"]]
@@ -108,11 +103,19 @@ def main() -> None:
     print(f"{'bar':8}" + "".join(f"{'>= ' + str(BARS[m]):>30}" for m, _, _ in MODES))
 
     print("\ninit-draft's walk over each greedy cell's own records vs the engine on them (acceptance length)")
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    from spectool.models import resolve_model
+
+    logging.disable_progress_bar()
+    policy = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m").path, dtype=torch.float32)
     for arm, draft_args in arms.items():
         for mode, _, sampling in MODES:
             if sampling != "greedy":
                 continue
-            w = walked(_cell(a.out, arm, draft_args, mode), a.new if arm == "oracle" else draft_args[1], a.k)
+            w = walked(policy, _cell(a.out, arm, draft_args, mode), a.new if arm == "oracle" else draft_args[1], a.k)
             pred = w["oracle" if arm == "oracle" else "draft"]
             print(f"{arm:8}{mode:>12}: walk {pred:.2f}, engine {table[arm][mode].mean_acceptance_length:.2f}")
 
