@@ -28,10 +28,11 @@ done
 import json, math, sys
 out = sys.argv[1]
 def chain(r): return 1 + sum(math.prod(r[:i + 1]) for i in range(len(r)))
-print("loss  top-1 (pos 1-3)      P(acc) greedy       P(acc) sampling     exp. AL k=3: T=0 / T=1 greedy / T=1 sampling")
+print("loss  top-1 (pos 1-3)      P(acc) greedy       P(acc) sampling     AL k=3: T=0 / T=1 greedy (walked) / T=1 sampling")
 for loss in ("ce", "tv", "mix"):
     r = json.load(open(f"{out}/{loss}/manifest.json"))["result"]
     t, g, s = (r["heldout"][k][:3] for k in ("top1", "p_accept", "p_accept_sampled"))
+    walk = r["heldout"]["walk_greedy"][2] if "walk_greedy" in r["heldout"] else chain(g)  # runs before the walk: chained
     f = lambda xs: " ".join(f"{x:.3f}" for x in xs)
-    print(f"{loss:4}  {f(t):18}  {f(g):18}  {f(s):18}  {chain(t):.2f} / {chain(g):.2f} / {chain(s):.2f}")
+    print(f"{loss:4}  {f(t):18}  {f(g):18}  {f(s):18}  {chain(t):.2f} / {walk:.2f} / {chain(s):.2f}")
 PY

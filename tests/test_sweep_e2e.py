@@ -61,9 +61,10 @@ def test_sweep_measures_draft_model_speculation(tiny_policy, tmp_path):
     out = tmp_path / "sweep"
     spectool("sweep-k", "--model", str(tiny_policy), "--data", DATA, "--out", str(out), "--methods", "draft_model",
              "--draft-model", "policy", "--k", "2", "--batch-sizes", "2", "--max-tokens", "24", "--min-seqs", "2",
-             "--temperature", "0")
+             "--temperature", "0", "--lengths", "fixed")
     rows = {x["method"]: x for x in json.loads((out / "sweep.json").read_text())["rows"]}
     assert set(rows) == {"none", "draft_model"}
+    assert all(x["tokens"] == x["sequences"] * 24 for x in rows.values())  # --lengths: EOS ignored, equal tokens
     assert rows["draft_model"]["mean_acceptance_length"] > 2.5 and min(rows["draft_model"]["per_position"]) > 0.75
     r = spectool("sweep-k", "--model", str(tiny_policy), "--out", str(tmp_path / "x"), "--methods", "draft_model",
                  check=False)

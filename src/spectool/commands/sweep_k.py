@@ -222,8 +222,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     rec = recommend(rows, cfg.batch_sizes, cfg.min_gain)
     eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
     result = {"rows": rows, "recommendation": {str(b): v for b, v in rec.items()},
-              "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft, "draft_model": drafts.get("draft_model"),
-              "model": model.name, "max_k": max(cfg.ks), "draft_sampling": cfg.draft_sampling,
+              "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft,
+              "draft_model": drafts.get("draft_model"), "model": model.name, "max_k": max(cfg.ks), "draft_sampling": cfg.draft_sampling,
               "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights}
     atomic_write_json(out / "sweep.json", result)
     if result["eagle3_schedule"]:
