@@ -272,8 +272,8 @@ def test_preset_fills_what_the_command_line_did_not_set():
     cfg = InitDraftConfig(out="o", preset="quality", epochs=7)
     got = apply_preset(cfg, {"epochs", "out", "preset"})
     q = INIT_DRAFT_PRESETS["quality"]
-    assert got.epochs == 7 and got.loss == q["loss"] and got.data == q["data"]
+    assert got.epochs == 7 and got.data == q["data"] and got.harvest.samples == q["harvest.samples"]
     assert got.harvest.n_prompts == q["harvest.n_prompts"] and got.harvest.seed == cfg.harvest.seed
-    assert cfg.loss == InitDraftConfig().loss  # the given config is not changed
+    assert cfg.data == InitDraftConfig().data  # the given config is not changed
     with pytest.raises(SpectoolError, match="--preset='fast': must be one of quality"):
         apply_preset(InitDraftConfig(out="o", preset="fast"), set())
