@@ -16,7 +16,7 @@ from spectool.config import ForecastConfig
 from spectool.errors import SpectoolError
 
 ASSUMPTIONS = (
-    "step time = a0 + a1*B*(k+1) + a2*B*context + k*(a3 + a4*B), fitted on the sweep's rows",
+    "step time = a0 + a1*B*(k+1) + a2*B*context + [k>0]*(a5 + a6*B) + k*(a3 + a4*B), fitted on the sweep's rows",
     "acceptance per position is the given unconditional rate, the same at every batch size and step",
     "a batch decodes all sequences from the start, at most --max-concurrency at once, each gaining the "
     "expected acceptance length per step (variation between steps ignored)",
