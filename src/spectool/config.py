@@ -193,8 +193,8 @@ class InitDraftConfig:
 
 
 # init-draft's named settings: field -> value ("harvest.<field>" for the sampling of --data). The
-# quality preset: the best draft 2 CPU cores train in about an hour on the embedded default (measured
-# in the README): the in-domain task mixed with a wider one, 4 samples per prompt, and many small
+# quality preset: the best draft 2 CPU cores train in under an hour on the embedded default (measured
+# in the README): the in-domain task mixed with a wider one, 8 samples per prompt, and many small
 # steps (the demo draft was short of steps, not of data: its train and held-out metrics were equal).
 INIT_DRAFT_PRESETS: dict[str, dict[str, object]] = {
     "quality": {
