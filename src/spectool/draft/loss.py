@@ -127,7 +127,6 @@ def greedy_walk(
     the next anchor is t + m + 1. Unlike per-position averages (`acceptance_metrics`), this weights
     positions as the engine visits them: an anchor lands right after a rejection more often.
     """
-    T = ids.shape[1]
     guesses = {"draft": [draft_ids[lg.argmax(-1)] for lg in draft_logits],  # steps x [B, T]
                "oracle": [shift(target_logits_full, j + 1).argmax(-1) for j in range(len(draft_logits))]}
     out = {}
@@ -137,7 +136,7 @@ def greedy_walk(
         for k in range(1, len(g) + 1):
             for b, (p, n) in enumerate(zip(prompt_lens.tolist(), lengths.tolist())):
                 t = p - 1
-                while t + 2 <= min(n, T) - 1:
+                while t + 2 <= n - 1:
                     m = 0
                     while m < k and t + m + 2 <= n - 1 and match[b][t][m]:
                         m += 1

@@ -14,7 +14,7 @@ import torch
 from spectool.draft.loss import acceptance_metrics, greedy_walk, ttt_loss
 
 METRICS = ("top1", "p_accept", "p_accept_sampled", "oracle_greedy")  # per draft position (loss.acceptance_metrics)
-WALKS = ("walk_greedy", "walk_oracle")  # acceptance length per k = 1..steps, walked as the engine drafts
+WALKS = {"walk_greedy": "draft", "walk_oracle": "oracle"}  # acceptance length per k = 1..steps (loss.greedy_walk)
 
 
 def collate_features(items, prompt_lens, device: torch.device | str = "cpu"):
@@ -63,7 +63,7 @@ def heldout_metrics(draft, items, prompt_lens: list[int], W: torch.Tensor, targe
     was_training = draft.training
     draft.eval()
     sums = {k: [0.0] * ttt_steps for k in (*METRICS, "count")}
-    walks = {name: {"steps": [0] * ttt_steps, "accepted": [0] * ttt_steps} for name in ("draft", "oracle")}
+    walks = {name: {"steps": [0] * ttt_steps, "accepted": [0] * ttt_steps} for name in WALKS.values()}
     for b in range(0, len(items), batch_size):
         ids, aux, last, P, L = collate_features(items[b : b + batch_size], prompt_lens[b : b + batch_size], device)
         s = first_anchor(P, ttt_steps)
@@ -72,11 +72,13 @@ def heldout_metrics(draft, items, prompt_lens: list[int], W: torch.Tensor, targe
         for k in METRICS:
             sums[k] = [acc + (0 if math.isnan(v) else v) * c for acc, v, c in zip(sums[k], m[k], m["count"])]
         sums["count"] = [a + c for a, c in zip(sums["count"], m["count"])]
-        for name, w in (greedy_walk(logits, target, target_ids, ids[:, s:], P - s, L - s) if walk else {}).items():
-            for key in ("steps", "accepted"):
-                walks[name][key] = [a + c for a, c in zip(walks[name][key], w[key])]
+        if walk:
+            for name, w in greedy_walk(logits, target, target_ids, ids[:, s:], P - s, L - s).items():
+                for key in ("steps", "accepted"):
+                    walks[name][key] = [a + c for a, c in zip(walks[name][key], w[key])]
     draft.train(was_training)
     out = {k: [v / max(c, 1) for v, c in zip(sums[k], sums["count"])] for k in METRICS}
-    for key, name in zip(WALKS, ("draft", "oracle")) if walk else ():
-        out[key] = [1 + a / max(n, 1) for a, n in zip(walks[name]["accepted"], walks[name]["steps"])]
+    if walk:
+        for key, name in WALKS.items():
+            out[key] = [1 + a / max(n, 1) for a, n in zip(walks[name]["accepted"], walks[name]["steps"])]
     return out
