@@ -23,45 +23,44 @@ def _rollouts(policy_dir, n=6, seed=0):
     return out
 
 
-def _trainer(policy_dir, aux):
+def _trainer(policy_dir):
     from spectool.rl.policy import PolicyTrainer
 
     return PolicyTrainer(str(policy_dir), lr=1e-3, temperature=1.0, eps_low=0.2, eps_high=0.2, kl_beta=0.1,
-                         micro_batch_size=4, max_grad_norm=1.0, aux_layer_ids=aux, seed=0)
+                         micro_batch_size=4, max_grad_norm=1.0, seed=0)
 
 
 def test_policy_gradients_are_bit_identical_with_draft_refresh_on_and_off(tiny_policy, random_draft):
-    from spectool.draft.checkpoint import load_draft
-    from spectool.draft.online import OnlineDraft
+    """The refresher's hooks ride on the trainer's own forward (as in any outside trainer) and
+    never change the policy's gradients or weights; the draft does train."""
+    from spectool.draft.refresh import DraftRefresher, RefreshSettings
 
-    draft, _ = load_draft(random_draft)
-    before = {k: v.clone() for k, v in draft.state_dict().items()}
-    online = OnlineDraft(draft, lr=1e-2, warmup_steps=0, ttt_steps=3, batch_size=4, buffer_size=64)
-    on, off = _trainer(tiny_policy, draft.config.aux_layer_ids), _trainer(tiny_policy, None)
+    on, off = _trainer(tiny_policy), _trainer(tiny_policy)
+    refresher = DraftRefresher.from_folder(random_draft, on.model, RefreshSettings(lr=1e-2, warmup_steps=0, batch_size=4))
+    before = {k: v.clone() for k, v in refresher.draft.state_dict().items()}
     grads = {}
-    for name, trainer, refresh in (("on", on, True), ("off", off, False)):
+    for name, trainer, capture in (("on", on, refresher.capture), ("off", off, None)):
         for step in range(2):
-            rep = trainer.update(_rollouts(tiny_policy, seed=step), capture=refresh)
+            rep = trainer.update(_rollouts(tiny_policy, seed=step), capture=capture)
             assert rep.grad_norm > 0
-            if refresh:
-                assert len(rep.features) == 6 and not rep.features[0].aux.requires_grad
-                online.add(rep.features)
-                r = online.refresh(trainer.unwrapped, n_steps=3)  # the draft trains between policy steps
-                assert r.loss > 0
-            else:
-                assert rep.features == []
+            if capture:
+                assert refresher.captured == 6 * (step + 1)
+                assert not refresher.online.buffer[-1].aux.requires_grad
+                assert refresher.refresh(3).loss > 0  # the draft trains between policy steps
         grads[name] = {n: p.grad.clone() for n, p in trainer.unwrapped.named_parameters()}
         grads[name + "_w"] = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
     for n in grads["on"]:
         assert torch.equal(grads["on"][n], grads["off"][n]), n
         assert torch.equal(grads["on_w"][n], grads["off_w"][n]), n
-    assert any(not torch.equal(before[k], v.cpu()) for k, v in draft.state_dict().items() if k != "embed_tokens.weight")
+    changed = [k for k, v in refresher.draft.state_dict().items() if k != "embed_tokens.weight"
+               and not torch.equal(before[k], v.cpu())]
+    assert changed
 
 
 def test_trainer_logprobs_match_a_plain_forward(tiny_policy):
     from transformers import AutoModelForCausalLM
 
-    t = _trainer(tiny_policy, None)
+    t = _trainer(tiny_policy)
     rs = _rollouts(tiny_policy, n=2)
     got = t.logprobs([r.prompt_ids for r in rs], [r.response_ids for r in rs])
     m = AutoModelForCausalLM.from_pretrained(tiny_policy)
@@ -117,7 +116,7 @@ def test_stale_engine_weights_stop_the_job(tiny_policy):
     from spectool.errors import SpectoolError
     from spectool.commands.train_rl import _check_logprobs
 
-    t = _trainer(tiny_policy, None)
+    t = _trainer(tiny_policy)
     rs = _rollouts(tiny_policy, n=3)
 
     class Engine:  # answers with the trainer's logprobs, shifted by `shift` nats

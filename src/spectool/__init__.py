@@ -1,3 +1,21 @@
-"""spectool: the life of a speculative-decoding draft model for RL post-training."""
+"""spectool: the life of a speculative-decoding draft model for RL post-training.
+
+Public library names: `spectool.DraftRefresher` (online draft training inside any RL trainer,
+pushed into a running vLLM engine and checked there) and `spectool.RefreshSettings`.
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["DraftRefresher", "RefreshSettings", "DraftNotLive", "WORKER_EXTENSION"]
+
+
+def __getattr__(name: str):  # lazy: `import spectool` stays light (no torch until a name is used)
+    if name in ("DraftRefresher", "RefreshSettings", "DraftNotLive"):
+        from spectool.draft import refresh
+
+        return getattr(refresh, name)
+    if name == "WORKER_EXTENSION":
+        from spectool.engine.colocated import WORKER_EXTENSION
+
+        return WORKER_EXTENSION
+    raise AttributeError(f"module 'spectool' has no attribute {name!r}")

@@ -90,7 +90,7 @@ class _Run:
     draft_dir: str | None  # the draft folder speculation uses (None: plain decoding)
     start: int  # steps done by the checkpoint resumed from
     trainer: PolicyTrainer
-    online: Any  # OnlineDraft, or None unless draft_refresh.mode is online
+    refresher: Any  # DraftRefresher, or None unless draft_refresh.mode is online
     engine: Any
     tolerance: float  # the engine logprob check's
     history: list[dict]
@@ -113,16 +113,15 @@ def _speculation(cfg: RLConfig, model) -> tuple[list | None, str | None, str | N
     return schedule, draft_dir, check_draft(draft_dir, model, max(k, 1)), k
 
 
-def _online_draft(cfg: RLConfig, model, draft_path: str):
-    from spectool.draft.checkpoint import check_fits, load_draft
-    from spectool.draft.online import OnlineDraft
+def _refresher(cfg: RLConfig, draft_path: str, trainer: PolicyTrainer):
+    """The public DraftRefresher on the trainer's policy, as any outside trainer builds it."""
+    from spectool.draft.refresh import DraftRefresher, RefreshSettings
 
     dr = cfg.draft_refresh
-    draft, _ = load_draft(Path(draft_path))
-    check_fits(draft.config, model.fingerprint, Path(draft_path))
-    return OnlineDraft(draft, dr.lr, dr.warmup_steps, dr.ttt_steps, dr.batch_size,
-                       buffer_size=dr.buffer_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-                       seed=cfg.seed, device="cuda" if torch.cuda.is_available() else "cpu")
+    settings = RefreshSettings(lr=dr.lr, warmup_steps=dr.warmup_steps, ttt_steps=dr.ttt_steps, batch_size=dr.batch_size,
+                               buffer_seqs=dr.buffer_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+                               loss=dr.loss, seed=cfg.seed)
+    return DraftRefresher.from_folder(draft_path, trainer.model, settings)
 
 
 def _setup(cfg: RLConfig) -> _Run:
@@ -146,21 +145,21 @@ def _setup(cfg: RLConfig) -> _Run:
     ckpt = _latest_checkpoint(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / CONFIG, cfg.as_dict())
-    online = None
-    if draft_path is not None and cfg.draft_refresh.mode == "online":
-        if ckpt:
-            draft_path = str(ckpt[1] / "draft")  # the refreshed draft, as it was at the checkpoint
-        online = _online_draft(cfg, model, draft_path)
     p, e = cfg.policy, cfg.engine
     dtype = engine_dtype(e.dtype)
     trainer = PolicyTrainer(str(ckpt[1] / "policy") if ckpt else model.path, p.lr, cfg.rollout.temperature,
-                            p.eps_low, p.eps_high, p.kl_beta, p.micro_batch_size, p.max_grad_norm,
-                            online.draft.config.aux_layer_ids if online else None, seed=cfg.seed, engine_dtype=dtype)
+                            p.eps_low, p.eps_high, p.kl_beta, p.micro_batch_size, p.max_grad_norm, seed=cfg.seed,
+                            engine_dtype=dtype)
+    refresher = None
+    if draft_path is not None and cfg.draft_refresh.mode == "online":
+        if ckpt:
+            draft_path = str(ckpt[1] / "draft")  # the refreshed draft, as it was at the checkpoint
+        refresher = _refresher(cfg, draft_path, trainer)
     if ckpt:
         st = torch.load(ckpt[1] / "state.pt", weights_only=False)
         trainer.load_state_dict(st["policy"])
-        if online is not None:
-            online.load_state_dict(st["draft"])
+        if refresher is not None:
+            refresher.load_state_dict(st["draft"])
     engine = Engine(EngineConfig(
         model_path=model.path, draft_path=draft_path, k=max(k, 1), k_schedule=schedule, seed=cfg.seed,
         log_path=str(out / "engine.log"), draft_sampling=cfg.speculation.draft_sampling, dtype=dtype, gpu_memory_utilization=e.gpu_memory_utilization,
@@ -170,21 +169,19 @@ def _setup(cfg: RLConfig) -> _Run:
     if ckpt:
         engine.update_policy(trainer.engine_state())  # the engine starts from the base model's weights
     start = ckpt[0] if ckpt else 0
-    return _Run(cfg, out, model, source, tokenizer, tasks, eval_tasks, draft_dir, start, trainer, online, engine,
+    return _Run(cfg, out, model, source, tokenizer, tasks, eval_tasks, draft_dir, start, trainer, refresher, engine,
                 logprob_tolerance(p.logprob_tolerance or None, dtype), truncate_jsonl(out / "metrics.jsonl", start))
 
 
 def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_next) -> float | None:
     """After generation: update, (async: wait for the next batch), sync, check, refresh, eval,
     checkpoint; fills `rec`. Returns the seconds waited for the next batch (async), else None."""
-    cfg, p, dr, engine, trainer, online = r.cfg, r.cfg.policy, r.cfg.draft_refresh, r.engine, r.trainer, r.online
+    cfg, p, dr, engine, trainer, refresher = r.cfg, r.cfg.policy, r.cfg.draft_refresh, r.engine, r.trainer, r.refresher
     last = step + 1 == p.steps
     t = time.perf_counter()
-    rep = _update(trainer, batch.rollouts, online is not None, cfg.engine.gpu_memory_utilization)
+    rep = _update(trainer, batch.rollouts, refresher.capture if refresher else None, cfg.engine.gpu_memory_utilization)
     rec.update(update_s=time.perf_counter() - t, loss=rep.loss, clip_fraction=rep.clip_fraction, kl=rep.kl,
                grad_norm=rep.grad_norm, behaviour_gap=rep.behaviour_gap, train_tokens=rep.tokens)
-    if online is not None:
-        online.add(rep.features)
     waited = wait_for_next()  # the engine must be idle before its weights change
     t = time.perf_counter()
     engine.update_policy(trainer.engine_state())
@@ -193,19 +190,19 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
         t = time.perf_counter()
         rec.update(_check_logprobs(engine, trainer, batch.rollouts, r.tolerance, step + 1))
         rec["check_s"] = time.perf_counter() - t
-    if online is not None and (step + 1) % dr.every == 0:
+    if refresher is not None and (step + 1) % dr.every == 0:
         t = time.perf_counter()
-        ref = online.refresh(trainer.unwrapped, dr.steps_per_refresh)
-        engine.update_draft(online.draft.export_state_dict())
-        rec["draft_sync_diff"] = _check_draft_sync(engine, online.draft, step + 1)
+        ref = refresher.refresh(dr.steps_per_refresh)
+        pushed = _push_draft(refresher, engine, step + 1)
         rec.update(refresh_s=time.perf_counter() - t, draft_loss=ref.loss, draft_top1_before=ref.top1_before,
-                   draft_top1_after=ref.top1_after, draft_steps=ref.steps)
+                   draft_top1_after=ref.top1_after, draft_steps=ref.steps, draft_check_excess=pushed.max_excess,
+                   draft_check_power=pushed.has_power)
     if cfg.rollout.eval_every and ((step + 1) % cfg.rollout.eval_every == 0 or last):
         t = time.perf_counter()
         rec["eval_reward"] = _eval_reward(engine, r.tokenizer, r.source, r.eval_tasks, cfg)
         rec["eval_s"] = time.perf_counter() - t
     if (step + 1) % cfg.checkpoint_every == 0 or last:
-        _save_checkpoint(r.out, step + 1, trainer, online, r.model, r.tokenizer, cfg)
+        _save_checkpoint(r.out, step + 1, trainer, refresher, r.model, r.tokenizer, cfg)
         rec["checkpoint"] = True
     return waited
 
@@ -226,6 +223,8 @@ def _loop(r: _Run, on_step) -> None:
             for step in range(r.start, steps):
                 t0 = time.perf_counter()
                 batch = carried or _generate(r.engine, r.source, r.tasks, step, cfg)
+                if r.refresher is not None:  # a drafter that died after the last push stops the run
+                    _check_alive(r.refresher, batch, step + 1)
                 nxt = pool.submit(_generate, r.engine, r.source, r.tasks, step + 1, cfg) \
                     if pool is not None and step + 1 < steps else None
                 rec: dict[str, Any] = {"step": step + 1, "mode": cfg.rollout.mode, **_batch_metrics(batch)}
@@ -293,7 +292,7 @@ def _generate(engine, source, tasks: _Tasks, step: int, cfg: RLConfig) -> Batch:
     return Batch(step, rollouts, acc, gen_s, tokens, float(rewards.mean()))
 
 
-def _update(trainer: PolicyTrainer, rollouts: list[Rollout], capture: bool, engine_share: float):
+def _update(trainer: PolicyTrainer, rollouts: list[Rollout], capture, engine_share: float):
     """One policy update; running out of GPU memory names the settings that decide it."""
     try:
         return trainer.update(rollouts, capture=capture)
@@ -331,15 +330,23 @@ def _check_logprobs(engine, trainer: PolicyTrainer, rollouts: list[Rollout], tol
     return {"logprob_check_max_diff": diff}
 
 
-def _check_draft_sync(engine, draft, step: int) -> float:
-    """The running drafter's weight sum equals the refreshed draft's, or the job stops."""
-    want = float(sum(v.double().sum() for k, v in draft.export_state_dict().items() if k != "d2t"))
-    got = engine.draft_fingerprint()
-    diff = abs(got - want)
-    if not diff <= 1e-4 * max(1.0, abs(want)):
-        raise SpectoolError(f"step {step}: the engine's draft weights (sum {got:.6g}) are not the refreshed draft's "
-                            f"(sum {want:.6g}): the draft reload did not take. The last checkpoint is intact.")
-    return diff
+def _push_draft(refresher, engine, step: int):
+    """The refreshed draft into the running engine, checked there in the engine's dtype."""
+    from spectool.draft.refresh import DraftNotLive
+
+    try:
+        return refresher.push(engine)
+    except DraftNotLive as e:
+        raise SpectoolError(f"step {step}: {e} The last checkpoint is intact.") from None
+
+
+def _check_alive(refresher, batch: Batch, step: int) -> None:
+    from spectool.draft.refresh import DraftNotLive
+
+    try:
+        refresher.check_acceptance(batch.acceptance)
+    except DraftNotLive as e:
+        raise SpectoolError(f"step {step}: {e} The last checkpoint is intact.") from None
 
 
 def _eval_reward(engine, tokenizer, source, eval_tasks, cfg: RLConfig) -> float:
@@ -356,7 +363,7 @@ def _eval_reward(engine, tokenizer, source, eval_tasks, cfg: RLConfig) -> float:
     return sum(scores) / len(scores)
 
 
-def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, online, model, tokenizer, cfg: RLConfig) -> None:
+def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, refresher, model, tokenizer, cfg: RLConfig) -> None:
     """checkpoints/step-N/{policy (HF folder), draft (vLLM-loadable), state.pt}, written whole
     (runs.atomic_dir), so a crash never leaves a half checkpoint. Older ones are removed."""
     from spectool.runs import atomic_dir
@@ -366,11 +373,11 @@ def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, online, model
         trainer.unwrapped.save_pretrained(tmp / "policy", safe_serialization=True)
         tokenizer.save_pretrained(tmp / "policy")
         st = {"step": step, "policy": trainer.state_dict()}
-        if online is not None:
+        if refresher is not None:
             from spectool.draft.checkpoint import draft_metadata
 
-            online.save(tmp / "draft", extra=draft_metadata(model, cfg.draft_refresh.ttt_steps, rl_step=step))
-            st["draft"] = online.state_dict()
+            refresher.save(tmp / "draft", **draft_metadata(model, cfg.draft_refresh.ttt_steps, rl_step=step))
+            st["draft"] = refresher.state_dict()
         torch.save(st, tmp / "state.pt")
     for old in sorted(root.glob("step-*"))[:-1]:
         shutil.rmtree(old, ignore_errors=True)

@@ -167,6 +167,27 @@ class Eagle3Draft(nn.Module):
             sd["d2t"] = self.d2t.to(torch.int64).cpu().contiguous()
         return sd
 
+    def vllm_probe(self, dtype) -> dict:
+        """The sums vLLM's drafter reports for these weights in `dtype` (engine/probe.py), keyed
+        by vLLM's module names: the decoder layers under model.layers.i (q,k,v and gate,up fused as
+        vLLM fuses them), fc and norm under model., the lm_head at the top."""
+        from spectool.engine.probe import linear_expected, param_expected
+
+        out = {"model.fc": linear_expected([self.fc.weight], dtype),
+               "lm_head": linear_expected([self.lm_head.weight], dtype),
+               "model.norm.weight": param_expected(self.norm.weight, dtype)}
+        layers = [self.midlayer, *self.layers.values()]
+        for i, layer in enumerate(layers):
+            pre, a, m = f"model.layers.{i}.", layer.self_attn, layer.mlp
+            out[pre + "self_attn.qkv_proj"] = linear_expected([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], dtype)
+            out[pre + "self_attn.o_proj"] = linear_expected([a.o_proj.weight], dtype)
+            out[pre + "mlp.gate_up_proj"] = linear_expected([m.gate_proj.weight, m.up_proj.weight], dtype)
+            out[pre + "mlp.down_proj"] = linear_expected([m.down_proj.weight], dtype)
+            for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+                if hasattr(layer, norm):
+                    out[pre + norm + ".weight"] = param_expected(getattr(layer, norm).weight, dtype)
+        return out
+
     def draft_to_target_ids(self) -> torch.Tensor:
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 

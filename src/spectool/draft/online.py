@@ -38,14 +38,17 @@ class RefreshReport:
     top1_before: list[float]  # per draft position, on the newest features, before training
     top1_after: list[float]
     sequences: int  # buffer size used
+    p_accept_after: list[float]  # per draft position: P(accept) of the greedy draft at T=1, after training
 
 
 class OnlineDraft:
     def __init__(self, draft: Eagle3Draft, lr: float, warmup_steps: int, ttt_steps: int, batch_size: int,
-                 buffer_size: int, step_decay: float = 0.8, seed: int = 0, device: str | torch.device = "cpu"):
+                 buffer_size: int, loss: str = "mix", step_decay: float = 0.8, seed: int = 0,
+                 device: str | torch.device = "cpu"):
         self.device = torch.device(device)
         self.draft = draft.to(self.device).train()  # trains where the policy lives; the buffer stays on the host
         self.ttt_steps = ttt_steps
+        self.loss = loss  # loss.LOSSES, as init-draft's --loss
         self.batch_size = batch_size
         self.buffer: list[Features] = []
         self.buffer_size = buffer_size
@@ -73,24 +76,26 @@ class OnlineDraft:
             self.draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
         W_dv = W[self.target_ids]  # [Vd, H]
         newest = self.buffer[-self.batch_size :]
-        before = self._top1(newest, W)
+        before = self._metrics(newest, W)["top1"]
         losses = []
         for _ in range(n_steps):
             batch = self.rng.sample(self.buffer, min(self.batch_size, len(self.buffer)))
             loss, _ = ttt_step_loss(self.draft, [(f.ids, f.aux, f.last) for f in batch], [f.prompt_len for f in batch],
-                                    W_dv, self.ttt_steps, self.step_decay, self.device)
+                                    W_dv, self.ttt_steps, self.step_decay, self.device, self.loss)
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
             self.sched.step()
             self.steps += 1
             losses.append(float(loss.detach()))
-        return RefreshReport(self.steps, sum(losses) / len(losses), before, self._top1(newest, W), len(self.buffer))
+        after = self._metrics(newest, W)
+        return RefreshReport(self.steps, sum(losses) / len(losses), before, after["top1"], len(self.buffer),
+                             after["p_accept"])
 
-    def _top1(self, feats: list[Features], W: torch.Tensor) -> list[float]:
-        """Greedy agreement with the policy per draft position (a proxy for acceptance)."""
+    def _metrics(self, feats: list[Features], W: torch.Tensor) -> dict[str, list[float]]:
+        """Per draft position: greedy agreement with the policy (top1) and P(accept) at T=1."""
         return heldout_metrics(self.draft, [(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats], W,
-                               self.target_ids, self.ttt_steps, len(feats), self.device, walk=False)["top1"]
+                               self.target_ids, self.ttt_steps, len(feats), self.device, walk=False)
 
     def state_dict(self) -> dict:
         return {"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "steps": self.steps,

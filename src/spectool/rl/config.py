@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, DRAFT_SAMPLING, check
+from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, DRAFT_SAMPLING, InitDraftConfig, check
 from spectool.errors import SpectoolError
 from spectool.precision import ENGINE_DTYPES
 
@@ -58,6 +58,7 @@ class DraftRefreshSection:
     warmup_steps: int = 10
     batch_size: int = 16
     buffer_steps: int = 5  # keep the features of the last N policy steps
+    loss: str = InitDraftConfig.loss  # ce | tv | mix: the per-position loss, init-draft's default
 
 
 @dataclass
@@ -109,6 +110,7 @@ class RLConfig:
         _need(d.every >= 1 and d.steps_per_refresh >= 1, "draft_refresh.every/steps_per_refresh",
               (d.every, d.steps_per_refresh), ">= 1")
         _need(0 < d.lr < 1, "draft_refresh.lr", d.lr, "in (0, 1)")
+        _need(d.loss in ("ce", "tv", "mix"), "draft_refresh.loss", d.loss, "ce, tv or mix")
         _need(d.ttt_steps >= (s.k if isinstance(s.k, int) else 1), "draft_refresh.ttt_steps", d.ttt_steps,
               ">= speculation.k (every draft position the engine uses is trained)")
         _need(r.eval_every >= 0 and r.eval_prompts >= 1, "rollout.eval_every/eval_prompts", (r.eval_every, r.eval_prompts),

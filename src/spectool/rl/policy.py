@@ -1,19 +1,20 @@
 """The policy side of train-rl: a transformers causal LM trained with GRPO under accelerate.
 
-One training forward per step does three jobs: the GRPO loss (with gradient), the trainer's
-logprobs of the sampled tokens (compared with the engine's behaviour logprobs), and, when the
-draft is refreshed online, the aux hidden states and final hidden states the draft trains on,
-detached so the draft can never send a gradient into the policy.
+One training forward per step does two jobs: the GRPO loss (with gradient) and the trainer's
+logprobs of the sampled tokens (compared with the engine's behaviour logprobs). When the draft is
+refreshed online, a `DraftRefresher`'s hooks capture its features during that same forward, as
+they would in any other trainer (`update(..., capture=refresher.capture)`).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from spectool.draft.online import Features
 from spectool.rl.grpo import grpo_loss
 
 
@@ -36,13 +37,12 @@ class UpdateReport:
     grad_norm: float
     behaviour_gap: float  # mean |trainer - engine| logprob of the sampled tokens, before the update
     tokens: int
-    features: list[Features] = field(default_factory=list)
 
 
 class PolicyTrainer:
     def __init__(self, model_path: str, lr: float, temperature: float, eps_low: float, eps_high: float,
-                 kl_beta: float, micro_batch_size: int, max_grad_norm: float, aux_layer_ids: list[int] | None,
-                 seed: int = 0, engine_dtype: str = "float32"):
+                 kl_beta: float, micro_batch_size: int, max_grad_norm: float, seed: int = 0,
+                 engine_dtype: str = "float32"):
         from accelerate import Accelerator
         from transformers import AutoModelForCausalLM
 
@@ -65,7 +65,6 @@ class PolicyTrainer:
         self.eps_low, self.eps_high, self.kl_beta = eps_low, eps_high, kl_beta
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
-        self.aux_layer_ids = aux_layer_ids
         self.engine_dtype = engine_dtype  # the forward runs at the engine's precision (precision.py)
 
     @property
@@ -76,30 +75,33 @@ class PolicyTrainer:
         """The weights to send to the rollout engine (transformers names)."""
         return {k: v.detach().float() for k, v in self.unwrapped.state_dict().items()}
 
-    def _token_logprobs(self, model, ids: torch.Tensor, attn: torch.Tensor, hidden: bool):
-        """ids, attn: [B, T] -> logprobs of ids[:, 1:] at the sampling temperature [B, T-1], plus hidden states."""
+    def _token_logprobs(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """ids, attn: [B, T] -> logprobs of ids[:, 1:] at the sampling temperature [B, T-1]."""
         from spectool.precision import trainer_autocast
 
         with trainer_autocast(self.engine_dtype, ids.device):
-            out = model(input_ids=ids, attention_mask=attn, output_hidden_states=hidden)
+            out = model(input_ids=ids, attention_mask=attn)
         logp = torch.log_softmax(out.logits[:, :-1].float() / self.temperature, -1)
-        return logp.gather(-1, ids[:, 1:, None]).squeeze(-1), (out.hidden_states if hidden else None)
+        return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
 
-    def update(self, rollouts: list[Rollout], capture: bool) -> UpdateReport:
-        """One GRPO step on `rollouts` (gradient accumulation over micro-batches; token-level mean)."""
+    def update(self, rollouts: list[Rollout], capture: Callable[[list[int]], contextlib.AbstractContextManager] | None = None
+               ) -> UpdateReport:
+        """One GRPO step on `rollouts` (gradient accumulation over micro-batches; token-level mean).
+        `capture(prompt_lens)`: a context around each training forward (DraftRefresher.capture)."""
         dev = self.acc.device
         n_tokens = sum(len(r.response_ids) for r in rollouts)
         self.opt.zero_grad()
         loss_sum = clip_sum = kl_sum = gap_sum = 0.0
-        feats: list[Features] = []
         for b in range(0, len(rollouts), self.micro_batch_size):
             mb = rollouts[b : b + self.micro_batch_size]
             ids, attn, mask, old = _pack(mb, dev)  # [B, T], [B, T], [B, T-1], [B, T-1]
-            logp, hs = self._token_logprobs(self.model, ids, attn, hidden=capture)
+            ctx = capture([len(r.prompt_ids) for r in mb]) if capture else contextlib.nullcontext()
+            with ctx:
+                logp = self._token_logprobs(self.model, ids, attn)
             ref = None
             if self.ref is not None:
                 with torch.no_grad():
-                    ref, _ = self._token_logprobs(self.ref, ids, attn, hidden=False)
+                    ref = self._token_logprobs(self.ref, ids, attn)
             adv = torch.tensor([r.advantage for r in mb], dtype=torch.float32, device=dev)
             parts = grpo_loss(logp, old, adv, mask, self.eps_low, self.eps_high, self.kl_beta, ref)
             n_mb = float(mask.sum())
@@ -108,12 +110,10 @@ class PolicyTrainer:
             clip_sum += parts.clip_fraction * n_mb
             kl_sum += parts.kl * n_mb
             gap_sum += float(((logp.detach() - old).abs() * mask).sum())
-            if capture:
-                feats += _features(hs, ids, mb, self.aux_layer_ids)
         grad_norm = float(self.acc.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
         self.opt.step()
         n = max(n_tokens, 1)
-        return UpdateReport(loss_sum / n, clip_sum / n, kl_sum / n, grad_norm, gap_sum / n, n_tokens, feats)
+        return UpdateReport(loss_sum / n, clip_sum / n, kl_sum / n, grad_norm, gap_sum / n, n_tokens)
 
     @torch.no_grad()
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
@@ -123,7 +123,7 @@ class PolicyTrainer:
         try:
             rs = [Rollout(p, r, [0.0] * len(r), 0.0) for p, r in zip(prompts, responses)]
             ids, attn, mask, _ = _pack(rs, self.acc.device)
-            logp, _ = self._token_logprobs(self.model, ids, attn, hidden=False)
+            logp = self._token_logprobs(self.model, ids, attn)
         finally:
             self.temperature = t
         return [logp[i][mask[i]].tolist() for i in range(len(rs))]
@@ -152,15 +152,3 @@ def _pack(rollouts: list[Rollout], device) -> tuple[torch.Tensor, torch.Tensor, 
         mask[i, P - 1 : P - 1 + R] = True
         old[i, P - 1 : P - 1 + R] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
     return ids.to(device), attn.to(device), mask.to(device), old.to(device)
-
-
-def _features(hs, ids: torch.Tensor, mb: list[Rollout], layer_ids: list[int]) -> list[Features]:
-    """Per-sequence draft features from the training forward's hidden states, detached."""
-    aux = torch.cat([hs[i] for i in layer_ids], dim=-1).detach()  # [B, T, n_aux * H]
-    last = hs[-1].detach()  # [B, T, H] (transformers: the final-norm output)
-    out = []
-    for i, r in enumerate(mb):
-        n = len(r.prompt_ids) + len(r.response_ids)
-        out.append(Features(ids[i, :n].cpu(), aux[i, :n].to(torch.float16).cpu(), last[i, :n].to(torch.float16).cpu(),
-                            len(r.prompt_ids)))
-    return out

@@ -1,0 +1,291 @@
+"""`DraftRefresher`: online training of an EAGLE-3 draft inside any RL trainer, and the push of
+its weights into a running vLLM engine, with proof that the engine's drafter took them.
+
+The public face of online draft refresh: spectool's own `train-rl`, the TRL integration and a
+hand-written PyTorch loop all use it the same way.
+
+    refresher = DraftRefresher.from_folder("runs/demo/export", policy)   # attaches forward hooks
+    with refresher.capture(prompt_lens):          # around the trainer's own training forward
+        loss = my_loss(policy(input_ids=ids, attention_mask=mask))
+    ...
+    refresher.refresh(steps=20)                   # trains the draft on the captured features
+    refresher.push(llm)                           # into the running engine; raises if it did not take
+
+Capture: forward pre-hooks on the policy's decoder layers give vLLM's aux hidden states (aux id
+i = the residual stream entering layer i, hidden.py), a hook on the backbone the final hidden
+states. They record only during a training forward (grad enabled, model in train mode), once per
+outer forward (never in a gradient-checkpointing recompute), detached: no gradient reaches the
+policy, no second forward runs. Response tokens are told by `capture(prompt_lens)` or, when the
+trainer passes `labels` (TRL), by the labelled columns. A sequence seen before (a trainer that
+reuses a batch for several iterations) is kept once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spectool.config import InitDraftConfig
+from spectool.draft.online import Features, OnlineDraft, RefreshReport
+from spectool.errors import SpectoolError
+from spectool.stats import AcceptanceStats
+
+DEAD_P = 1e-3  # a drafter whose acceptance would reach 0 with less than this probability is dead
+
+
+@dataclass
+class RefreshSettings:
+    """How the draft trains online (the owner of these defaults: train-rl's draft_refresh section
+    and the TRL integration reference them)."""
+
+    lr: float = 1e-4
+    """The draft's own AdamW learning rate."""
+    warmup_steps: int = 10
+    """Linear learning-rate warm-up, in draft optimizer steps."""
+    ttt_steps: int | None = None
+    """Draft positions unrolled in training (None: as many as the draft was trained for, else 3)."""
+    batch_size: int = 16
+    """Sequences per draft optimizer step."""
+    buffer_seqs: int = 256
+    """Sequences kept on the host (newest last); the oldest go first."""
+    loss: str = InitDraftConfig.loss
+    """Per-position loss (draft/loss.py): ce | tv | mix; init-draft's default."""
+    seed: int = 0
+
+
+class DraftNotLive(SpectoolError):
+    """The engine's drafter does not hold the trained draft, or has stopped accepting anything."""
+
+
+@dataclass
+class PushReport:
+    dtype: str  # the engine's
+    modules: int  # draft modules compared inside the engine
+    max_excess: float  # largest |engine - trainer| / tolerance (<= 1: took)
+    has_power: bool  # the check would have caught the old weights (False: the refresh changed too little to tell)
+    seconds: float
+
+
+@dataclass
+class _Capture:
+    """What the hooks hold during one outer forward."""
+
+    ids: torch.Tensor | None = None  # [B, T]
+    mask: torch.Tensor | None = None  # [B, T]
+    labels: torch.Tensor | None = None  # [B, T] or None
+    aux: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [B, T, H] float16
+    last: torch.Tensor | None = None  # [B, T, H] float16
+
+
+class DraftRefresher:
+    def __init__(self, draft, policy, settings: RefreshSettings | None = None, meta: dict | None = None,
+                 device: str | torch.device | None = None):
+        """`draft`: an Eagle3Draft; `policy`: the trainer's transformers causal LM (wrapped by
+        accelerate/DDP/FSDP or not); hooks are attached at once."""
+        from spectool.draft.checkpoint import check_fits, policy_shape
+
+        self.settings = s = settings or RefreshSettings()
+        self.meta = dict(meta or {})
+        self.policy = _unwrap(policy)
+        check_fits(draft.config, policy_shape(self.policy.config), Path(self.meta.get("folder", "(draft)")))
+        ttt = s.ttt_steps or self.meta.get("ttt_steps") or 3
+        dev = device or next(self.policy.parameters()).device
+        self.online = OnlineDraft(draft, s.lr, s.warmup_steps, ttt, s.batch_size, s.buffer_seqs, loss=s.loss,
+                                  seed=s.seed, device=dev)
+        self.draft = self.online.draft
+        self._seen: deque[str] = deque(maxlen=4 * s.buffer_seqs)
+        self._prompt_lens: list[int] | None = None
+        self._cap: _Capture | None = None
+        self._hooks: list = []
+        self.captured = self.duplicates = 0  # sequences added / skipped as seen before
+        self._last_push: dict | None = None  # the trainer-side probe of the weights last pushed
+        self._expect_rate = 0.0  # position-1 acceptance the draft reached on its newest features
+        self._attach()
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, policy, settings: RefreshSettings | None = None, **kw) -> "DraftRefresher":
+        """From a spectool draft or export folder (or a plain EAGLE-3 folder); refuses a draft made
+        for another policy, naming the field."""
+        from spectool.draft.checkpoint import DRAFT_JSON, load_draft
+        from spectool.models import fingerprint_mismatch
+        from spectool.runs import read_json
+
+        folder = Path(folder)
+        pol = _unwrap(policy)
+        draft, meta = load_draft(folder, pol)
+        want = meta.get("policy_fingerprint", {})
+        have = {"architecture": (getattr(pol.config, "architectures", None) or [type(pol.config).__name__])[0],
+                **{k: getattr(pol.config, k) for k in ("hidden_size", "vocab_size", "num_hidden_layers")}}
+        diff = fingerprint_mismatch(want, have)
+        if diff:
+            raise SpectoolError(f"draft {folder} was trained for another policy ({meta.get('policy')}): " + "; ".join(diff))
+        if (folder / DRAFT_JSON).exists():
+            meta = read_json(folder / DRAFT_JSON)
+        return cls(draft, policy, settings, {**meta, "folder": str(folder)}, **kw)
+
+    # --- capture ------------------------------------------------------------------------------
+
+    def _attach(self) -> None:
+        base = self.policy.get_decoder() if hasattr(self.policy, "get_decoder") else self.policy.model
+        layers = base.layers
+        for i in sorted(set(self.draft.config.aux_layer_ids)):
+            self._hooks.append(layers[i].register_forward_pre_hook(self._aux_hook(i), with_kwargs=True))
+        self._hooks.append(base.register_forward_hook(self._last_hook))
+        self._hooks.append(self.policy.register_forward_pre_hook(self._begin, with_kwargs=True))
+        self._hooks.append(self.policy.register_forward_hook(self._end))
+
+    def detach(self) -> None:
+        """Remove the hooks (the refresher can still train on what it holds and push)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    @contextlib.contextmanager
+    def capture(self, prompt_lens: list[int]):
+        """Around a training forward over right- or left-padded rows: row i's first
+        `prompt_lens[i]` valid tokens are its prompt."""
+        self._prompt_lens = list(prompt_lens)
+        try:
+            yield self
+        finally:
+            self._prompt_lens = None
+
+    def _begin(self, module, args, kwargs) -> None:
+        if self._cap is not None or not (torch.is_grad_enabled() and module.training):
+            return
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            return
+        mask = kwargs.get("attention_mask")
+        self._cap = _Capture(ids.detach(), torch.ones_like(ids) if mask is None else mask.detach(),
+                             kwargs.get("labels"))
+
+    def _aux_hook(self, i: int):
+        def hook(_module, args, kwargs):
+            if self._cap is not None and i not in self._cap.aux:
+                h = args[0] if args else kwargs["hidden_states"]
+                self._cap.aux[i] = h.detach().to(torch.float16, copy=True)
+
+        return hook
+
+    def _last_hook(self, _module, _args, output) -> None:
+        if self._cap is not None and self._cap.last is None:
+            h = output[0] if isinstance(output, tuple) else output.last_hidden_state
+            self._cap.last = h.detach().to(torch.float16, copy=True)
+
+    def _end(self, _module, _args, _output) -> None:
+        cap, self._cap = self._cap, None
+        if cap is None or cap.last is None:
+            return
+        self.add(self._features(cap))
+
+    def _features(self, cap: _Capture) -> list[Features]:
+        ids, mask = cap.ids.cpu(), cap.mask.cpu().bool()  # [B, T]
+        aux = torch.cat([cap.aux[i] for i in self.draft.config.aux_layer_ids], -1).cpu()  # [B, T, n_aux * H]
+        last = cap.last.cpu()  # [B, T, H]
+        labels = cap.labels.cpu() if cap.labels is not None else None
+        feats = []
+        for r in range(ids.shape[0]):
+            valid = mask[r]
+            if self._prompt_lens is not None:
+                p = self._prompt_lens[r]
+            elif labels is not None:
+                scored = (labels[r] != -100) & valid
+                if not scored.any():
+                    continue
+                p = int(valid[: int(scored.nonzero()[0])].sum())
+            else:
+                continue  # a forward that says nothing about its responses is not captured
+            feats.append(Features(ids[r][valid], aux[r][valid], last[r][valid], p))
+        return feats
+
+    def add(self, feats: list[Features]) -> None:
+        """Features computed elsewhere (or by the hooks); a sequence already held is skipped."""
+        fresh = []
+        for f in feats:
+            key = hashlib.blake2b(f.ids.numpy().tobytes(), digest_size=16).hexdigest()
+            if key in self._seen or len(f.ids) <= f.prompt_len:
+                self.duplicates += key in self._seen
+                continue
+            self._seen.append(key)
+            fresh.append(f)
+        self.captured += len(fresh)
+        self.online.add(fresh)
+
+    # --- training -----------------------------------------------------------------------------
+
+    def refresh(self, steps: int) -> RefreshReport:
+        """Train `steps` draft optimizer steps on the buffer (the policy's current lm_head gives
+        the targets; the draft's token embedding follows the policy's, as in vLLM)."""
+        if not self.online.buffer:
+            raise SpectoolError("the draft refresher holds no features yet: it captures them during the trainer's "
+                                "training forward (grad on, model.train()), with capture(prompt_lens) or labels")
+        rep = self.online.refresh(self.policy, steps)
+        self._expect_rate = min(rep.top1_after[0], rep.p_accept_after[0])
+        return rep
+
+    # --- the running engine ---------------------------------------------------------------------
+
+    def push(self, llm) -> PushReport:
+        """The draft's weights into the running engine's drafter (a `vllm.LLM` built with
+        worker_extension_cls=spectool's, or spectool's Engine), then the probe check in the
+        engine's dtype. Raises DraftNotLive when the engine does not hold them."""
+        from spectool.engine import colocated
+        from spectool.engine.probe import compare, distinguishes
+
+        llm = getattr(llm, "llm", llm)  # spectool's Engine holds its LLM
+        t = time.perf_counter()
+        dtype = colocated.served_dtype(llm)
+        colocated.send_weights(llm, "spectool_reload_draft", self.draft.export_state_dict())
+        want = self.draft.vllm_probe(dtype)
+        check = compare(colocated.draft_probe(llm), want)
+        power = self._last_push is None or distinguishes(self._last_push, want)
+        if not check.ok:
+            raise DraftNotLive(
+                f"the engine's drafter does not hold the refreshed draft ({dtype}): modules outside the {dtype} "
+                f"tolerance {check.mismatched[:4]}, missing {check.missing[:4]} (worst {check.max_excess:.3g}x the "
+                "tolerance). The draft reload did not take; the trainer's draft is intact (save it with .save()).")
+        self._last_push = want
+        return PushReport(dtype, check.modules, check.max_excess, power, time.perf_counter() - t)
+
+    def check_acceptance(self, stats: AcceptanceStats) -> None:
+        """After a push, the engine's counters over the next generation(s): a drafter that accepts
+        nothing where the trained draft agrees with the policy at rate r on its newest features is
+        dead (the field's most reported failure: NeMo RL #2646, vLLM #52479). Raises DraftNotLive
+        when (1 - r)^drafts < DEAD_P, i.e. zero acceptance would be that unlikely for a live one."""
+        n = stats.num_drafts
+        if n == 0 or stats.num_accepted_tokens > 0 or self._expect_rate <= 0:
+            return
+        if (1 - self._expect_rate) ** n < DEAD_P:
+            raise DraftNotLive(
+                f"the engine's drafter accepted 0 of {n} drafts after the last refresh, while the trained draft agrees "
+                f"with the policy at position 1 on {self._expect_rate:.0%} of its newest tokens: the drafter is dead "
+                "(a weight sync or sleep/wake lost its weights?). Check the engine's speculative config and sleep mode.")
+
+    # --- state ----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, schedule, step count and sampler state (the draft's weights: `save`)."""
+        return self.online.state_dict()
+
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        self.online.load_state_dict(st)
+
+    def save(self, folder: str | Path, **extra: Any) -> None:
+        """A vLLM-loadable draft folder, carrying the source draft's metadata (its policy)."""
+        meta = {k: v for k, v in self.meta.items() if k not in ("config", "folder")}
+        self.online.save(Path(folder), extra={**meta, "ttt_steps": self.online.ttt_steps, **extra})
+
+
+def _unwrap(model):
+    """The transformers model inside accelerate/DDP/FSDP wrappers."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model

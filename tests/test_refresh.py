@@ -1,0 +1,138 @@
+"""DraftRefresher without an engine: what its hooks capture from a trainer's own forward (right-
+padded with prompt lengths, TRL's left-padded rows with labels), when they stay silent (no-grad
+passes, eval mode, gradient-checkpointing recomputes), duplicates, guards, the dead-drafter test,
+and the trainer side of the draft probe in float32 and bfloat16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture()
+def policy(tiny_policy):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(tiny_policy)
+    return m.train()
+
+
+def _refresher(random_draft, policy, **kw):
+    from spectool.draft.refresh import DraftRefresher, RefreshSettings
+
+    return DraftRefresher.from_folder(random_draft, policy, RefreshSettings(batch_size=4, warmup_steps=0, **kw))
+
+
+def _want(policy, seq, layer_ids):
+    from spectool.hidden import policy_features
+
+    aux, last = policy_features(policy, torch.tensor([seq]), layer_ids)  # [1, T, 3H], [1, T, H]
+    return aux[0], last[0]
+
+
+def test_right_padded_capture_equals_the_policy_features(random_draft, policy):
+    r = _refresher(random_draft, policy)
+    seqs = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14]]
+    ids = torch.zeros(2, 6, dtype=torch.long)
+    mask = torch.zeros(2, 6, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
+    with r.capture([3, 2]):
+        policy(input_ids=ids, attention_mask=mask).logits.sum().backward()
+    assert r.captured == 2
+    for f, s, p in zip(r.online.buffer, seqs, [3, 2]):
+        aux, last = _want(policy, s, r.draft.config.aux_layer_ids)
+        assert f.ids.tolist() == s and f.prompt_len == p
+        assert torch.allclose(f.aux.float(), aux, atol=2e-3) and torch.allclose(f.last.float(), last, atol=2e-3)
+        assert not f.aux.requires_grad
+
+
+def test_left_padded_rows_with_labels_as_trl_passes_them(random_draft, policy):
+    """TRL: prompts left-padded, completions right-padded, labels -100 outside the completions."""
+    r = _refresher(random_draft, policy)
+    prompt = [[0, 0, 21, 22], [31, 32, 33, 34]]  # 0: padding
+    comp = [[23, 24, 25], [35, 0, 0]]
+    ids = torch.tensor([p + c for p, c in zip(prompt, comp)])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0]])
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :4] = -100
+    policy(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    got = {tuple(f.ids.tolist()): f for f in r.online.buffer}
+    assert set(got) == {(21, 22, 23, 24, 25), (31, 32, 33, 34, 35)}
+    assert got[(21, 22, 23, 24, 25)].prompt_len == 2 and got[(31, 32, 33, 34, 35)].prompt_len == 4
+    aux, last = _want(policy, [21, 22, 23, 24, 25], r.draft.config.aux_layer_ids)
+    f = got[(21, 22, 23, 24, 25)]
+    assert torch.allclose(f.last.float(), last, atol=5e-3) and torch.allclose(f.aux.float(), aux, atol=5e-3)
+
+
+def test_no_capture_without_grad_in_eval_or_without_response_info(random_draft, policy):
+    r = _refresher(random_draft, policy)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad(), r.capture([2]):  # a logprob pass
+        policy(input_ids=ids)
+    policy.eval()
+    with r.capture([2]):
+        policy(input_ids=ids)
+    policy.train()
+    policy(input_ids=ids)  # neither prompt lengths nor labels: nothing says what the response is
+    assert r.captured == 0 and not r.online.buffer
+    with pytest.raises(Exception, match="holds no features"):
+        r.refresh(1)
+
+
+def test_gradient_checkpointing_and_reused_batches_capture_once(random_draft, policy):
+    policy.gradient_checkpointing_enable()
+    policy.config.use_cache = False
+    r = _refresher(random_draft, policy)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    for _ in range(2):  # a trainer that trains twice on one generation (num_iterations = 2)
+        with r.capture([2]):
+            policy(input_ids=ids).logits.sum().backward()  # the backward recomputes the layers
+    assert r.captured == 1 and r.duplicates == 1 and len(r.online.buffer) == 1
+
+
+def test_a_draft_for_another_policy_is_refused(random_draft, tmp_path):
+    from conftest import make_policy
+    from transformers import AutoModelForCausalLM
+
+    from spectool.errors import SpectoolError
+
+    other = AutoModelForCausalLM.from_pretrained(make_policy(tmp_path / "wide", hidden=256))
+    with pytest.raises(SpectoolError, match="hidden_size"):
+        _refresher(random_draft, other)
+
+
+def test_dead_drafter_is_told_from_a_weak_one(random_draft, policy):
+    from spectool.draft.refresh import DraftNotLive
+    from spectool.stats import AcceptanceStats
+
+    r = _refresher(random_draft, policy)
+    r._expect_rate = 0.3  # the trained draft agrees with the policy on 30% of position-1 tokens
+    r.check_acceptance(AcceptanceStats(num_drafts=10, num_draft_tokens=30, num_accepted_tokens=0))  # 0.7^10: chance
+    r.check_acceptance(AcceptanceStats(num_drafts=100, num_draft_tokens=300, num_accepted_tokens=4))
+    with pytest.raises(DraftNotLive, match="accepted 0 of 100"):
+        r.check_acceptance(AcceptanceStats(num_drafts=100, num_draft_tokens=300, num_accepted_tokens=0))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_probe_tells_a_changed_draft_in_the_engine_dtype(random_draft, dtype):
+    """The trainer side of the engine check: the same weights pass, trained weights are told
+    apart (the check has power), and a bfloat16 copy of the weights passes a bfloat16 check."""
+    import copy
+
+    from spectool.draft.checkpoint import load_draft
+    from spectool.engine.probe import compare, distinguishes
+
+    d, _ = load_draft(random_draft)
+    want = d.vllm_probe(dtype)
+    assert compare({n: e.value for n, e in want.items()}, want).ok
+    rounded = copy.deepcopy(d).to(torch.bfloat16).float() if dtype == "bfloat16" else d
+    assert compare({n: e.value for n, e in rounded.vllm_probe(dtype).items()}, want).ok
+    moved = copy.deepcopy(d)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05 * torch.randn_like(p) * p.abs().mean())  # about one refresh of movement
+    new = moved.vllm_probe(dtype)
+    assert distinguishes(want, new)
+    stale = compare({n: e.value for n, e in want.items()}, new)
+    assert not stale.ok and stale.mismatched
