@@ -22,7 +22,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from spectool.draft.checkpoint import new_draft
-    from spectool.draft.online import OnlineDraft
+    from spectool.draft.refresh import DraftRefresher, RefreshSettings
     from spectool.hidden import default_aux_layer_ids
     from spectool.rl.policy import PolicyTrainer, Rollout
 
@@ -38,21 +38,19 @@ def main() -> None:
         rollouts.append(Rollout(p, r, [-6.0] * len(r), float(i % 2), 1.0 if i % 2 else -1.0))
     grads = {}
     for mode in ("on", "off"):
-        t = PolicyTrainer(str(folder), 1e-4, 1.0, 0.2, 0.2, 0.0, 8, 1.0,
-                          default_aux_layer_ids(4) if mode == "on" else None, seed=0)
+        t = PolicyTrainer(str(folder), 1e-4, 1.0, 0.2, 0.2, 0.0, 8, 1.0, seed=0)
         torch.manual_seed(0)
         d = new_draft(policy, torch.arange(0, policy.config.vocab_size, 2), default_aux_layer_ids(4))
-        online = OnlineDraft(d, 1e-3, 0, 5, 16, 256, device=dev)
+        refresher = DraftRefresher(d, t.model, RefreshSettings(lr=1e-3, warmup_steps=0, ttt_steps=5)) if mode == "on" else None
         for step in range(2):
             t0 = time.perf_counter()
-            rep = t.update(rollouts, capture=mode == "on")
+            t.update(rollouts, capture=refresher.capture if refresher else None)
             if dev == "cuda":
                 torch.cuda.synchronize()
             upd = time.perf_counter() - t0
-            if mode == "on":
-                online.add(rep.features)
+            if refresher is not None:
                 t0 = time.perf_counter()
-                r = online.refresh(t.unwrapped, 4)
+                r = refresher.refresh(4)
                 if dev == "cuda":
                     torch.cuda.synchronize()
                 print(f"step {step}: update {upd:.3f} s, refresh (4 draft steps) {time.perf_counter() - t0:.3f} s, "

@@ -105,9 +105,9 @@ def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tied_policy, smal
         assert r["acceptance_length"] >= 1.0 and len(r["acceptance_per_pos"]) == 2
         assert r["behaviour_gap"] < 1e-3  # sync mode: the rollouts came from the weights being trained
     assert any(r["grad_norm"] > 0 for r in m)  # the policy really changed, so the checks were not trivial
-    refreshed = [r for r in m if "draft_sync_diff" in r]
+    refreshed = [r for r in m if "draft_check_excess" in r]
     assert [r["step"] for r in refreshed] == [2, 4]  # draft refreshed every 2 steps and reloaded in place
-    assert all(r["draft_loss"] > 0 for r in refreshed)
+    assert all(r["draft_loss"] > 0 and r["draft_check_excess"] <= 1 and r["draft_check_power"] for r in refreshed)
     assert [r["step"] for r in m if "eval_reward" in r] == [2, 4, 5]
     assert 0 <= m[0]["eval_reward_initial"] <= 1  # the baseline, before any update
     for f in ("reward.png", "acceptance.png", "stage_times.png", "config.json"):
@@ -135,4 +135,4 @@ def test_async_mode_overlaps_generation_with_training(tiny_policy, random_draft,
     changed = [i for i in range(len(m) - 1) if m[i]["grad_norm"] > 0]  # steps whose update moved the policy
     assert changed, "no step had a gradient: the lag cannot show"
     assert all(m[i + 1]["behaviour_gap"] > 1e-3 for i in changed)
-    assert not any("draft_sync_diff" in r for r in m)  # frozen draft
+    assert not any("draft_check_excess" in r for r in m)  # frozen draft

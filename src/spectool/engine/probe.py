@@ -1,12 +1,14 @@
 """The draft probe: a check that the engine's drafter holds the weights the trainer holds, in the
 engine's own dtype (bfloat16 on a GPU, float32 on the CPU build).
 
-Both sides apply every linear layer of the draft to the same fixed probe vector and sum the
-output; other float parameters (norms) are summed directly. The engine side runs inside vLLM's
+Both sides apply every linear layer of the draft to the same fixed probe vector and report two
+statistics of the output y: sum(y) and sum(y^2) (the sum cancels, so in bfloat16 it only sees
+large changes; the sum of squares does not cancel and sees a relative weight change of about the
+dtype's eps). Other float parameters (norms) are reported the same way, directly. The engine side runs inside vLLM's
 worker (worker_ext.spectool_draft_probe, vLLM module names, fused layers as vLLM fuses them); the
 trainer side is `Eagle3Draft.vllm_probe`. A module's two sums agree within the rounding of the
 engine's dtype: each output element is rounded once (eps/2 relative) on each side, and the
-accumulation in float32 adds at most ~sqrt(K) float32 eps of the absolute terms. Pure torch: no
+accumulation in float32 adds a few float32 eps of the absolute terms. Pure torch: no
 vLLM import here, so the trainer side can use it anywhere.
 """
 
@@ -31,12 +33,18 @@ def probe_input(in_features: int, dtype: str | torch.dtype, device="cpu") -> tor
     return torch.randn(1, in_features, generator=g).to(torch_dtype(dtype)).to(device)
 
 
+def stats(y: torch.Tensor) -> list[float]:
+    """The two statistics both sides report of a module's output (or a parameter)."""
+    y = y.double()
+    return [float(y.sum()), float((y * y).sum())]
+
+
 @dataclass
 class Expected:
-    """The trainer side of one module: the sum the engine should report and its tolerance."""
+    """The trainer side of one module: the statistics the engine should report, with tolerances."""
 
-    value: float
-    tol: float
+    value: list[float]  # [sum, sum of squares]
+    tol: list[float]
 
 
 def linear_expected(weights: list[torch.Tensor], dtype: str | torch.dtype) -> Expected:
@@ -44,21 +52,24 @@ def linear_expected(weights: list[torch.Tensor], dtype: str | torch.dtype) -> Ex
     weights: each [out_i, in] (the same input width)."""
     dt = torch_dtype(dtype)
     x = probe_input(weights[0].shape[1], dt)  # [1, in]
-    value = tol = 0.0
+    eps = torch.finfo(dt).eps if dt != torch.float32 else 0.0  # output rounding beyond float32's
+    value, tol = [0.0, 0.0], [0.0, 0.0]
     for w in weights:
-        w = w.detach().cpu()
-        y = torch.nn.functional.linear(x, w.to(dt)).double()  # [1, out_i]
-        absolute = (x.double().abs() @ w.to(dt).double().abs().T).sum()  # sum of |w_ij x_j|
-        value += float(y.sum())
-        rounding = 2 * torch.finfo(dt).eps * float(y.abs().sum()) if dt != torch.float32 else 0.0
-        tol += rounding + F32_SLACK * torch.finfo(torch.float32).eps * float(absolute)
+        w = w.detach().cpu().to(dt)
+        y = torch.nn.functional.linear(x, w).double()  # [1, out_i]
+        accum = F32_SLACK * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().T)  # [1, out_i]
+        err = eps * y.abs() + accum  # |engine y - trainer y| per element, bound
+        for i, v in enumerate(stats(y)):
+            value[i] += v
+        tol[0] += float(err.sum())
+        tol[1] += float((2 * y.abs() * err + err * err).sum())
     return Expected(value, tol)
 
 
 def param_expected(p: torch.Tensor, dtype: str | torch.dtype) -> Expected:
-    """A parameter the engine keeps as it is (norm weights), summed after rounding to `dtype`."""
+    """A parameter the engine keeps as it is (norm weights), after rounding to `dtype`."""
     q = p.detach().cpu().to(torch_dtype(dtype)).double()
-    return Expected(float(q.sum()), 1e-9 * float(q.abs().sum()) + 1e-12)
+    return Expected(stats(q), [1e-9 * float(q.abs().sum()) + 1e-12, 1e-9 * float((q * q).sum()) + 1e-12])
 
 
 @dataclass
@@ -70,24 +81,30 @@ class ProbeCheck:
     missing: list[str] = field(default_factory=list)  # trainer-side modules the engine did not report
 
 
-def engine_sums(per_rank: list[dict]) -> dict[str, float]:
-    """Combine the per-rank reports of worker_ext.spectool_draft_probe: shards of column-parallel
-    outputs add up; replicated modules are read from rank 0."""
-    total: dict[str, float] = {}
+def engine_sums(per_rank: list[dict]) -> dict[str, list[float]]:
+    """Combine the per-rank reports of worker_ext.spectool_draft_probe ({name: [sum, sum of
+    squares, kind]}): shards of column-parallel outputs add up; replicated modules are read from
+    rank 0."""
+    total: dict[str, list[float]] = {}
     for rank, report in enumerate(per_rank):
-        for name, (value, kind) in report.items():
+        for name, (s1, s2, kind) in report.items():
             if kind == "shard":
-                total[name] = total.get(name, 0.0) + value
+                t = total.setdefault(name, [0.0, 0.0])
+                t[0], t[1] = t[0] + s1, t[1] + s2
             elif rank == 0:
-                total[name] = value
+                total[name] = [s1, s2]
     return total
 
 
-def compare(engine: dict[str, float], expected: dict[str, Expected]) -> ProbeCheck:
-    """Every trainer-side module against the engine's sum (modules vLLM builds but never loads,
-    such as a deeper layer's unused hidden_norm, are not compared)."""
+def _excess(got: list[float], e: Expected) -> float:
+    return max(abs(g - v) / t for g, v, t in zip(got, e.value, e.tol))
+
+
+def compare(engine: dict[str, list[float]], expected: dict[str, Expected]) -> ProbeCheck:
+    """Every trainer-side module against the engine's statistics (modules vLLM builds but never
+    loads, such as a deeper layer's unused hidden_norm, are not compared)."""
     missing = sorted(n for n in expected if n not in engine)
-    excess = {n: abs(engine[n] - e.value) / e.tol for n, e in expected.items() if n in engine}
+    excess = {n: _excess(engine[n], e) for n, e in expected.items() if n in engine}
     bad = sorted(n for n, x in excess.items() if not x <= 1.0)  # NaN counts as a mismatch
     worst = max(excess.values(), default=float("inf"))
     return ProbeCheck(not bad and not missing and bool(excess), worst, len(excess), bad, missing)
@@ -96,4 +113,4 @@ def compare(engine: dict[str, float], expected: dict[str, Expected]) -> ProbeChe
 def distinguishes(old: dict[str, Expected], new: dict[str, Expected]) -> bool:
     """Whether the check could tell the old draft from the new one (it has power), i.e. some
     module's sums differ by more than the tolerance: else a reload that did not take would pass."""
-    return any(abs(old[n].value - e.value) > e.tol for n, e in new.items() if n in old)
+    return any(_excess(old[n].value, e) > 1 for n, e in new.items() if n in old)

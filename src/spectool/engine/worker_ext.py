@@ -98,13 +98,13 @@ class SpectoolWorkerExtension:
         linear layers repack their weights into kernel closures (parameters left empty), so only the
         layer itself can say what it holds. Other float parameters (norms) are summed directly.
         Embeddings (shared with the policy) and the integer vocabulary map are skipped.
-        Returns {vLLM module name: [sum of outputs as float, "shard" | "replicated"]}: a tensor-
-        parallel rank returns its shard of a column-parallel output (summed over ranks by the caller)."""
+        Returns {vLLM module name: [sum, sum of squares, "shard" | "replicated"]} (probe.stats): a
+        tensor-parallel rank reports its shard of a column-parallel output (added up by the caller)."""
         import torch
         from vllm.model_executor.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear
         from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
-        from spectool.engine.probe import probe_input
+        from spectool.engine.probe import probe_input, stats
 
         draft = self.model_runner.get_draft_model()
         dtype = self.vllm_config.speculative_config.draft_model_config.dtype
@@ -117,14 +117,14 @@ class SpectoolWorkerExtension:
                     out = mod(probe_input(mod.input_size, dtype, self.device))
                     y = out[0] if isinstance(out, tuple) else out
                     kind = "replicated" if isinstance(mod, (ReplicatedLinear, RowParallelLinear)) else "shard"
-                    found[name] = [float(y.double().sum()), kind]
+                    found[name] = [*stats(y), kind]
                 elif isinstance(getattr(mod, "quant_method", None), UnquantizedEmbeddingMethod):  # the lm_head
                     x = probe_input(mod.weight.shape[1], dtype, self.device)
-                    found[name] = [float(mod.quant_method.apply(mod, x).double().sum()), "shard"]
+                    found[name] = [*stats(mod.quant_method.apply(mod, x)), "shard"]
             for name, p in draft.named_parameters():
                 owner = name.rpartition(".")[0]
                 if "embed_tokens" not in name and owner not in found and p.is_floating_point():
-                    found[name] = [float(p.double().sum()), "replicated"]
+                    found[name] = [*stats(p), "replicated"]
         return found
 
 

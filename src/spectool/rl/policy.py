@@ -72,8 +72,12 @@ class PolicyTrainer:
         return self.acc.unwrap_model(self.model)
 
     def engine_state(self) -> dict[str, torch.Tensor]:
-        """The weights to send to the rollout engine (transformers names)."""
-        return {k: v.detach().float() for k, v in self.unwrapped.state_dict().items()}
+        """The weights to send to the rollout engine (transformers names), in the engine's dtype:
+        the engine rounds them to it anyway, and a bfloat16 copy is half the host memory."""
+        from spectool.engine.probe import torch_dtype
+
+        dt = torch_dtype(self.engine_dtype)
+        return {k: v.detach().to(dt) for k, v in self.unwrapped.state_dict().items()}
 
     def _token_logprobs(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """ids, attn: [B, T] -> logprobs of ids[:, 1:] at the sampling temperature [B, T-1]."""

