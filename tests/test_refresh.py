@@ -103,15 +103,22 @@ def test_a_draft_for_another_policy_is_refused(random_draft, tmp_path):
 
 
 def test_dead_drafter_is_told_from_a_weak_one(random_draft, policy):
+    """Zero acceptance is judged against the pushed draft's agreement on the rollouts the engine
+    generated after the push (captured from the next training forward), never in-sample."""
     from spectool.draft.refresh import DraftNotLive
     from spectool.stats import AcceptanceStats
 
     r = _refresher(random_draft, policy)
-    r._expect_rate = 0.3  # the trained draft agrees with the policy on 30% of position-1 tokens
+    r.expected_rate = lambda feats: 0.3  # the pushed draft agrees with the policy on 30% of position-1 tokens
+    dead = AcceptanceStats(num_drafts=100, num_draft_tokens=300, num_accepted_tokens=0)
+    r._pushed_at = 0
+    r.check_acceptance(dead)  # nothing captured since the push: no evidence, no verdict
+    with r.capture([2]):
+        policy(input_ids=torch.tensor([[5, 6, 7, 8, 9]])).logits.sum().backward()
     r.check_acceptance(AcceptanceStats(num_drafts=10, num_draft_tokens=30, num_accepted_tokens=0))  # 0.7^10: chance
     r.check_acceptance(AcceptanceStats(num_drafts=100, num_draft_tokens=300, num_accepted_tokens=4))
     with pytest.raises(DraftNotLive, match="accepted 0 of 100"):
-        r.check_acceptance(AcceptanceStats(num_drafts=100, num_draft_tokens=300, num_accepted_tokens=0))
+        r.check_acceptance(dead)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -182,6 +182,8 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
     rep = _update(trainer, batch.rollouts, refresher.capture if refresher else None, cfg.engine.gpu_memory_utilization)
     rec.update(update_s=time.perf_counter() - t, loss=rep.loss, clip_fraction=rep.clip_fraction, kl=rep.kl,
                grad_norm=rep.grad_norm, behaviour_gap=rep.behaviour_gap, train_tokens=rep.tokens)
+    if refresher is not None:  # a drafter that died after the last push stops the run
+        _check_alive(refresher, batch, step + 1)
     waited = wait_for_next()  # the engine must be idle before its weights change
     t = time.perf_counter()
     engine.update_policy(trainer.engine_state())
@@ -223,8 +225,6 @@ def _loop(r: _Run, on_step) -> None:
             for step in range(r.start, steps):
                 t0 = time.perf_counter()
                 batch = carried or _generate(r.engine, r.source, r.tasks, step, cfg)
-                if r.refresher is not None:  # a drafter that died after the last push stops the run
-                    _check_alive(r.refresher, batch, step + 1)
                 nxt = pool.submit(_generate, r.engine, r.source, r.tasks, step + 1, cfg) \
                     if pool is not None and step + 1 < steps else None
                 rec: dict[str, Any] = {"step": step + 1, "mode": cfg.rollout.mode, **_batch_metrics(batch)}

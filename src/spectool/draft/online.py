@@ -76,7 +76,7 @@ class OnlineDraft:
             self.draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
         W_dv = W[self.target_ids]  # [Vd, H]
         newest = self.buffer[-self.batch_size :]
-        before = self._metrics(newest, W)["top1"]
+        before = self.metrics(newest, W)["top1"]
         losses = []
         for _ in range(n_steps):
             batch = self.rng.sample(self.buffer, min(self.batch_size, len(self.buffer)))
@@ -88,11 +88,11 @@ class OnlineDraft:
             self.sched.step()
             self.steps += 1
             losses.append(float(loss.detach()))
-        after = self._metrics(newest, W)
+        after = self.metrics(newest, W)
         return RefreshReport(self.steps, sum(losses) / len(losses), before, after["top1"], len(self.buffer),
                              after["p_accept"])
 
-    def _metrics(self, feats: list[Features], W: torch.Tensor) -> dict[str, list[float]]:
+    def metrics(self, feats: list[Features], W: torch.Tensor) -> dict[str, list[float]]:
         """Per draft position: greedy agreement with the policy (top1) and P(accept) at T=1."""
         return heldout_metrics(self.draft, [(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats], W,
                                self.target_ids, self.ttt_steps, len(feats), self.device, walk=False)

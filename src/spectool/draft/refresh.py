@@ -106,7 +106,7 @@ class DraftRefresher:
         self._hooks: list = []
         self.captured = self.duplicates = 0  # sequences added / skipped as seen before
         self._last_push: dict | None = None  # the trainer-side probe of the weights last pushed
-        self._expect_rate = 0.0  # position-1 acceptance the draft reached on its newest features
+        self._pushed_at: int | None = None  # `captured` when the draft was last pushed
         self._attach()
 
     @classmethod
@@ -227,9 +227,7 @@ class DraftRefresher:
         if not self.online.buffer:
             raise SpectoolError("the draft refresher holds no features yet: it captures them during the trainer's "
                                 "training forward (grad on, model.train()), with capture(prompt_lens) or labels")
-        rep = self.online.refresh(self.policy, steps)
-        self._expect_rate = min(rep.top1_after[0], rep.p_accept_after[0])
-        return rep
+        return self.online.refresh(self.policy, steps)
 
     # --- the running engine ---------------------------------------------------------------------
 
@@ -253,21 +251,32 @@ class DraftRefresher:
                 f"tolerance {check.mismatched[:4]}, missing {check.missing[:4]} (worst {check.max_excess:.3g}x the "
                 "tolerance). The draft reload did not take; the trainer's draft is intact (save it with .save()).")
         self._last_push = want
+        self._pushed_at = self.captured  # the features captured after this are the engine's next rollouts
         return PushReport(dtype, check.modules, check.max_excess, power, time.perf_counter() - t)
 
     def check_acceptance(self, stats: AcceptanceStats) -> None:
-        """After a push, the engine's counters over the next generation(s): a drafter that accepts
-        nothing where the trained draft agrees with the policy at rate r on its newest features is
-        dead (the field's most reported failure: NeMo RL #2646, vLLM #52479). Raises DraftNotLive
-        when (1 - r)^drafts < DEAD_P, i.e. zero acceptance would be that unlikely for a live one."""
+        """After a push, the engine's counters over the rollouts it generated next, once their
+        features were captured (the trainer's forward over them): a drafter that accepts nothing
+        where the pushed draft, measured on those very rollouts, agrees with the policy at rate r
+        at position 1 is dead (the field's most reported failure: NeMo RL #2646, vLLM #52479).
+        Raises DraftNotLive when (1 - r)^drafts < DEAD_P: zero would be that unlikely if it lived."""
         n = stats.num_drafts
-        if n == 0 or stats.num_accepted_tokens > 0 or self._expect_rate <= 0:
+        fresh = self.captured - (self._pushed_at if self._pushed_at is not None else self.captured)
+        if n == 0 or stats.num_accepted_tokens > 0 or fresh <= 0:
             return
-        if (1 - self._expect_rate) ** n < DEAD_P:
+        rate = self.expected_rate(self.online.buffer[-min(fresh, len(self.online.buffer)):])
+        if rate > 0 and (1 - rate) ** n < DEAD_P:
             raise DraftNotLive(
-                f"the engine's drafter accepted 0 of {n} drafts after the last refresh, while the trained draft agrees "
-                f"with the policy at position 1 on {self._expect_rate:.0%} of its newest tokens: the drafter is dead "
-                "(a weight sync or sleep/wake lost its weights?). Check the engine's speculative config and sleep mode.")
+                f"the engine's drafter accepted 0 of {n} drafts after the last refresh, while the pushed draft agrees "
+                f"with the policy at position 1 on {rate:.0%} of those rollouts' tokens: the drafter is dead (a weight "
+                "sync or sleep/wake lost its weights?). Check the engine's speculative config and sleep mode.")
+
+    def expected_rate(self, feats: list[Features]) -> float:
+        """Position-1 acceptance the draft should reach on `feats` (the lower of its greedy
+        agreement and its P(accept) at T=1)."""
+        W = self.policy.get_output_embeddings().weight.detach()
+        m = self.online.metrics(feats, W)
+        return min(m["top1"][0], m["p_accept"][0])
 
     # --- state ----------------------------------------------------------------------------------
 

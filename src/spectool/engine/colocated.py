@@ -61,3 +61,18 @@ def acceptance(llm) -> AcceptanceStats:
         elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
             s.accepted_per_pos = [int(v) for v in m.values]
     return s
+
+
+def sequence_logprobs(llm, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+    """The engine's logprob of each response token given its prompt and earlier tokens (vLLM
+    prompt logprobs over prompt + response): what the engine's current weights say."""
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p + r) for p, r in zip(prompts, responses)], params,
+                        use_tqdm=False)
+    result = []
+    for p, r, out in zip(prompts, responses, outs):
+        steps = out.prompt_logprobs[len(p):]  # entry i: logprob of token i given tokens < i
+        result.append([float(step[tok].logprob) for step, tok in zip(steps, r)])
+    return result

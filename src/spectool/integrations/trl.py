@@ -1,0 +1,317 @@
+"""TRL's GRPOTrainer with speculative rollouts from a spectool draft, refreshed online.
+
+    from spectool.integrations.trl import SpectoolSpeculation
+    spec = SpectoolSpeculation("runs/demo/export", k=3, refresh_every=1)
+    trainer = spec.grpo_trainer(model=POLICY, reward_funcs=..., args=GRPOConfig(use_vllm=True, ...),
+                                train_dataset=...)
+    trainer.train()
+
+What it does to stock TRL (tested: trl 1.16, colocate mode), all from outside TRL:
+- the colocated `vllm.LLM(...)` TRL builds (it takes no engine arguments) gets spectool's
+  additions while the trainer is constructed: the draft's speculative_config, spectool's worker
+  extension (the CPU sampler fix, weight reloads, the draft probe), the counters, the dtype;
+- the policy sync: on the CPU build through spectool's reload (TRL's per-tensor `load_weights`
+  fails there in float32 and leaves the packed lm_head stale), on a GPU TRL's own; after every
+  sync the engine's logprobs are checked against the trainer's and the run stops beyond the
+  dtype's tolerance (TRL's `sampling_logp_difference` is a metric, not a guard);
+- a `DraftRefresher` captures features from TRL's own loss forward (labels mark the completion),
+  refreshes the draft every `refresh_every` steps, pushes it into the engine and proves it took;
+- acceptance length, per-position acceptance, draft loss, refresh time and the logprob check go
+  into TRL's own metrics (TensorBoard, W&B, `log_history`).
+Refused up front: server mode (a frozen draft goes through `spectool export --for trl-serve`), sleep
+mode (level 2 drops the drafter's weights and vLLM does not restore them: vllm#52479), a TRL
+outside the tested range.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spectool.draft.refresh import RefreshSettings
+from spectool.errors import SpectoolError
+
+TESTED_TRL = ("1.16.0", "1.17.0")  # [from, to): the releases this integration was run against
+CHECK_ROWS = 2  # sequences of the last training batch whose logprobs are checked after each sync
+
+
+def check_trl_version(version: str | None = None) -> str:
+    """The installed TRL, refused outside TESTED_TRL with the range and the install command."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    from spectool.engine.compat import parse_version
+
+    try:
+        version = version or dist_version("trl")
+    except PackageNotFoundError:
+        raise SpectoolError("TRL is not installed: pip install 'spectool[trl]'") from None
+    lo, hi = (parse_version(v) for v in TESTED_TRL)
+    if not lo <= parse_version(version) < hi:
+        raise SpectoolError(f"TRL {version} is outside the versions spectool's TRL integration was tested with "
+                            f"(>= {TESTED_TRL[0]}, < {TESTED_TRL[1]}): pip install 'spectool[trl]'")
+    return version
+
+
+@dataclass
+class SpectoolSpeculation:
+    """Speculative rollouts with a spectool draft inside TRL's GRPOTrainer (colocate mode)."""
+
+    draft: str
+    """A spectool draft or export folder (init-draft / export), made for the trained policy."""
+    k: int = 3
+    """Draft tokens per verify step."""
+    draft_sampling: str = "greedy"
+    """greedy | probabilistic: how the draft proposes (both exact)."""
+    k_schedule: list[tuple[int, int, int]] | None = None
+    """Per batch size k, [(batch_from, batch_to, k)] (sweep-k / forecast's recommendation)."""
+    refresh_every: int = 1
+    """Refresh the draft every N optimizer steps; 0: the draft stays frozen."""
+    refresh_steps: int = 20
+    """Draft optimizer steps per refresh."""
+    refresh: RefreshSettings = field(default_factory=RefreshSettings)
+    """The refresher's learning rate, warm-up, unroll, batch, buffer and loss."""
+    dtype: str = "auto"
+    """The engine's dtype: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
+    enforce_eager: bool = False
+    """True: no torch.compile in the engine (faster start, slower decode)."""
+    policy_sync: str = "auto"
+    """auto (spectool's reload on the CPU build, TRL's own on a GPU) | spectool | trl."""
+    logprob_tolerance: float | None = None
+    """Max |engine - trainer| logprob after a sync (None: by the engine's dtype, precision.py)."""
+
+    def validate(self) -> None:
+        from spectool.config import DRAFT_SAMPLING
+
+        if not 1 <= self.k <= 16:
+            raise SpectoolError(f"k = {self.k}: must be in [1, 16]")
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise SpectoolError(f"draft_sampling = {self.draft_sampling!r}: one of {', '.join(DRAFT_SAMPLING)}")
+        if self.refresh_every < 0 or self.refresh_steps < 1:
+            raise SpectoolError("refresh_every must be >= 0 (0: frozen) and refresh_steps >= 1")
+        if self.policy_sync not in ("auto", "spectool", "trl"):
+            raise SpectoolError(f"policy_sync = {self.policy_sync!r}: auto, spectool or trl")
+
+    def grpo_trainer(self, trainer_cls=None, **trainer_kwargs):
+        """Build TRL's GRPOTrainer (or a subclass) with speculative rollouts; refuses what cannot
+        work before anything starts. Returns the trainer, ready for `train()`."""
+        check_trl_version()
+        self.validate()
+        from trl import GRPOTrainer
+
+        trainer_cls = trainer_cls or GRPOTrainer
+        args = trainer_kwargs.get("args")
+        _check_args(args)
+        _check_draft(self, trainer_kwargs.get("model"))
+        with _speculative_llm(self):
+            trainer = trainer_cls(**trainer_kwargs)
+        _Attached(self, trainer)
+        return trainer
+
+
+def _check_args(args) -> None:
+    if args is None or not getattr(args, "use_vllm", False):
+        raise SpectoolError("speculative rollouts need TRL's vLLM generation: GRPOConfig(use_vllm=True, "
+                            "vllm_mode='colocate')")
+    if args.vllm_mode != "colocate":
+        raise SpectoolError(f"vllm_mode = {args.vllm_mode!r}: spectool's online refresh works in TRL's colocate mode. "
+                            "For server mode, serve a frozen draft: spectool export --for trl-serve prints the "
+                            "`trl vllm-serve --speculative_config` line")
+    if args.vllm_enable_sleep_mode:
+        raise SpectoolError("vllm_enable_sleep_mode = True: TRL sleeps the engine at level 2, which drops the drafter's "
+                            "weights, and vLLM does not restore them (vllm#52479): the drafter would be dead while "
+                            "outputs stay right. Set vllm_enable_sleep_mode=False")
+    if args.vllm_tensor_parallel_size != 1:
+        raise SpectoolError("vllm_tensor_parallel_size > 1 with a refreshed draft is untested; use 1 (data parallel "
+                            "over accelerate processes works: each process has its own engine)")
+
+
+def _check_draft(spec: SpectoolSpeculation, model) -> None:
+    """The draft against the policy TRL will train (by its config), before any engine starts."""
+    from transformers import AutoConfig
+
+    from spectool.draft.checkpoint import DRAFT_JSON, check_fits, policy_shape
+    from spectool.draft.model import DraftConfig
+    from spectool.runs import read_json
+
+    folder = Path(spec.draft)
+    if not (folder / "config.json").exists():
+        raise SpectoolError(f"draft {folder} is not a draft folder (no config.json); make one with spectool init-draft")
+    meta = read_json(folder / DRAFT_JSON) if (folder / DRAFT_JSON).exists() else {}
+    path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
+    if "config" in meta and path:
+        check_fits(DraftConfig(**meta["config"]), policy_shape(AutoConfig.from_pretrained(path)), folder)
+    ttt = meta.get("ttt_steps")
+    k = max([spec.k] + [k for _, _, k in spec.k_schedule or []])
+    if ttt and k > ttt:
+        raise SpectoolError(f"k = {k} exceeds the {ttt} positions the draft {folder} was trained for")
+
+
+@contextlib.contextmanager
+def _speculative_llm(spec: SpectoolSpeculation):
+    """While the trainer is built: TRL's `LLM` name points at a wrapper adding spectool's kwargs."""
+    import trl.generation.vllm_generation as vg
+
+    from spectool.engine.engine import EngineConfig, prepare_environment, spectool_kwargs
+
+    real = vg.LLM
+
+    def speculative_llm(*args: Any, **kwargs: Any):
+        ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=str(spec.draft), k=spec.k,
+                            k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, dtype=spec.dtype,
+                            enforce_eager=spec.enforce_eager)
+        cpu = prepare_environment(ecfg)
+        kwargs.update(spectool_kwargs(ecfg, cpu))
+        return real(*args, **kwargs)
+
+    vg.LLM = speculative_llm
+    try:
+        yield
+    finally:
+        vg.LLM = real
+
+
+class _Attached:
+    """spectool's pieces on a built GRPOTrainer: sync + check, refresher, callback, metrics."""
+
+    def __init__(self, spec: SpectoolSpeculation, trainer):
+        from transformers import TrainerCallback
+
+        from spectool.draft.refresh import DraftRefresher
+        from spectool.engine import colocated
+        from spectool.engine.compat import support
+        from spectool.precision import logprob_tolerance
+
+        self.spec, self.trainer = spec, trainer
+        self.vg = trainer.vllm_generation
+        self.llm = self.vg.llm
+        self.dtype = colocated.served_dtype(self.llm)
+        self.tolerance = logprob_tolerance(spec.logprob_tolerance, self.dtype)
+        fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
+        if support().cpu_build and fix != "applied":
+            raise SpectoolError(f"the CPU rejection-sampler fix is not active in TRL's engine ({fix}): speculative "
+                                "samples would not be the policy's")
+        use_spectool = spec.policy_sync == "spectool" or (spec.policy_sync == "auto" and support().cpu_build)
+        self._trl_sync = self.vg.sync_weights
+        self.vg.sync_weights = self._sync_spectool if use_spectool else self._sync_trl
+        self.refresher = DraftRefresher.from_folder(spec.draft, trainer.model, spec.refresh) \
+            if spec.refresh_every else None
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # ids, mask of the last training forward
+        trainer.model.register_forward_pre_hook(self._remember_rows, with_kwargs=True)
+        self._counters = colocated.acceptance(self.llm)
+        self.pending_check = False  # a push waits for the next generation's counters
+        self.history: list[dict] = []  # one entry per refresh: step, draft loss, probe check
+        attached = self
+
+        class SpectoolCallback(TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                attached.on_step_end(state.global_step)
+
+        trainer.add_callback(SpectoolCallback())
+        trainer.spectool = self  # for users and tests: the refresher, the engine, the metrics
+
+    # --- policy sync ----------------------------------------------------------------------------
+
+    def _sync_spectool(self) -> None:
+        """TRL's own parameter walk (it gathers FSDP/DeepSpeed shards and merges PEFT adapters),
+        copied in the engine's dtype, then spectool's in-place reload (vLLM's reload_weights, the
+        CPU lm_head repacked) and the prefix cache dropped."""
+        from spectool.engine import colocated
+        from spectool.engine.probe import torch_dtype
+
+        dt = torch_dtype(self.dtype)
+        state = {name: p.detach().to(dt, copy=True).cpu() for name, p in self.vg._iter_named_params()}
+        colocated.send_weights(self.llm, "spectool_reload_policy", state)  # colocate: every process has its engine
+        self.llm.reset_prefix_cache()
+        self._check_logprobs()
+
+    def _sync_trl(self) -> None:
+        self._trl_sync()
+        self._check_logprobs()
+
+    def _remember_rows(self, module, args, kwargs) -> None:
+        if torch.is_grad_enabled() and module.training and "input_ids" in kwargs:
+            self._rows = (kwargs["input_ids"][:CHECK_ROWS].detach().cpu(),
+                          kwargs.get("attention_mask", torch.ones_like(kwargs["input_ids"]))[:CHECK_ROWS].detach().cpu())
+
+    def _check_logprobs(self) -> None:
+        """Engine vs trainer logprobs of the last training batch's first rows, right after a sync."""
+        from spectool.engine import colocated
+
+        if self._rows is None:  # the first sync comes before any training forward
+            return
+        seqs = [ids[m.bool()].tolist() for ids, m in zip(*self._rows)]
+        prompts, resps = [s[:1] for s in seqs], [s[1:] for s in seqs]
+        got = colocated.sequence_logprobs(self.llm, prompts, resps)
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        diff = 0.0
+        with torch.no_grad(), self.trainer.accelerator.autocast():
+            for s, g in zip(seqs, got):
+                ids = torch.tensor([s], device=model.device)
+                lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+                want = lp.gather(-1, ids[0, 1:, None])[:, 0].cpu()
+                diff = max(diff, float((torch.tensor(g) - want).abs().max()))
+        self._log("logprob_check_max_diff", diff)
+        if not diff <= self.tolerance:
+            raise SpectoolError(
+                f"after TRL's weight sync the engine's logprobs differ from the trainer's by {diff:.3g} nats (> "
+                f"{self.tolerance} for a {self.dtype} engine): the engine is not running the trained weights. "
+                "TRL's last checkpoint is intact; try policy_sync='spectool' (or 'trl'), or set logprob_tolerance "
+                "if the engine runs in lower precision than the trainer")
+
+    # --- per step ---------------------------------------------------------------------------------
+
+    def on_step_end(self, step: int) -> None:
+        from spectool.engine import colocated
+
+        now = colocated.acceptance(self.llm)
+        delta, self._counters = now - self._counters, now
+        if delta.num_drafts:
+            self._log("acceptance_length", delta.mean_acceptance_length)
+            for i, rate in enumerate(delta.per_position_rate):
+                self._log(f"acceptance_pos{i + 1}", rate)
+        if self.refresher is None:
+            return
+        if self.pending_check:
+            self.refresher.check_acceptance(delta)
+            self.pending_check = False
+        if step % self.spec.refresh_every == 0 and self.refresher.online.buffer:
+            t = time.perf_counter()
+            rep = self.refresher.refresh(self.spec.refresh_steps)
+            pushed = self.refresher.push(self.llm)
+            self.pending_check = True
+            self._log("draft_loss", rep.loss)
+            self._log("draft_top1_pos1", rep.top1_after[0])
+            self._log("draft_check_excess", pushed.max_excess)
+            self._log("refresh_s", time.perf_counter() - t)
+            self.history.append({"step": step, "loss": rep.loss, "check_excess": pushed.max_excess,
+                                 "has_power": pushed.has_power})
+
+    def _log(self, key: str, value: float) -> None:
+        """Into TRL's own metrics: averaged and logged with TRL's at its next log step."""
+        self.trainer._metrics["train"][f"spectool/{key}"].append(float(value))
+
+
+def task_data(data: str, n: int, seed: int = 0, split: str = "train"):
+    """A spectool data source as TRL wants it: a `datasets.Dataset` of chat prompts (with a
+    `task_id` column) and a reward function scoring completions with the source's own verifier."""
+    from datasets import Dataset
+
+    from spectool.data import load_source
+
+    source = load_source(data, seed=seed)
+    if not source.verifiable:
+        raise SpectoolError(f"data {data} has no verifier: GRPO needs rewards (use gym:... or a file with answers)")
+    tasks = {t.id: t for t in source.tasks(split, n)}
+    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": t.prompt}], "task_id": t.id} for t in tasks.values()])
+
+    def spectool_reward(prompts, completions, task_id, **_: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [source.score(tasks[i], text) for i, text in zip(task_id, texts)]
+
+    return ds, spectool_reward

