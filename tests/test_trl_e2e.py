@@ -84,3 +84,37 @@ def test_a_draft_for_another_policy_is_refused(random_draft, sums, tmp_path):
     with pytest.raises(SpectoolError, match="hidden_size"):
         SpectoolSpeculation(str(random_draft), k=2).grpo_trainer(model=str(other), reward_funcs=reward,
                                                                  args=_args(tmp_path), train_dataset=ds)
+
+
+@pytest.mark.engine
+def test_train_rl_backend_trl_runs_rl_yaml_and_resumes(tiny_policy, random_draft, sums, tmp_path):
+    """The same rl.yaml through TRL: metrics.jsonl, TRL checkpoints with the refreshed draft beside
+    them, a longer rerun resumes from the last one (nothing repeated), other settings are refused."""
+    from clirun import spectool
+
+    out = tmp_path / "run"
+    sets = [f"model={tiny_policy}", f"data={sums}", f"out={out}", f"speculation.draft={random_draft}",
+            "speculation.k=2", "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_tokens=16",
+            "rollout.eval_every=0", "policy.steps=2", "policy.lr=1e-3", "policy.micro_batch_size=4",
+            "draft_refresh.every=1", "draft_refresh.steps_per_refresh=2", "draft_refresh.ttt_steps=3",
+            "engine.enforce_eager=true", "checkpoint_every=2"]
+    args = ["train-rl", "--backend", "trl"] + [x for s in sets for x in ("--set", s)]
+    env = {"MASTER_PORT": str(_free_port())}  # an in-process TRL run of this session may hold the default port
+    spectool(*args, env=env)
+    assert (out / "trl" / "checkpoint-2" / "spectool-draft" / "config.json").exists()
+    spectool(*args, "--set", "policy.steps=3", env={"MASTER_PORT": str(_free_port())})
+    m = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in m] == [1, 2, 3]
+    assert all(r["spectool/acceptance_length"] >= 1 and "spectool/draft_check_excess" in r for r in m)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["backend"] == "trl" and manifest["resumed_from"] == 2
+    r = spectool(*args, "--set", "policy.steps=4", "--set", "policy.lr=2e-3", check=False, env=env)
+    assert r.returncode != 0 and "policy.lr" in r.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -361,14 +361,22 @@ def train_rl(
     config: Optional[str] = typer.Option(None, "--config", help="YAML config (start from templates/rl.yaml)."),
     set_: list[str] = typer.Option([], "--set", help="Override one key: section.key=value (repeatable)."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="builtin | trl (the config's `backend` key)."),
 ) -> None:
     """Online GRPO with speculative rollouts and a draft refreshed from the policy's hidden states."""
     try:
         from spectool.rl.config import load_config, to_yaml
 
-        cfg = load_config(config, set_)
+        cfg = load_config(config, [*set_, *([f"backend={backend}"] if backend else [])])
         if print_config:
             typer.echo(to_yaml(cfg))
+            return
+        if cfg.backend == "trl":
+            from spectool.commands.train_rl_trl import run as run_trl
+
+            summary = run_trl(cfg)
+            typer.echo(f"train-rl (TRL) -> {cfg.out}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                                   for k, v in summary.items()))
             return
         from spectool.commands.train_rl import run
         from spectool.rl.report import render_summary

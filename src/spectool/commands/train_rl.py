@@ -30,13 +30,12 @@ import torch
 
 from spectool.errors import SpectoolError
 from spectool.precision import engine_dtype, logprob_tolerance
-from spectool.rl.config import RLConfig, flatten_keys
+from spectool.rl.config import RLConfig, resume_mismatch
 from spectool.rl.grpo import group_advantages
 from spectool.rl.policy import PolicyTrainer, Rollout
 from spectool.stats import AcceptanceStats
 
 CHECKPOINTS = "checkpoints"
-RESUMABLE_KEYS_IGNORED = {"policy.steps", "out"}  # a resumed run may run longer
 
 
 @dataclass
@@ -395,9 +394,7 @@ def _check_resume_config(out: Path, cfg: RLConfig) -> None:
 
     if not (out / CONFIG).exists() or not (out / CHECKPOINTS).exists():
         return
-    old = flatten_keys(read_json(out / CONFIG))
-    new = flatten_keys(cfg.as_dict())
-    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS_IGNORED)
+    diff = resume_mismatch(read_json(out / CONFIG), cfg.as_dict())
     if diff:
         raise SpectoolError(f"{out} holds a run with other settings ({', '.join(diff)}); resume with the same config "
                             "or choose another out")

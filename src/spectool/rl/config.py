@@ -13,6 +13,9 @@ from spectool.errors import SpectoolError
 from spectool.precision import ENGINE_DTYPES
 
 
+BACKENDS = ("builtin", "trl")
+
+
 @dataclass
 class RolloutSection:
     prompts_per_step: int = 16
@@ -76,6 +79,7 @@ class RLConfig:
     data: str = DEFAULT_DATA
     out: str = "runs/rl"
     seed: int = 0
+    backend: str = "builtin"  # builtin (one process) | trl (TRL's GRPOTrainer: accelerate/DeepSpeed/FSDP, LoRA)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     speculation: SpeculationSection = field(default_factory=SpeculationSection)
     policy: PolicySection = field(default_factory=PolicySection)
@@ -128,6 +132,9 @@ class RLConfig:
         _need(e.dtype in ENGINE_DTYPES, "engine.dtype", e.dtype, " | ".join(ENGINE_DTYPES))
         _need(e.max_model_len >= 0, "engine.max_model_len", e.max_model_len, ">= 0")
         _need(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
+        _need(self.backend in BACKENDS, "backend", self.backend, " | ".join(BACKENDS))
+        _need(self.backend != "trl" or r.mode == "sync", "rollout.mode", r.mode,
+              "sync with backend trl (TRL generates, then trains; its async mode is TRL's own)")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -229,3 +236,13 @@ def load_config(path: str | None, overrides: list[str] = ()) -> RLConfig:
     cfg = _build(RLConfig, tree, "")
     cfg.validate()
     return cfg
+
+
+RESUMABLE_KEYS_IGNORED = {"policy.steps", "out"}  # a resumed run may run longer
+
+
+def resume_mismatch(old: dict, new: dict) -> list[str]:
+    """The keys whose values differ between a run folder's saved config and this one (a resumed
+    run may only run longer)."""
+    a, b = flatten_keys(old), flatten_keys(new)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_KEYS_IGNORED)
