@@ -270,6 +270,7 @@ def export(
     draft: str = option(E, "draft", required=True),
     out: str = option(E, "out", required=True),
     format: str = option(E, "format"),
+    target: str = option(E, "target", "--for"),
     model: Optional[str] = option(E, "model"),
     k: int = option(E, "k"),
     verify: bool = option(E, "verify", "--verify/--no-verify"),
@@ -280,7 +281,7 @@ def export(
     try:
         from spectool.commands.export import render, run
 
-        render(run(ExportConfig(draft=draft, out=out, format=format, model=model, k=k, verify=verify,
+        render(run(ExportConfig(draft=draft, out=out, format=format, target=target, model=model, k=k, verify=verify,
                                 min_acceptance_length=min_acceptance, gpu_memory_utilization=gpu_memory_utilization)))
     except SpectoolError as e:
         _fail(e)

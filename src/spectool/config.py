@@ -229,6 +229,8 @@ class ExportConfig:
     """vllm (plain EAGLE-3) | speculators."""
     model: str | None = None
     """Policy (default: the one the draft was trained for)."""
+    target: str = "vllm"
+    """The framework to load it: vllm | nemo-rl | verl | trl-serve (skyrl is refused, with why); writes its config snippet."""
     k: int = 3
     """Default k recorded (speculators) and used for verification."""
     verify: bool = True
@@ -242,6 +244,8 @@ class ExportConfig:
         check(bool(self.draft) and bool(self.out), "--draft/--out", (self.draft, self.out), "must both be given")
         check_gpu_memory(self.gpu_memory_utilization)
         check(self.format in ("vllm", "speculators"), "--format", self.format, "must be 'vllm' or 'speculators'")
+        check(self.target in ("vllm", "nemo-rl", "verl", "skyrl", "trl-serve"), "--for", self.target,
+              "must be vllm, nemo-rl, verl, skyrl or trl-serve")
         check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
 
 

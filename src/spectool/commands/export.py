@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from spectool.config import ExportConfig
@@ -23,6 +23,10 @@ class ExportResult:
     out: str
     format: str
     mean_acceptance_length: float | None
+    target: str = "vllm"
+    snippet_file: str = ""  # the framework's config snippet, inside the export folder
+    snippet: str = ""
+    note: str = ""  # what that framework then does with the draft
 
 
 def speculators_config(vllm_cfg: dict, k: int, verifier: str) -> dict:
@@ -65,6 +69,11 @@ def run(cfg: ExportConfig) -> ExportResult:
     model = resolve_model(model_name)
     check_draft(str(src), model, cfg.k)
     _check_weights(src / WEIGHTS, model.path)
+    from spectool.frameworks import check_target, snippet
+
+    check_target(cfg.target, read_json(src / "config.json").get("eagle_aux_hidden_state_layer_ids") or [],
+                 model.fingerprint["num_hidden_layers"])
+    snip = snippet(cfg.target, str(Path(cfg.out).resolve()), cfg.k, _portable_name(model_name))
 
     with atomic_dir(Path(cfg.out)) as tmp:  # loaded and verified before it is moved into place
         if cfg.format == "vllm":
@@ -83,10 +92,13 @@ def run(cfg: ExportConfig) -> ExportResult:
                 f"export refused: mean acceptance length {acc:.2f} < floor {cfg.min_acceptance_length} "
                 "(wrong policy or vocabulary map?); nothing was written"
             )
+        (tmp / snip.filename).write_text(snip.text)
+        atomic_write_json(tmp / "export_config.json", asdict(cfg))  # the resolved settings, next to the artifact
         atomic_write_json(tmp / MANIFEST, make_manifest(
-            "export", format=cfg.format, model=model_name, model_identity=model.identity, k=cfg.k, source=str(src),
-            verified_mean_acceptance_length=acc))
-    return ExportResult(out=cfg.out, format=cfg.format, mean_acceptance_length=acc)
+            "export", format=cfg.format, target=cfg.target, snippet=snip.filename, model=model_name,
+            model_identity=model.identity, k=cfg.k, source=str(src), verified_mean_acceptance_length=acc))
+    return ExportResult(out=cfg.out, format=cfg.format, mean_acceptance_length=acc, target=cfg.target,
+                        snippet_file=str(Path(cfg.out) / snip.filename), snippet=snip.text, note=snip.note)
 
 
 def _speculators_weights(src: Path, dest: Path, vocab_size: int) -> None:
@@ -166,4 +178,8 @@ def render(r: ExportResult) -> None:
     from rich.console import Console
 
     acc = f", verified on vLLM: mean acceptance length {r.mean_acceptance_length:.2f}" if r.mean_acceptance_length else ""
-    Console(soft_wrap=True).print(f"[bold]export[/] {r.format} draft -> {r.out}{acc}")
+    con = Console(soft_wrap=True)
+    con.print(f"[bold]export[/] {r.format} draft -> {r.out}{acc}")
+    if r.snippet:
+        con.print(f"[bold]{r.target}[/] config ({r.snippet_file}):\n{r.snippet.rstrip()}\n[dim]{r.note}[/]", markup=True,
+                  highlight=False)
