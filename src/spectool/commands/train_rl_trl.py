@@ -50,8 +50,9 @@ def _speculation(cfg: RLConfig, model, draft: str | None):
     from spectool.runs import check_draft
 
     s, d = cfg.speculation, cfg.draft_refresh
-    if not s.enabled:
-        return None
+    if not s.enabled:  # plain decoding, with spectool's engine settings, weight sync and logprob guard
+        return SpectoolSpeculation(None, dtype=cfg.engine.dtype, enforce_eager=cfg.engine.enforce_eager,
+                                   logprob_tolerance=cfg.policy.logprob_tolerance or None)
     schedule, draft_dir = None, draft or s.draft
     if s.k == "auto":
         from spectool.schedule import read_schedule
@@ -122,14 +123,8 @@ def run(cfg: RLConfig) -> dict:
     atomic_write_json(out / CONFIG, cfg.as_dict())
     truncate_jsonl(out / "metrics.jsonl", int(ckpt.name.split("-")[1]) if ckpt else 0)
     args = grpo_config(cfg, out, cpu=is_cpu_build() or not torch.cuda.is_available())
-    kw = dict(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
-    if spec is None:
-        from trl import GRPOTrainer
-
-        trainer = GRPOTrainer(**kw)
-    else:
-        trainer = spec.grpo_trainer(**kw)
-    if spec is not None and saved_draft and (saved_draft / "refresher.pt").exists():
+    trainer = spec.grpo_trainer(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
+    if trainer.spectool.refresher is not None and saved_draft and (saved_draft / "refresher.pt").exists():
         trainer.spectool.refresher.load_state_dict(torch.load(saved_draft / "refresher.pt", weights_only=False))
     trainer.add_callback(_callback(out, trainer))
     t = time.perf_counter()
@@ -138,8 +133,8 @@ def run(cfg: RLConfig) -> dict:
     atomic_write_json(out / MANIFEST, make_manifest(
         "train-rl", backend="trl", trl_version=version, model=model.name, model_identity=model.identity, data=cfg.data,
         steps=cfg.policy.steps, resumed_from=int(ckpt.name.split("-")[1]) if ckpt else 0,
-        draft=spec.draft if spec else None, k=cfg.speculation.k,
-        draft_mode=cfg.draft_refresh.mode if spec else "no speculation", summary=summary))
+        draft=spec.draft, k=cfg.speculation.k,
+        draft_mode=cfg.draft_refresh.mode if spec.draft else "no speculation", summary=summary))
     return summary
 
 

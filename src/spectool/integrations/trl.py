@@ -62,8 +62,9 @@ def check_trl_version(version: str | None = None) -> str:
 class SpectoolSpeculation:
     """Speculative rollouts with a spectool draft inside TRL's GRPOTrainer (colocate mode)."""
 
-    draft: str
-    """A spectool draft or export folder (init-draft / export), made for the trained policy."""
+    draft: str | None
+    """A spectool draft or export folder (init-draft / export), made for the trained policy; None:
+    plain decoding with spectool's engine settings, policy sync and logprob guard (a baseline)."""
     k: int = 3
     """Draft tokens per verify step."""
     draft_sampling: str = "greedy"
@@ -107,7 +108,8 @@ class SpectoolSpeculation:
         trainer_cls = trainer_cls or GRPOTrainer
         args = trainer_kwargs.get("args")
         _check_args(args)
-        _check_draft(self, trainer_kwargs.get("model"))
+        if self.draft is not None:
+            _check_draft(self, trainer_kwargs.get("model"))
         with _speculative_llm(self):
             trainer = trainer_cls(**trainer_kwargs)
         _Attached(self, trainer)
@@ -162,7 +164,7 @@ def _speculative_llm(spec: SpectoolSpeculation):
     real = vg.LLM
 
     def speculative_llm(*args: Any, **kwargs: Any):
-        ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=str(spec.draft), k=spec.k,
+        ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=spec.draft and str(spec.draft), k=spec.k,
                             k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, dtype=spec.dtype,
                             enforce_eager=spec.enforce_eager)
         cpu = prepare_environment(ecfg)
@@ -200,7 +202,7 @@ class _Attached:
         self._trl_sync = self.vg.sync_weights
         self.vg.sync_weights = self._sync_spectool if use_spectool else self._sync_trl
         self.refresher = DraftRefresher.from_folder(spec.draft, trainer.model, spec.refresh) \
-            if spec.refresh_every else None
+            if spec.refresh_every and spec.draft else None
         self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # ids, mask of the last training forward
         trainer.model.register_forward_pre_hook(self._remember_rows, with_kwargs=True)
         self._counters = colocated.acceptance(self.llm)
