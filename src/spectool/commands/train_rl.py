@@ -146,6 +146,15 @@ def _setup(cfg: RLConfig) -> _Run:
     atomic_write_json(out / CONFIG, cfg.as_dict())
     p, e = cfg.policy, cfg.engine
     dtype = engine_dtype(e.dtype)
+    if torch.cuda.is_available():  # before the trainer or the engine takes any memory
+        from transformers import AutoConfig
+
+        from spectool.rl.memory import budget, check_fits
+
+        b = budget(AutoConfig.from_pretrained(model.path), e.gpu_memory_utilization,
+                   torch.cuda.get_device_properties(0).total_memory)
+        check_fits(b)
+        print(f"train-rl memory budget: {b.lines()}")
     trainer = PolicyTrainer(str(ckpt[1] / "policy") if ckpt else model.path, p.lr, cfg.rollout.temperature,
                             p.eps_low, p.eps_high, p.kl_beta, p.micro_batch_size, p.max_grad_norm, seed=cfg.seed,
                             engine_dtype=dtype)
