@@ -90,3 +90,19 @@ def test_speculative_generation_counts_and_logprobs(engine, policy_and_draft):
     P = len(c.prompt_ids)
     ref = logp[P - 1 : -1].gather(-1, ids[0, P:, None])[:, 0]
     torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_close_ends_the_engine_and_the_next_one_starts(tiny_policy):
+    """Comparisons run arms one after another in one process: close() ends an engine at once."""
+    from spectool.engine.engine import Engine, EngineConfig, Sampling
+    from spectool.errors import SpectoolError
+
+    cfg = EngineConfig(model_path=str(tiny_policy), kv_cache_gib=1)
+    first = Engine(cfg)
+    first.close()
+    first.close()  # twice is harmless
+    with pytest.raises(SpectoolError, match="closed"):
+        first.generate([[1, 7, 42]], Sampling(max_tokens=2, temperature=0.0))
+    with Engine(cfg) as second:
+        outs, _ = second.generate([[1, 7, 42]], Sampling(max_tokens=2, temperature=0.0))
+        assert len(outs[0][0].response_ids) == 2

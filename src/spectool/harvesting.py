@@ -90,9 +90,19 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     from spectool.hidden import default_aux_layer_ids
 
     layer_ids = default_aux_layer_ids(model.fingerprint["num_hidden_layers"])  # vLLM's defaults, as drafts use
-    policy = _load_policy(model.path) if cfg.hidden_states and todo else None
+    import torch
+
+    share = cfg.gpu_memory_utilization
+    if cfg.hidden_states and todo and torch.cuda.is_available():  # the policy shares the GPU with the engine
+        from transformers import AutoConfig
+
+        from spectool.memory import engine_share_beside
+
+        share = engine_share_beside(AutoConfig.from_pretrained(model.path), share,
+                                    torch.cuda.get_device_properties(0).total_memory)
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
-                                 gpu_memory_utilization=cfg.gpu_memory_utilization)) if todo else None
+                                 gpu_memory_utilization=share)) if todo else None
+    policy = _load_policy(model.path) if cfg.hidden_states and todo else None  # after the engine's start-up check
     n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = 0, 0, 0.0, 0, 0
     with Progress(TextColumn("harvest"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                   TimeRemainingColumn()) as bar:

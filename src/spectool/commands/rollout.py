@@ -67,10 +67,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         rollout_tasks(plain, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
         _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling)
         plain_tps = n_plain / s_plain
-        del plain
-        import gc
-
-        gc.collect()
+        plain.close()  # the speculative arm starts on a free device
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, log_path=log_path,
                                  method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=cfg.draft_sampling,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization,

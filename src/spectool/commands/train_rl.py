@@ -149,7 +149,7 @@ def _setup(cfg: RLConfig) -> _Run:
     if torch.cuda.is_available():  # before the trainer or the engine takes any memory
         from transformers import AutoConfig
 
-        from spectool.rl.memory import budget, check_fits
+        from spectool.memory import budget, check_fits
 
         b = budget(AutoConfig.from_pretrained(model.path), e.gpu_memory_utilization,
                    torch.cuda.get_device_properties(0).total_memory)

@@ -15,7 +15,6 @@ Workflow:
 
 from __future__ import annotations
 
-import gc
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,8 +96,7 @@ def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[in
         "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else float("nan"),
         "sampler_fix": engine.sampler_fix,
     }
-    del engine
-    gc.collect()
+    engine.close()  # the next arm starts on a free device
     return arm
 
 

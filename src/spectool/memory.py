@@ -58,3 +58,17 @@ def check_fits(b: Budget) -> None:
     raise SpectoolError(f"train-rl's built-in backend cannot fit this on one GPU ({b.lines()}): {advice}, or run "
                         "`spectool train-rl --backend trl` (TRL's GRPOTrainer: DeepSpeed/FSDP sharding, LoRA, "
                         "several GPUs)")
+
+
+def engine_share_beside(config, wanted: float, total_bytes: int, flag: str = "--gpu-memory-utilization") -> float:
+    """The engine's share of a GPU that also holds the float32 policy for feature extraction
+    (harvest --hidden-states): vLLM refuses to start unless share x total is free, so the share
+    leaves room for the policy and its activations. Refuses when too little would be left."""
+    policy = param_count(config) * 4 / total_bytes
+    share = min(wanted, 1 - policy - ACTIVATION_SHARE)
+    if share < 0.1:
+        raise SpectoolError(
+            f"the float32 policy ({param_count(config) / 1e9:.1f}B params, {policy:.0%} of the GPU) leaves the engine "
+            f"{max(share, 0):.0%} of it next to it: harvest without --hidden-states (init-draft computes the features "
+            f"from the records in a second pass), or use a larger GPU ({flag} was {wanted})")
+    return share
