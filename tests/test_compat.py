@@ -34,13 +34,26 @@ def test_version_parsing_takes_local_and_dev_suffixes():
     assert parse_version("1.0") == (1, 0, 0)
 
 
-def test_the_installed_cpu_build_selects_the_inplace_reload():
-    from spectool.engine.compat import support
+def test_the_installed_build_selects_its_paths():
+    """On whichever build is installed: the CPU build (0.32) and GPU 0.33 reload drafts in place,
+    GPU 0.26 through the drafter's loader; a tested release says nothing."""
+    from spectool.engine.compat import TESTED, installed, support
 
+    version, cpu = installed()
     found = probe()
-    assert BASE <= found and INPLACE_RELOAD in found
+    assert BASE <= found
     s = support()
-    assert s.cpu_build and s.draft_reload == "inplace" and s.version == "0.32.0"
+    assert s.cpu_build == cpu and s.version == version
+    assert s.draft_reload == ("inplace" if INPLACE_RELOAD in found else "load_weights")
+    if cpu:
+        assert INPLACE_RELOAD in found and version == "0.32.0"
+    assert (s.warning() is None) == (version.split("+")[0] in TESTED["cpu" if cpu else "gpu"])
+
+
+def test_an_untested_release_is_named_with_the_tested_ones():
+    s = select("0.33.0", False, BASE | {INPLACE_RELOAD})
+    assert not s.tested and "0.26.0" in s.warning() and "0.33.0" in s.warning()
+    assert select("0.26.0+cu130", False, BASE).warning() is None
 
 
 def test_gpu_workers_start_with_spawn(monkeypatch):

