@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shlex
 
-import pytest
 import yaml
 
 from clirun import spectool
