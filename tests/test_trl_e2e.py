@@ -6,11 +6,24 @@ verifier. And what is refused before anything starts."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 
 import pytest
 
-pytest.importorskip("trl")
+# Not imported at collection: `import trl` sets VLLM_LOGGING_LEVEL=ERROR in os.environ, which every
+# later CLI subprocess of the session would inherit (their engine logs would come out empty).
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs spectool[trl]")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _environment_restored():
+    """TRL (and its colocated engine) set process-wide variables: undo them after this module."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")
