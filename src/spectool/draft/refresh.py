@@ -113,9 +113,8 @@ class DraftRefresher:
     def from_folder(cls, folder: str | Path, policy, settings: RefreshSettings | None = None, **kw) -> "DraftRefresher":
         """From a spectool draft or export folder (or a plain EAGLE-3 folder); refuses a draft made
         for another policy, naming the field."""
-        from spectool.draft.checkpoint import DRAFT_JSON, load_draft
+        from spectool.draft.checkpoint import load_draft
         from spectool.models import fingerprint_mismatch
-        from spectool.runs import read_json
 
         folder = Path(folder)
         pol = _unwrap(policy)
@@ -126,8 +125,6 @@ class DraftRefresher:
         diff = fingerprint_mismatch(want, have)
         if diff:
             raise SpectoolError(f"draft {folder} was trained for another policy ({meta.get('policy')}): " + "; ".join(diff))
-        if (folder / DRAFT_JSON).exists():
-            meta = read_json(folder / DRAFT_JSON)
         return cls(draft, policy, settings, {**meta, "folder": str(folder)}, **kw)
 
     # --- capture ------------------------------------------------------------------------------
