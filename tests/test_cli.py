@@ -105,3 +105,12 @@ def test_sweep_refuses_a_draft_for_another_policy(tmp_path, tiny_policy):
     r = runner.invoke(app, ["sweep-k", "--model", str(tiny_policy), "--draft", str(d), "--out", str(tmp_path / "S")])
     assert r.exit_code == 2 and "hidden_size: 960 vs 128" in r.output, r.output
     assert not (tmp_path / "S").exists()
+
+
+def test_rollout_refuses_an_out_folder_holding_other_files(tmp_path):
+    from clirun import spectool
+
+    (tmp_path / "mine.txt").write_text("keep me")
+    r = spectool("rollout", "--out", str(tmp_path), check=False)
+    assert r.returncode == 2 and "not a spectool run" in r.stderr
+    assert (tmp_path / "mine.txt").read_text() == "keep me" and len(list(tmp_path.iterdir())) == 1

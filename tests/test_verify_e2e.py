@@ -47,6 +47,7 @@ def test_verify_passes_with_a_sampling_draft(tiny_policy, random_draft, tmp_path
     r = spectool("verify", "--model", str(tiny_policy), "--draft", str(random_draft), *ARGS, "--control", "none",
                  "--draft-sampling", "probabilistic", "--out", str(tmp_path))
     assert "verdict: LOSSLESS" in r.stdout, r.stdout[-3000:]
+    assert "power not shown" in r.stdout  # --control none never claims what it did not test
     plain, spec = json.loads((tmp_path / "verify.json").read_text())["arms"]
     assert spec["logprob_max_abs_diff"] < 1e-3
     assert abs(spec["vs_plain"]["mean"]) < 4 * spec["vs_plain"]["se"]

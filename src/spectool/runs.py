@@ -146,6 +146,10 @@ def check_draft(draft: str, model, k: int, flag: str = "--draft") -> str:
     from spectool.models import fingerprint_mismatch
 
     d = Path(draft)
+    kind = read_json(d / MANIFEST).get("kind") if (d / MANIFEST).exists() else None
+    if kind not in (None, "draft", "export"):
+        raise SpectoolError(f"{flag} {d} is a '{kind}' run, not a draft folder: pass a draft (init-draft --out) or its "
+                            "export (export --out)")
     if not (d / "config.json").exists():
         raise SpectoolError(f"{flag} {d} is not a draft folder (no config.json); make one with init-draft/export")
     meta = read_json(d / DRAFT_JSON) if (d / DRAFT_JSON).exists() else {}
@@ -160,3 +164,16 @@ def check_draft(draft: str, model, k: int, flag: str = "--draft") -> str:
         raise SpectoolError(f"--k {k} exceeds the {ttt} positions the draft {d} was trained for; "
                             f"use --k <= {ttt} or retrain with --ttt-steps {k}")
     return str(d)
+
+
+def check_out(out: Path, kind: str, flag: str = "--out") -> None:
+    """Refuse to write a `kind` run into a folder that holds something else (another kind of run,
+    or files that are not a run): a run folder is replaced only by a run of its own kind."""
+    out = Path(out)
+    if not out.exists() or {f.name for f in out.iterdir()} <= {"engine.log"}:  # a crashed run leaves only its log
+        return
+    found = read_json(out / MANIFEST).get("kind") if (out / MANIFEST).exists() else None
+    if found != kind:
+        what = f"a '{found}' run" if found else "files that are not a spectool run"
+        raise SpectoolError(f"{flag} {out} holds {what}; a {kind} run goes into a new or empty folder, or over an "
+                            f"earlier {kind} run")

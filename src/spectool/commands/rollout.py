@@ -17,7 +17,7 @@ from spectool.stats import AcceptanceStats
 
 @dataclass
 class RolloutResult:
-    n_prompts: int
+    n_prompts: int  # the prompts used (the split may hold fewer than asked)
     n_completions: int
     mean_reward: float
     mean_response_len: float
@@ -28,6 +28,7 @@ class RolloutResult:
     k: int | str | None = None
     draft_sampling: str = "greedy"
     plain_tokens_per_s: float | None = None  # --compare: plain decoding, same prompts and settings
+    n_prompts_asked: int | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -44,12 +45,19 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     from spectool.generation import rollout_tasks
     from spectool.records import write_shard
     from spectool.schedule import read_schedule
-    from spectool.runs import CONFIG, MANIFEST, atomic_write_json, make_manifest
+    from spectool.runs import CONFIG, MANIFEST, atomic_write_json, check_out, make_manifest
 
     cfg.validate()
+    if cfg.out:
+        check_out(Path(cfg.out), "rollout")
     model = resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
+    if len(tasks) < cfg.sampling.n_prompts:
+        import sys
+
+        print(f"rollout: --n-prompts {cfg.sampling.n_prompts} asked, but the {cfg.split} split of {cfg.data} holds "
+              f"{len(tasks)}: using {len(tasks)} (more data, or --split train, gives more)", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(model.path)
     schedule, draft = read_schedule(cfg.sweep, cfg.draft, cfg.draft_sampling) if cfg.k == "auto" else (None, cfg.draft)
     max_k = max(k for _, _, k in schedule) if schedule else cfg.k
@@ -79,7 +87,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         mean_reward=sum(r["reward"] for r in rows) / len(rows),
         mean_response_len=n_tokens / len(rows), tokens_per_s=n_tokens / seconds, seconds=seconds,
         acceptance=stats, out=cfg.out, k=cfg.k if draft_path else None, draft_sampling=cfg.draft_sampling,
-        plain_tokens_per_s=plain_tps,
+        plain_tokens_per_s=plain_tps, n_prompts_asked=cfg.sampling.n_prompts,
     )
     if cfg.out:
         out = Path(cfg.out)
@@ -99,7 +107,8 @@ def render(r: RolloutResult) -> None:
     from rich.table import Table
 
     t = Table(title="rollout", show_header=False)
-    t.add_row("prompts x completions", f"{r.n_prompts} x {r.n_completions // max(r.n_prompts, 1)}")
+    short = f" (of {r.n_prompts_asked} asked: the split holds no more)" if (r.n_prompts_asked or 0) > r.n_prompts else ""
+    t.add_row("prompts x completions", f"{r.n_prompts} x {r.n_completions // max(r.n_prompts, 1)}{short}")
     t.add_row("mean reward", f"{r.mean_reward:.3f}")
     t.add_row("mean response length", f"{r.mean_response_len:.1f} tokens")
     t.add_row("throughput", f"{r.tokens_per_s:.1f} tokens/s ({r.seconds:.1f} s)")

@@ -170,6 +170,9 @@ def _verdict(results: list[ArmResult], cfg: VerifyConfig) -> tuple[str, list[str
         verdict = "LOSSLESS"
         if len(results) > 2:
             reasons = [f"lossy control rejected: {r}" for r in results[2].rejected(alpha_each)]
+        else:  # --control none: nothing rejected, but nothing showed the tests could have
+            reasons = ["power not shown: no lossy control was run (--control none); the detectable shifts above "
+                       "are what these samples could see. Run with --control auto to show the tests reject a lossy engine"]
     return verdict, reasons, alpha_each
 
 
