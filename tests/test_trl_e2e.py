@@ -155,3 +155,19 @@ def test_the_readme_trl_example_runs_as_written(tiny_policy, random_draft, sums,
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "spectool/draft_loss" in r.stdout + r.stderr
+
+
+def test_a_sweep_or_forecast_schedule_sets_k_per_batch_size(random_draft, tmp_path):
+    from spectool.errors import SpectoolError
+    from spectool.integrations.trl import SpectoolSpeculation
+    from spectool.schedule import write_schedule
+
+    write_schedule(tmp_path / "sweep", [(1, 8, 3), (9, 1024, 1)], "sweep", str(random_draft), "greedy")
+    spec = SpectoolSpeculation.from_sweep(str(tmp_path / "sweep"), refresh_every=2)
+    assert spec.draft == str(random_draft) and spec.k == 3 and spec.k_schedule == [(1, 8, 3), (9, 1024, 1)]
+    assert spec.refresh_every == 2
+    write_schedule(tmp_path / "none", [(1, 1024, 0)], "forecast", None, "greedy")
+    with pytest.raises(SpectoolError, match="no speculation"):
+        SpectoolSpeculation.from_sweep(str(tmp_path / "none"), draft=str(random_draft))
+    with pytest.raises(SpectoolError, match="is a forecast; give the draft"):
+        SpectoolSpeculation.from_sweep(str(tmp_path / "none"))

@@ -86,6 +86,19 @@ class SpectoolSpeculation:
     logprob_tolerance: float | None = None
     """Max |engine - trainer| logprob after a sync (None: by the engine's dtype, precision.py)."""
 
+    @classmethod
+    def from_sweep(cls, sweep: str, draft: str | None = None, draft_sampling: str = "greedy",
+                   **settings: Any) -> "SpectoolSpeculation":
+        """k per batch size from a sweep-k run (with the draft it measured) or a forecast (give
+        the draft); vLLM then picks k by the live batch size as TRL's batch shrinks into its tail."""
+        from spectool.schedule import read_schedule
+
+        schedule, folder = read_schedule(sweep, draft, draft_sampling, flag="")
+        if max(k for _, _, k in schedule) == 0:
+            raise SpectoolError(f"sweep {sweep} recommends no speculation at any batch size; use draft=None")
+        return cls(folder, k=max(k for _, _, k in schedule), draft_sampling=draft_sampling, k_schedule=schedule,
+                   **settings)
+
     def validate(self) -> None:
         from spectool.config import DRAFT_SAMPLING
 
