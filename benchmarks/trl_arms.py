@@ -56,7 +56,11 @@ def arm(a: argparse.Namespace, name: str, out: Path) -> None:
         "reward": mean("reward"), "acceptance_length": mean("spectool/acceptance_length"),
         "step_s": mean("step_time"), "refresh_s": mean("spectool/refresh_s"),
         "tokens": logs[-1].get("num_tokens") if logs else None,
-        "logprob_check": max((h.get("spectool/logprob_check_max_diff", 0) for h in logs), default=None)}))
+        "logprob_check": max((h.get("spectool/logprob_check_max_diff", 0) for h in logs), default=None),
+        "rewards": [h.get("reward") for h in logs],  # per step: the arms draw the same prompts in the same order
+        "is_ratio_min": min((h.get("sampling/importance_sampling_ratio/min", 1.0) for h in logs), default=None),
+        "sampling_logp_diff_max": max((h.get("sampling/sampling_logp_difference/max", 0.0) for h in logs),
+                                      default=None)}))
 
 
 def tiny(folder: Path) -> tuple[str, str, str]:
@@ -119,6 +123,9 @@ def main() -> None:
     print(f"TRL GRPOTrainer, {a.model}, {a.steps} steps x {a.prompts} prompts x {a.group} samples, "
           f"max {a.max_tokens} tokens, k={a.k}")
     print(f"{'arm':8} {'reward':>7} {'accept len':>10} {'step s':>7} {'vs plain':>8} {'refresh s':>9} {'logprob chk':>11}")
+    for n, r in rows.items():
+        print(f"  {n} rewards per step: {' '.join(f'{x:.2f}' for x in r['rewards'])}; TRL's sampling logp difference "
+              f"max {r['sampling_logp_diff_max']:.1e}, importance ratio min {r['is_ratio_min']:.3f}")
     for n, r in rows.items():
         fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
         print(f"{n:8} {fmt(r['reward'], '7.3f')} {fmt(r['acceptance_length'], '10.2f')} {fmt(r['step_s'], '7.2f')} "

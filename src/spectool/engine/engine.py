@@ -107,7 +107,7 @@ class Engine:
         kwargs: dict[str, Any] = dict(
             model=cfg.model_path,
             seed=cfg.seed,
-            max_model_len=cfg.max_model_len or _default_max_len(cfg.model_path),
+            max_model_len=cfg.max_model_len or default_max_len(cfg.model_path),
             enable_prefix_caching=cfg.enable_prefix_caching,
             logprobs_mode=cfg.logprobs_mode,
             gpu_memory_utilization=0.3 if cpu else cfg.gpu_memory_utilization,
@@ -280,7 +280,8 @@ def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
     return spec
 
 
-def _default_max_len(model_path: str) -> int:
+def default_max_len(model_path: str) -> int:
+    """spectool's context length for an engine: min(2048, the model's limit)."""
     from transformers import AutoConfig
 
     return min(2048, int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 2048)))

@@ -172,7 +172,7 @@ def _speculative_llm(spec: SpectoolSpeculation):
     """While the trainer is built: TRL's `LLM` name points at a wrapper adding spectool's kwargs."""
     import trl.generation.vllm_generation as vg
 
-    from spectool.engine.engine import EngineConfig, prepare_environment, spectool_kwargs
+    from spectool.engine.engine import EngineConfig, default_max_len, prepare_environment, spectool_kwargs
 
     real = vg.LLM
 
@@ -182,6 +182,8 @@ def _speculative_llm(spec: SpectoolSpeculation):
                             enforce_eager=spec.enforce_eager)
         cpu = prepare_environment(ecfg)
         kwargs.update(spectool_kwargs(ecfg, cpu))
+        if kwargs.get("max_model_len") is None:  # GRPOConfig.vllm_max_model_length unset: TRL's 4096-token
+            kwargs["max_model_len"] = default_max_len(ecfg.model_path)  # batches must hold a whole prompt
         return real(*args, **kwargs)
 
     vg.LLM = speculative_llm
