@@ -44,15 +44,29 @@ def _args(out, **kw):
     return GRPOConfig(**{**base, **kw})
 
 
+@pytest.fixture(scope="module")
+def long_context_policy(tiny_policy, tmp_path_factory):
+    """The tiny policy claiming an 8192-token context, as SmolLM2 does: longer than TRL's fixed
+    4096-token batches, which the CPU build (prompts never chunked) refuses unless spectool caps it."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("long") / "policy"
+    shutil.copytree(tiny_policy, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 8192}))
+    return folder
+
+
 @pytest.mark.engine
-def test_grpo_with_a_refreshed_draft(tiny_policy, random_draft, sums, tmp_path):
+def test_grpo_with_a_refreshed_draft(long_context_policy, random_draft, sums, tmp_path):
     from spectool.draft.refresh import RefreshSettings
     from spectool.integrations.trl import SpectoolSpeculation, task_data
 
     ds, reward = task_data(str(sums), 64)
     spec = SpectoolSpeculation(str(random_draft), k=2, refresh_every=1, refresh_steps=4, enforce_eager=True,
                                refresh=RefreshSettings(lr=3e-3, warmup_steps=0, batch_size=4))
-    trainer = spec.grpo_trainer(model=str(tiny_policy), reward_funcs=reward, args=_args(tmp_path), train_dataset=ds)
+    trainer = spec.grpo_trainer(model=str(long_context_policy), reward_funcs=reward, args=_args(tmp_path),
+                                train_dataset=ds)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 3
