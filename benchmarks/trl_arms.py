@@ -38,7 +38,7 @@ def arm(a: argparse.Namespace, name: str, out: Path) -> None:
     args = GRPOConfig(output_dir=str(out / name), use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(),
                       per_device_train_batch_size=a.prompts * a.group, num_generations=a.group,
                       max_completion_length=a.max_tokens, max_steps=a.steps, logging_steps=1, report_to="none",
-                      use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, beta=0.0,
+                      use_vllm=True, vllm_mode="colocate", beta=0.0,
                       save_strategy="no", learning_rate=a.lr, seed=0, vllm_enable_sleep_mode=False)
     kw = dict(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
     spec = SpectoolSpeculation(None if name == "plain" else a.draft, k=a.k, refresh_every=1 if name == "online" else 0,

@@ -95,32 +95,12 @@ class _Run:
     history: list[dict]
 
 
-def _speculation(cfg: RLConfig, model) -> tuple[list | None, str | None, str | None, int]:
-    """(k schedule, the resolved draft folder, the checked draft path, largest k); no draft when
-    speculation.enabled is false."""
-    from spectool.runs import check_draft
-
-    spec = cfg.speculation
-    if not spec.enabled:
-        return None, None, None, 0
-    schedule, draft_dir = None, spec.draft  # resolved here: the user's config is left as given
-    if spec.k == "auto":
-        from spectool.schedule import read_schedule
-
-        schedule, draft_dir = read_schedule(spec.sweep, spec.draft, spec.draft_sampling, flag="speculation.")
-    k = max(k for _, _, k in schedule) if schedule else spec.k
-    return schedule, draft_dir, check_draft(draft_dir, model, max(k, 1)), k
-
-
 def _refresher(cfg: RLConfig, draft_path: str, trainer: PolicyTrainer):
     """The public DraftRefresher on the trainer's policy, as any outside trainer builds it."""
-    from spectool.draft.refresh import DraftRefresher, RefreshSettings
+    from spectool.draft.refresh import DraftRefresher
+    from spectool.rl.speculation import refresh_settings
 
-    dr = cfg.draft_refresh
-    settings = RefreshSettings(lr=dr.lr, warmup_steps=dr.warmup_steps, ttt_steps=dr.ttt_steps, batch_size=dr.batch_size,
-                               buffer_seqs=dr.buffer_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-                               loss=dr.loss, seed=cfg.seed)
-    return DraftRefresher.from_folder(draft_path, trainer.model, settings)
+    return DraftRefresher.from_folder(draft_path, trainer.model, refresh_settings(cfg))
 
 
 def _setup(cfg: RLConfig) -> _Run:
@@ -130,6 +110,7 @@ def _setup(cfg: RLConfig) -> _Run:
     from spectool.data import load_source
     from spectool.engine.engine import Engine, EngineConfig
     from spectool.models import resolve_model
+    from spectool.rl.speculation import resolve
     from spectool.runs import CONFIG, atomic_write_json, truncate_jsonl
 
     out, model = Path(cfg.out), resolve_model(cfg.model)
@@ -140,7 +121,8 @@ def _setup(cfg: RLConfig) -> _Run:
     tasks = _Tasks(source, tokenizer, cfg)
     eval_tasks = source.tasks("eval", cfg.rollout.eval_prompts) if cfg.rollout.eval_every else []
     _check_resume_config(out, cfg)
-    schedule, draft_dir, draft_path, k = _speculation(cfg, model)
+    spec = resolve(cfg, model)
+    schedule, draft_dir, draft_path, k = spec.schedule, spec.draft_dir, spec.draft_path, spec.k
     ckpt = _latest_checkpoint(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / CONFIG, cfg.as_dict())

@@ -38,35 +38,25 @@ def grpo_config(cfg: RLConfig, out: Path, cpu: bool):
         num_generations=r.group_size, max_completion_length=r.max_tokens, temperature=r.temperature,
         beta=p.kl_beta, epsilon=p.eps_low, epsilon_high=p.eps_high, max_grad_norm=p.max_grad_norm,
         scale_rewards="group" if p.scale_adv_by_std else "none", use_vllm=True, vllm_mode="colocate",
-        vllm_gpu_memory_utilization=0.3 if cpu else e.gpu_memory_utilization,
+        vllm_gpu_memory_utilization=e.gpu_memory_utilization,  # the CPU build's share: engine.spectool_kwargs
         vllm_max_model_length=e.max_model_len or None, use_cpu=cpu, bf16=not cpu, logging_steps=1,
         report_to="none", save_strategy="steps", save_steps=cfg.checkpoint_every, save_only_model=False,
     )
 
 
-def _speculation(cfg: RLConfig, model, draft: str | None):
-    from spectool.draft.refresh import RefreshSettings
+def _speculation(cfg: RLConfig, model, saved_draft: str | None):
+    """rl.yaml's speculation for TRL; `saved_draft`: the refreshed draft of the checkpoint resumed from."""
     from spectool.integrations.trl import SpectoolSpeculation
-    from spectool.runs import check_draft
+    from spectool.rl.speculation import refresh_settings, resolve
 
-    s, d = cfg.speculation, cfg.draft_refresh
-    if not s.enabled:  # plain decoding, with spectool's engine settings, weight sync and logprob guard
-        return SpectoolSpeculation(None, dtype=cfg.engine.dtype, enforce_eager=cfg.engine.enforce_eager,
-                                   logprob_tolerance=cfg.policy.logprob_tolerance or None)
-    schedule, draft_dir = None, draft or s.draft
-    if s.k == "auto":
-        from spectool.schedule import read_schedule
-
-        schedule, draft_dir = read_schedule(s.sweep, s.draft, s.draft_sampling, flag="speculation.")
-    k = max(k for _, _, k in schedule) if schedule else s.k
-    check_draft(draft_dir, model, max(k, 1), flag="speculation.draft")
-    settings = RefreshSettings(lr=d.lr, warmup_steps=d.warmup_steps, ttt_steps=d.ttt_steps, batch_size=d.batch_size,
-                               buffer_seqs=d.buffer_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-                               loss=d.loss, seed=cfg.seed)
-    return SpectoolSpeculation(str(draft_dir), k=max(k, 1), draft_sampling=s.draft_sampling, k_schedule=schedule,
-                               refresh_every=d.every if d.mode == "online" else 0, refresh_steps=d.steps_per_refresh,
-                               refresh=settings, dtype=cfg.engine.dtype, enforce_eager=cfg.engine.enforce_eager,
-                               logprob_tolerance=cfg.policy.logprob_tolerance or None)
+    s, d, e = cfg.speculation, cfg.draft_refresh, cfg.engine
+    common = dict(dtype=e.dtype, enforce_eager=e.enforce_eager, logprob_tolerance=cfg.policy.logprob_tolerance or None)
+    spec = resolve(cfg, model)
+    if spec.draft_path is None:  # plain decoding, with spectool's engine settings, weight sync and logprob guard
+        return SpectoolSpeculation(None, **common)
+    return SpectoolSpeculation(saved_draft or spec.draft_path, k=max(spec.k, 1), draft_sampling=s.draft_sampling,
+                               k_schedule=spec.schedule, refresh_every=d.every if d.mode == "online" else 0,
+                               refresh_steps=d.steps_per_refresh, refresh=refresh_settings(cfg), **common)
 
 
 def _last_checkpoint(out: Path) -> Path | None:

@@ -291,7 +291,7 @@ class DraftRefresher:
 
 
 def _unwrap(model):
-    """The transformers model inside accelerate/DDP/FSDP wrappers."""
-    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-        model = model.module
-    return model
+    """The transformers model inside accelerate/DDP/FSDP/DeepSpeed wrappers."""
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model)

