@@ -31,11 +31,20 @@ def policy_features(
     """Run the policy once over prompt + response.
 
     input_ids: [B, T] -> (aux [B, T, len(layer_ids) * H] in vLLM's order, last [B, T, H]), where
-    `last` is the final-norm output the policy's lm_head reads (logits = lm_head(last)).
+    `last` is the final-norm output the policy's lm_head reads (logits = lm_head(last)). Id N (the
+    layer count) is the residual stream after the last layer, before the final norm: what an MTP
+    layer reads (draft/mtp.py).
     """
-    out = model.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    base = model.model
+    N, pre_norm = len(base.layers), []
+    hook = base.norm.register_forward_pre_hook(lambda _m, args: pre_norm.append(args[0])) if N in layer_ids else None
+    try:
+        out = base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    finally:
+        if hook is not None:
+            hook.remove()
     hs = out.hidden_states  # N+1 tensors: [0] embeddings, [i] input of layer i, [N] final-normed
-    aux = torch.cat([hs[i] for i in layer_ids], dim=-1)
+    aux = torch.cat([pre_norm[-1] if i == N else hs[i] for i in layer_ids], dim=-1)
     return aux, out.last_hidden_state
 
 

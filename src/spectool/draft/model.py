@@ -97,17 +97,20 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, c: DraftConfig, in_features: int):
+    """Llama attention (`qkv_bias`: Qwen2's, with q/k/v biases). `c`: any config with the
+    DraftConfig head and width fields."""
+
+    def __init__(self, c, in_features: int, qkv_bias: bool = False):
         super().__init__()
         self.nh, self.nkv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = nn.Linear(in_features, self.nh * self.hd, bias=False)
-        self.k_proj = nn.Linear(in_features, self.nkv * self.hd, bias=False)
-        self.v_proj = nn.Linear(in_features, self.nkv * self.hd, bias=False)
+        self.q_proj = nn.Linear(in_features, self.nh * self.hd, bias=qkv_bias)
+        self.k_proj = nn.Linear(in_features, self.nkv * self.hd, bias=qkv_bias)
+        self.v_proj = nn.Linear(in_features, self.nkv * self.hd, bias=qkv_bias)
         self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
 
 
 class MLP(nn.Module):
-    def __init__(self, c: DraftConfig):
+    def __init__(self, c):
         super().__init__()
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
@@ -137,6 +140,17 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-b, a], dim=-1)
 
 
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [B, heads, n, hd] at positions [n]; inv_freq [hd/2]."""
+    freqs = positions[..., None].float() * inv_freq  # [n, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return x * emb.cos()[None, None] + _rotate_half(x) * emb.sin()[None, None]
+
+
+def inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
 class Eagle3Draft(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
@@ -149,8 +163,7 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
-        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.register_buffer("inv_freq", inverse_frequencies(c.head_dim, c.rope_theta), persistent=False)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
@@ -193,11 +206,6 @@ class Eagle3Draft(nn.Module):
 
     # --- training-time-test unroll -----------------------------------------------------------------
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        freqs = positions[..., None].float() * self.inv_freq  # [T, hd/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return x * emb.cos()[None, None] + _rotate_half(x) * emb.sin()[None, None]
-
     def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
         return self.unroll(aux, input_ids, steps, start)
 
@@ -230,33 +238,34 @@ class Eagle3Draft(nn.Module):
                 if i > 0:
                     x = layer.input_layernorm(resid)
                 cut = start - first if i == len(layers) - 1 else 0  # the last layer: only anchors >= start
-                r = self._attend(layer.self_attn, x, pos, kv, mask, cut) + resid[:, cut:]
+                r = chain_attention(layer.self_attn, x, pos, kv, mask, self.inv_freq, cut) + resid[:, cut:]
                 resid = layer.mlp(layer.post_attention_layernorm(r)) + r  # the layer's prenorm
             h = resid  # [B, T - start, H]
             logits.append(self.lm_head(self.norm(h)))
         return logits
 
-    def _attend(self, a: Attention, x: torch.Tensor, pos: torch.Tensor, kv: dict, mask: torch.Tensor,
-                cut: int = 0) -> torch.Tensor:
-        """One layer's attention for one unroll step. x: [B, n, in]; step 0 (kv["k0"] unset) has
-        n = T and fills the layer's keys at every position; later steps add their chain keys.
-        Queries (and the output, [B, n - cut, H]) only for rows >= cut."""
-        B, n, _ = x.shape
-        rep, scale = a.nh // a.nkv, a.hd**-0.5
-        k = self._rope(a.k_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2), pos).repeat_interleave(rep, dim=1)
-        v = a.v_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2).repeat_interleave(rep, dim=1)
-        n, mask = n - cut, mask[cut:]
-        q = self._rope(a.q_proj(x[:, cut:]).view(B, n, a.nh, a.hd).transpose(1, 2), pos[cut:])  # [B, nh, n, hd]
-        if kv["k0"] is None:
-            kv["k0"], kv["v0"] = k, v  # [B, nh, T, hd]
-        else:
-            kv["k"].append(k)
-            kv["v"].append(v)
-        T = kv["k0"].shape[2]
-        s0 = ((q @ kv["k0"].transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))  # [B, nh, n, T]
-        diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in kv["k"]]  # each [B, nh, n, 1]
-        w = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)
-        o = w[..., :T] @ kv["v0"]
-        for i, vv in enumerate(kv["v"]):
-            o = o + w[..., T + i : T + i + 1] * vv
-        return a.o_proj(o.transpose(1, 2).reshape(B, n, a.nh * a.hd))
+
+def chain_attention(a: Attention, x: torch.Tensor, pos: torch.Tensor, kv: dict, mask: torch.Tensor,
+                    inv_freq: torch.Tensor, cut: int = 0) -> torch.Tensor:
+    """One layer's attention for one unroll step. x: [B, n, in]; step 0 (kv["k0"] unset) has
+    n = T and fills the layer's keys at every position; later steps add their chain keys.
+    Queries (and the output, [B, n - cut, H]) only for rows >= cut."""
+    B, n, _ = x.shape
+    rep, scale = a.nh // a.nkv, a.hd**-0.5
+    k = rope(a.k_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2), pos, inv_freq).repeat_interleave(rep, dim=1)
+    v = a.v_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2).repeat_interleave(rep, dim=1)
+    n, mask = n - cut, mask[cut:]
+    q = rope(a.q_proj(x[:, cut:]).view(B, n, a.nh, a.hd).transpose(1, 2), pos[cut:], inv_freq)  # [B, nh, n, hd]
+    if kv["k0"] is None:
+        kv["k0"], kv["v0"] = k, v  # [B, nh, T, hd]
+    else:
+        kv["k"].append(k)
+        kv["v"].append(v)
+    T = kv["k0"].shape[2]
+    s0 = ((q @ kv["k0"].transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))  # [B, nh, n, T]
+    diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in kv["k"]]  # each [B, nh, n, 1]
+    w = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)
+    o = w[..., :T] @ kv["v0"]
+    for i, vv in enumerate(kv["v"]):
+        o = o + w[..., T + i : T + i + 1] * vv
+    return a.o_proj(o.transpose(1, 2).reshape(B, n, a.nh * a.hd))

@@ -29,7 +29,9 @@ class EngineConfig:
     model_path: str
     draft_path: str | None = None  # plain EAGLE-3 folder (config.json + model.safetensors)
     k: int = 3  # num_speculative_tokens (the largest k when k_schedule is set)
-    method: str = "eagle3"  # "eagle3" | "draft_model" (draft_path: a causal LM; plain decoding when None) | "ngram"
+    # "eagle3" | "draft_model" (draft_path: a causal LM; plain decoding when None) | "ngram" |
+    # "mtp" (the model's own MTP layers; no draft_path)
+    method: str = "eagle3"
     # eagle3 proposals: "greedy" (the draft's argmax; accepted with probability p(token)) or
     # "probabilistic" (sampled from the draft's q at the request's temperature; accepted with
     # min(1, p/q), so a position is accepted with probability sum_v min(p_v, q_v)). Both are exact.
@@ -174,10 +176,16 @@ class Engine:
         self.reset_prefix_cache()
 
     def update_draft(self, state_dict: dict[str, Any]) -> None:
-        """New EAGLE-3 draft weights (vLLM names, as Eagle3Draft.export_state_dict) into the running drafter."""
-        if not self.cfg.draft_path:
+        """New draft weights into the running drafter: EAGLE-3 (vLLM names, Eagle3Draft.export_state_dict)
+        or MTP layers (checkpoint names, MtpDraft.export_state_dict)."""
+        if not self.has_draft:
             raise SpectoolError("this engine runs without a draft; there is no draft to update")
         colocated.send_weights(self.llm, "spectool_reload_draft", state_dict)
+
+    @property
+    def has_draft(self) -> bool:
+        """Whether a trained drafter runs (an EAGLE-3 draft or the model's MTP layers)."""
+        return self.cfg.method == "mtp" or (self.cfg.method == "eagle3" and bool(self.cfg.draft_path))
 
     def draft_probe(self) -> dict[str, float]:
         """The running drafter's probe sums in the engine's dtype (engine/probe.py)."""
@@ -266,6 +274,10 @@ def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
     if cfg.method == "ngram":
         spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": cfg.k,
                                 "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    elif cfg.method == "mtp":  # the model's own MTP layers, from its own checkpoint
+        spec = {"method": "mtp", "num_speculative_tokens": cfg.k}
+        if cfg.draft_sampling != "greedy":
+            spec["draft_sample_method"] = cfg.draft_sampling
     elif cfg.draft_path:
         spec = {"method": cfg.method, "model": cfg.draft_path, "num_speculative_tokens": cfg.k}
         if cfg.draft_sampling != "greedy":

@@ -47,17 +47,20 @@ class Expected:
     tol: list[float]
 
 
-def linear_expected(weights: list[torch.Tensor], dtype: str | torch.dtype) -> Expected:
-    """A (possibly fused: q,k,v or gate,up stacked on the output) linear layer without bias.
-    weights: each [out_i, in] (the same input width)."""
+def linear_expected(weights: list[torch.Tensor], dtype: str | torch.dtype,
+                    biases: list[torch.Tensor] | None = None) -> Expected:
+    """A (possibly fused: q,k,v or gate,up stacked on the output) linear layer, with or without
+    biases. weights: each [out_i, in] (the same input width); biases: each [out_i]."""
     dt = torch_dtype(dtype)
     x = probe_input(weights[0].shape[1], dt)  # [1, in]
     eps = torch.finfo(dt).eps if dt != torch.float32 else 0.0  # output rounding beyond float32's
     value, tol = [0.0, 0.0], [0.0, 0.0]
-    for w in weights:
+    for i, w in enumerate(weights):
         w = w.detach().cpu().to(dt)
-        y = torch.nn.functional.linear(x, w).double()  # [1, out_i]
-        accum = F32_SLACK * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().T)  # [1, out_i]
+        b = None if biases is None else biases[i].detach().cpu().to(dt)
+        y = torch.nn.functional.linear(x, w, b).double()  # [1, out_i]
+        accum = F32_SLACK * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().T
+                                                              + (0 if b is None else b.double().abs()))  # [1, out_i]
         err = eps * y.abs() + accum  # |engine y - trainer y| per element, bound
         for i, v in enumerate(stats(y)):
             value[i] += v
