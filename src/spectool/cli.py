@@ -127,6 +127,7 @@ def init_draft(
     out: str = option(I, "out", required=True),
     model: str = option(I, "model"),
     data: str = option(I, "data"),
+    method: str = option(I, "method"),
     init_from: Optional[str] = option(I, "init_from"),
     remap_vocab: bool = option(I, "remap_vocab"),
     draft_vocab_size: int = option(I, "draft_vocab_size"),
@@ -146,13 +147,14 @@ def init_draft(
     disk_budget_gb: Optional[float] = option(I, "disk_budget_gb"),
     preset: Optional[str] = typer.Option(None, "--preset", help=_presets_help()),
 ) -> None:
-    """Build and train an EAGLE-3 draft for the policy on in-domain data."""
+    """Build and train an EAGLE-3 draft for the policy on in-domain data (--method mtp: fine-tune the model's
+    own MTP layers)."""
     try:
         from spectool.commands.init_draft import render, run
         from spectool.config import apply_preset
 
         cfg = InitDraftConfig(
-            out=out, model=model, data=data, init_from=init_from, remap_vocab=remap_vocab,
+            out=out, model=model, data=data, method=method, init_from=init_from, remap_vocab=remap_vocab,
             draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, draft_layers=draft_layers, loss=loss, epochs=epochs,
             batch_size=batch_size, lr=lr, save_every=save_every, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, disk_budget_gb=disk_budget_gb, preset=preset,
@@ -237,6 +239,7 @@ def rollout(
     prompt_col: str = option(R, "prompt_col"),
     answer_col: str = option(R, "answer_col"),
     draft: Optional[str] = option(R, "draft"),
+    method: str = option(R, "method"),
     draft_model: Optional[str] = option(R, "draft_model"),
     k: str = option(R, "k"),
     sweep: Optional[str] = option(R, "sweep"),
@@ -254,7 +257,7 @@ def rollout(
             raise SpectoolError(f"--k={k!r} must be an integer in [1, 16] or 'auto'")
         render(run(RolloutConfig(
             model=model, data=data, split=split, out=out, prompt_col=prompt_col, answer_col=answer_col, draft=draft,
-            draft_model=draft_model, k=k if k == "auto" else int(k), sweep=sweep, compare=compare,
+            method=method, draft_model=draft_model, k=k if k == "auto" else int(k), sweep=sweep, compare=compare,
             draft_sampling=draft_sampling,
             gpu_memory_utilization=gpu_memory_utilization, acceptance_length=acceptance_length,
             sampling=SamplingConfig(n_prompts, samples, max_tokens, temperature, top_p, seed))))
@@ -292,7 +295,8 @@ V = VerifyConfig
 
 @app.command()
 def verify(
-    draft: str = option(V, "draft", required=True),
+    draft: Optional[str] = option(V, "draft"),
+    method: str = option(V, "method"),
     model: str = option(V, "model"),
     data: str = option(V, "data"),
     split: str = option(V, "split"),
@@ -313,7 +317,7 @@ def verify(
     try:
         from spectool.commands.verify import render, run
 
-        r = run(VerifyConfig(draft=draft, model=model, data=data, split=split, k=k, n_prompts=n_prompts,
+        r = run(VerifyConfig(draft=draft, method=method, model=model, data=data, split=split, k=k, n_prompts=n_prompts,
                              samples=samples, positions=positions, temperature=temperature, alpha=alpha,
                              logprob_tol=logprob_tol, control=control, out=out, seed=seed,
                              draft_sampling=draft_sampling, gpu_memory_utilization=gpu_memory_utilization),

@@ -15,7 +15,9 @@ from spectool.errors import SpectoolError
 DEFAULT_MODEL = "smollm2-135m"
 # Two-term one-digit sums: SmolLM2-135M scores ~0.4 here, a real RL signal (measured).
 DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
-METHODS = ("eagle3", "ngram", "draft_model")  # sweep-k's speculative methods
+METHODS = ("eagle3", "ngram", "draft_model", "mtp")  # sweep-k's speculative methods
+# What drafts for rollout, verify and init-draft: an EAGLE-3 draft folder, or the model's own MTP layers.
+DRAFTERS = ("eagle3", "mtp")
 CONTROLS = ("auto", "unpatched", "truncated", "none")  # verify's lossy controls
 # How an EAGLE-3 draft proposes (vLLM's draft_sample_method): its argmax, or a sample from it.
 DRAFT_SAMPLING = ("greedy", "probabilistic")
@@ -59,6 +61,13 @@ def check(ok: bool, name: str, value: object, rule: str) -> None:
 
 def check_gpu_memory(value: float, flag: str = "--gpu-memory-utilization") -> None:
     check(0 < value <= 0.98, flag, value, "must be a fraction of the GPU's memory in (0, 0.98]")
+
+
+def check_drafter(method: str, draft: str | None, flag: str = "--method", draft_flag: str = "--draft") -> None:
+    """eagle3 needs a draft folder; mtp (the model's own MTP layers) takes none."""
+    check(method in DRAFTERS, flag, method, f"must be one of {', '.join(DRAFTERS)}")
+    check(method != "mtp" or draft is None, draft_flag, draft, f"is refused with {flag} mtp: the model's own MTP "
+          "layers draft (its checkpoint holds them); drop it, or use an EAGLE-3 draft without mtp")
 
 
 def check_draft_sampling(value: str, flag: str = "--draft-sampling") -> None:
@@ -129,6 +138,9 @@ class InitDraftConfig:
     """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA
     """A harvest run directory, or a data source to harvest first."""
+    method: str = "eagle3"
+    """eagle3: train a new EAGLE-3 draft | mtp: fine-tune the model's own MTP layers (trunk frozen); --out is then
+    a model folder, the policy with its new MTP tensors."""
     init_from: str | None = None
     """Warm-start from an EAGLE-3 draft folder."""
     remap_vocab: bool = False
@@ -176,6 +188,9 @@ class InitDraftConfig:
         check(self.preset is None or self.preset in INIT_DRAFT_PRESETS, "--preset", self.preset,
               f"must be one of {', '.join(INIT_DRAFT_PRESETS)}")
         check(1 <= self.draft_layers <= 4, "--draft-layers", self.draft_layers, "must be in [1, 4]")
+        check(self.method in DRAFTERS, "--method", self.method, f"must be one of {', '.join(DRAFTERS)}")
+        check(self.method != "mtp" or self.init_from is None, "--init-from", self.init_from,
+              "is refused with --method mtp: training starts from the model's own MTP layers")
         check(self.disk_budget_gb is None or self.disk_budget_gb > 0, "--disk-budget-gb", self.disk_budget_gb,
               "must be > 0 (GiB)")
         check_gpu_memory(self.gpu_memory_utilization)
@@ -265,6 +280,8 @@ class RolloutConfig:
     """Answer column of a file source."""
     draft: str | None = None
     """EAGLE-3 draft folder: speculative rollouts."""
+    method: str = "eagle3"
+    """eagle3 (with --draft) | mtp: the model's own MTP layers draft (no --draft)."""
     draft_model: str | None = None
     """Instead of --draft: a smaller causal LM with the policy's tokenizer (vLLM's draft-model speculation);
     'policy' drafts with the policy itself, the oracle whose T=1 greedy acceptance bounds every greedy draft's."""
@@ -289,19 +306,24 @@ class RolloutConfig:
             check(self.out is None, "--out", self.out, "is refused with --acceptance-length: synthetic acceptance is "
                   "lossy by design (accepted tokens are the draft's, not the policy's), so its samples are not the "
                   "policy's rollouts and must not become records; drop --out (the speed figures are printed)")
-            check(self.draft is not None and isinstance(self.k, int) and 1 <= self.acceptance_length <= self.k + 1,
-                  "--acceptance-length", self.acceptance_length, "needs --draft and a number in [1, k + 1]")
+            check((self.draft is not None or self.method == "mtp") and isinstance(self.k, int)
+                  and 1 <= self.acceptance_length <= self.k + 1,
+                  "--acceptance-length", self.acceptance_length, "needs --draft (or --method mtp) and a number in [1, k + 1]")
         if self.draft_model is not None:
-            check(self.draft is None and self.k != "auto", "--draft-model", self.draft_model,
-                  "is refused with --draft or --k auto (one draft per rollout; a fixed --k)")
+            check(self.draft is None and self.k != "auto" and self.method == "eagle3", "--draft-model", self.draft_model,
+                  "is refused with --draft, --method mtp or --k auto (one draft per rollout; a fixed --k)")
+        check_drafter(self.method, self.draft)
+        check(self.method != "mtp" or self.k != "auto", "--k", self.k, "auto reads an EAGLE-3 schedule; give a "
+              "fixed --k with --method mtp")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         if self.k == "auto":
             if self.sweep is None:
                 raise SpectoolError("--k auto needs --sweep RUN (a sweep-k or forecast run directory)")
         else:
             check(isinstance(self.k, int) and 1 <= self.k <= 16, "--k", self.k, "must be in [1, 16] or 'auto'")
-        check(not self.compare or self.draft is not None or self.draft_model is not None or self.sweep is not None,
-              "--compare", self.compare, "needs --draft or --draft-model (or --k auto --sweep RUN)")
+        check(not self.compare or self.draft is not None or self.draft_model is not None or self.sweep is not None
+              or self.method == "mtp", "--compare", self.compare,
+              "needs --draft, --draft-model or --method mtp (or --k auto --sweep RUN)")
         check_draft_sampling(self.draft_sampling)
         self.sampling.validate()
 
@@ -324,7 +346,7 @@ class SweepConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
     """Concurrent sequences, comma-separated."""
     methods: list[str] = field(default_factory=lambda: ["eagle3"])
-    """eagle3,ngram,draft_model (comma-separated)."""
+    """eagle3,ngram,draft_model,mtp (comma-separated; mtp: the model's own MTP layers)."""
     draft_model: str | None = None
     """For --methods draft_model: a smaller causal LM with the policy's tokenizer, or 'policy' (the policy drafts
     for itself: the greedy-drafting oracle); with --dummy-weights a config.json folder or a templates/models name
@@ -401,8 +423,8 @@ class SweepConfig:
             check(1 <= a <= max(self.ks) + 1, "--acceptance-length", a, f"must be in [1, {max(self.ks) + 1}] (1 + the "
                   "largest --k)")
         if self.synthetic:
-            check(set(self.methods) <= {"eagle3", "draft_model"}, "--methods", self.methods,
-                  "must be eagle3 and/or draft_model with synthetic acceptance (ngram proposes from the text itself)")
+            check(set(self.methods) <= {"eagle3", "draft_model", "mtp"}, "--methods", self.methods,
+                  "must be eagle3, draft_model or mtp with synthetic acceptance (ngram proposes from the text itself)")
         check(self.prompt_len >= 1, "--prompt-len", self.prompt_len, "must be >= 1")
         if self.lengths is not None:
             check_lengths(self.lengths)
@@ -410,8 +432,10 @@ class SweepConfig:
 
 @dataclass
 class VerifyConfig:
-    draft: str = ""
+    draft: str | None = None
     """EAGLE-3 draft folder (init-draft or export output)."""
+    method: str = "eagle3"
+    """eagle3 (with --draft) | mtp: verify the model's own MTP layers (no --draft)."""
     model: str = DEFAULT_MODEL
     """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA
@@ -444,7 +468,8 @@ class VerifyConfig:
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
 
     def validate(self) -> None:
-        check(bool(self.draft), "--draft", self.draft, "must name a draft folder")
+        check_drafter(self.method, self.draft)
+        check(self.method == "mtp" or bool(self.draft), "--draft", self.draft, "must name a draft folder (or --method mtp)")
         check_draft_sampling(self.draft_sampling)
         check_gpu_memory(self.gpu_memory_utilization)
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
@@ -463,7 +488,7 @@ class ForecastConfig:
     sweep: str = ""
     """sweep-k run (real, or --dummy-weights with synthetic acceptance) to fit the cost model on."""
     method: str = "eagle3"
-    """The sweep's speculation method to forecast: eagle3 | draft_model (schedule.json: eagle3 only)."""
+    """The sweep's speculation method to forecast: eagle3 | draft_model | mtp (schedule.json: eagle3 only)."""
     out: str | None = None
     """Folder for forecast.json/.csv/.png and schedule.json."""
     acceptance_rates: list[float] | None = None
@@ -489,7 +514,7 @@ class ForecastConfig:
 
     def validate(self) -> None:
         check(bool(self.sweep), "--sweep", self.sweep, "must name a sweep-k run")
-        check(self.method in ("eagle3", "draft_model"), "--method", self.method, "must be eagle3 or draft_model")
+        check(self.method in ("eagle3", "draft_model", "mtp"), "--method", self.method, "must be eagle3, draft_model or mtp")
         check(self.generation_share is None or 0 < self.generation_share < 1, "--generation-share",
               self.generation_share, "must be a fraction in (0, 1)")
         check(self.generation_share is None or self.rl_run is None, "--rl-run", self.rl_run,

@@ -147,6 +147,9 @@ def check_draft(draft: str, model, k: int, flag: str = "--draft") -> str:
 
     d = Path(draft)
     kind = read_json(d / MANIFEST).get("kind") if (d / MANIFEST).exists() else None
+    if kind == "mtp-model":
+        raise SpectoolError(f"{flag} {d} is a model folder with fine-tuned MTP layers (init-draft --method mtp), not an "
+                            f"EAGLE-3 draft: pass it as --model {d} with --method mtp")
     if kind not in (None, "draft", "export"):
         raise SpectoolError(f"{flag} {d} is a '{kind}' run, not a draft folder: pass a draft (init-draft --out) or its "
                             "export (export --out)")

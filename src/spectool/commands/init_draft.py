@@ -1,4 +1,5 @@
-"""`spectool init-draft`: train an EAGLE-3 draft on the policy's own in-domain rollouts.
+"""`spectool init-draft`: train an EAGLE-3 draft on the policy's own in-domain rollouts, or
+(`--method mtp`) fine-tune the policy's own MTP layers on them, trunk frozen (draft/mtp.py).
 
 Workflow (`run`, phase by phase):
  1. data: a harvest run dir, or a data source that is harvested first (the draft must learn the
@@ -107,6 +108,7 @@ class _Data:
     train: list[int]  # record indices
     heldout: list[int]  # whole prompts never trained on
     prompt_lens: list[int]
+    model_path: str  # the policy's folder
 
 
 def _setup(cfg: InitDraftConfig):
@@ -117,7 +119,11 @@ def _setup(cfg: InitDraftConfig):
     from spectool.models import resolve_model
 
     model = resolve_model(cfg.model)
-    if cfg.init_from:  # fail before any harvesting or training
+    if cfg.method == "mtp":  # fail before any harvesting or training
+        from spectool.draft.mtp import load_mtp
+
+        load_mtp(model.path)
+    if cfg.init_from:
         from spectool.draft.checkpoint import load_draft
         from spectool.runs import check_draft
 
@@ -161,9 +167,7 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
         return 0
     p = Path(cfg.data)
     if (p / MANIFEST).exists():
-        from spectool.hidden import default_aux_layer_ids
-
-        ids = default_aux_layer_ids(model.fingerprint["num_hidden_layers"])  # what a fresh draft reads (_features)
+        ids = _layer_ids(cfg, model.fingerprint["num_hidden_layers"])  # what the draft reads (_features)
         if (p / "hidden").is_dir() and read_json(p / MANIFEST).get("aux_layer_ids") == ids:
             return 0
         from spectool.records import load_records
@@ -181,6 +185,14 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
     return len(tasks) * h.samples * (max(len(encode_prompt(tok, t.prompt)) for t in tasks) + h.max_tokens)
 
 
+def _layer_ids(cfg: InitDraftConfig, num_layers: int) -> list[int]:
+    """The policy hidden states the draft reads: EAGLE-3's aux layers, or the MTP layer's one (the
+    trunk's pre-norm output, id N)."""
+    from spectool.hidden import default_aux_layer_ids
+
+    return [num_layers] if cfg.method == "mtp" else default_aux_layer_ids(num_layers)
+
+
 def _check_disk_budget(cfg: InitDraftConfig, model) -> None:
     """Refuse, before anything is written, a feature cache over --disk-budget-gb (default: the
     free space where --out will live)."""
@@ -188,7 +200,7 @@ def _check_disk_budget(cfg: InitDraftConfig, model) -> None:
 
     from spectool.hidden import bytes_per_token
 
-    per_token = bytes_per_token(model.fingerprint["hidden_size"])
+    per_token = bytes_per_token(model.fingerprint["hidden_size"], len(_layer_ids(cfg, model.fingerprint["num_hidden_layers"])))
     need = _tokens_to_cache(cfg, model) * per_token
     if need == 0:
         return
@@ -227,7 +239,7 @@ def _data(cfg: InitDraftConfig, model) -> _Data:
     if all(held) or not any(held):  # too few prompts for a hash split: hold out the last record
         held = [i == len(held) - 1 for i in range(len(held))]
     return _Data(run_dir, hm, records, [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h],
-                 [len(p) for p in records["prompt_ids"]])
+                 [len(p) for p in records["prompt_ids"]], model.path)
 
 
 def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
@@ -238,6 +250,10 @@ def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
     from spectool.hidden import default_aux_layer_ids
 
     responses = [data.records[i]["response_ids"] for i in data.train]
+    if cfg.method == "mtp":  # the model's own MTP layers over the full vocabulary, with its lm_head
+        from spectool.draft.mtp import load_mtp
+
+        return load_mtp(data.model_path, policy), torch.arange(policy.config.vocab_size), 1.0
     vsize = min(cfg.draft_vocab_size, policy.config.vocab_size)
     if not cfg.init_from:
         target_ids, coverage = build_vocab(responses, policy.config.vocab_size, vsize)
@@ -404,9 +420,15 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         seconds=time.perf_counter() - t_start, main_process=acc.is_main_process,
     )
     if acc.is_main_process:
-        save_draft(tr.unwrapped, out, extra=draft_metadata(model, cfg.ttt_steps, coverage=coverage))
+        meta = draft_metadata(model, cfg.ttt_steps, coverage=coverage)
+        if cfg.method == "mtp":
+            from spectool.draft.mtp import save_mtp_model
+
+            save_mtp_model(tr.unwrapped, model.path, out, meta)
+        else:
+            save_draft(tr.unwrapped, out, extra=meta)
         atomic_write_json(out / MANIFEST, make_manifest(
-            "draft", model=model.name, model_identity=model.identity, harvest=str(data.run_dir),
+            "mtp-model" if cfg.method == "mtp" else "draft", model=model.name, model_identity=model.identity, harvest=str(data.run_dir),
             harvest_data=data.manifest.get("data"), records=len(data.records), train_records=len(data.train),
             eval_records=len(data.heldout), ttt_steps=cfg.ttt_steps, result=result,
             acceptance_lengths={"heldout": result.acceptance_lengths(), "train": result.acceptance_lengths("train")}))

@@ -62,7 +62,15 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     schedule, draft = read_schedule(cfg.sweep, cfg.draft, cfg.draft_sampling) if cfg.k == "auto" else (None, cfg.draft)
     max_k = max(k for _, _, k in schedule) if schedule else cfg.k
     draft_path = check_draft(draft, model, max(max_k, 1)) if draft else None
-    method = "eagle3"
+    method = cfg.method
+    if method == "mtp":
+        from spectool.draft.mtp import k_note, require_mtp
+
+        note = k_note(max_k, require_mtp(model.path))
+        if note:
+            import sys
+
+            print(f"rollout: {note}", file=sys.stderr)
     if cfg.draft_model:
         from spectool.models import draft_model_path
 
@@ -86,7 +94,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         n_prompts=len(tasks), n_completions=len(rows),
         mean_reward=sum(r["reward"] for r in rows) / len(rows),
         mean_response_len=n_tokens / len(rows), tokens_per_s=n_tokens / seconds, seconds=seconds,
-        acceptance=stats, out=cfg.out, k=cfg.k if draft_path else None, draft_sampling=cfg.draft_sampling,
+        acceptance=stats, out=cfg.out, k=cfg.k if draft_path or method == "mtp" else None, draft_sampling=cfg.draft_sampling,
         plain_tokens_per_s=plain_tps, n_prompts_asked=cfg.sampling.n_prompts,
     )
     if cfg.out:

@@ -125,6 +125,7 @@ def _real_inputs(cfg: SweepConfig):
     drafts = {"eagle3": check_draft(cfg.draft, model, max(cfg.ks))} if "eagle3" in cfg.methods else {}
     if cfg.draft_model:
         drafts["draft_model"] = draft_model_path(cfg.draft_model, model)
+    _check_mtp(cfg, model.path)
     tasks = load_source(cfg.data, seed=cfg.seed).tasks(cfg.split, max(cfg.batch_sizes + [cfg.min_seqs]))
     tok = AutoTokenizer.from_pretrained(model.path)
     lengths = output_lengths(cfg.lengths, len(tasks), cfg.max_tokens, cfg.seed) if cfg.lengths else None
@@ -147,10 +148,24 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     drafts = {"draft_model": _dummy_draft_model(cfg.draft_model, target)} if cfg.draft_model else {}
     if "eagle3" in cfg.methods:
         drafts["eagle3"] = _dummy_eagle3(cfg.draft, model.path, target, out)
+    _check_mtp(cfg, model.path)
     rng = random.Random(cfg.seed)
     n = max(cfg.batch_sizes + [cfg.min_seqs])
     prompts = [[rng.randrange(100, target.vocab_size - 100) for _ in range(cfg.prompt_len)] for _ in range(n)]
     return model, drafts, prompts, output_lengths(cfg.lengths or "fixed", n, cfg.max_tokens, cfg.seed)
+
+
+def _check_mtp(cfg: SweepConfig, model_path: str) -> None:
+    """With --methods mtp: the model must have MTP layers; k beyond them is said (vLLM reruns the layer)."""
+    if "mtp" not in cfg.methods:
+        return
+    from spectool.draft.mtp import k_note, require_mtp
+
+    note = k_note(max(cfg.ks), require_mtp(model_path, "--methods mtp"))
+    if note:
+        import sys
+
+        print(f"sweep-k: {note}", file=sys.stderr)
 
 
 def _dummy_eagle3(draft: str | None, model_path: str, target, out: Path) -> str:

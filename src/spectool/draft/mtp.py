@@ -39,6 +39,9 @@ TRAINABLE_ARCHITECTURES = ("MiMoForCausalLM",)  # MTP layouts spectool trains (m
 PREFIX = "model.mtp_layers"  # the MiMo checkpoint's MTP tensors: model.mtp_layers.{i}.*
 MTP_JSON = "spectool_mtp.json"  # what init-draft --method mtp writes beside the model's files
 MTP_WEIGHTS = "model-mtp.safetensors"
+# Files of a source folder that are not the model's (a source that is itself an MTP run folder)
+NOT_MODEL_FILES = {"model.safetensors.index.json", MTP_JSON, MTP_WEIGHTS, "manifest.json", "init_draft.json",
+                   "metrics.jsonl", "engine.log", "draft.json", "config.resolved.json"}
 
 
 def mtp_layer_count(config: dict) -> int:
@@ -223,7 +226,8 @@ def _shards(model_path: Path) -> list[Path]:
 def load_mtp(model_path: str | Path, policy=None, flag: str = "--method mtp") -> MtpDraft:
     """The MTP layers of a model folder as a trainable MtpDraft (refused, naming why, for a model
     without MTP layers or with a layout spectool does not train); `policy`: the trainer's model,
-    whose embedding and lm_head the draft reads."""
+    whose embedding and lm_head the draft reads. The policy's shapes are checked against the
+    model's config."""
     from safetensors import safe_open
 
     path = Path(model_path)
@@ -243,8 +247,37 @@ def load_mtp(model_path: str | Path, policy=None, flag: str = "--method mtp") ->
         raise SpectoolError(f"{path}: the MTP tensors under {PREFIX}.* do not fit a MiMo MTP layer: "
                             f"missing {missing[:4]}, unexpected {unexpected[:4]}")
     if policy is not None:
+        pc = policy.config
+        diff = [f"{k}: {getattr(draft.config, a)} vs {getattr(pc, k)}" for k, a in
+                (("hidden_size", "hidden_size"), ("vocab_size", "vocab_size"), ("num_hidden_layers", "target_num_layers"))
+                if getattr(draft.config, a) != getattr(pc, k)]
+        if diff:
+            raise SpectoolError(f"the MTP layers of {path} were made for another policy: " + "; ".join(diff))
         draft.follow(policy)
     return draft
+
+
+def attach_mtp(folder: str | Path, draft: MtpDraft, meta: dict | None = None) -> None:
+    """Make a transformers-saved trunk folder (train-rl's checkpointed policy, which transformers
+    writes as Qwen2) a MiMo model folder vLLM serves with `draft`'s MTP layers: the MTP shard, the
+    index listing every shard's tensors, and the MiMo architecture in config.json."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    weight_map: dict[str, str] = {}
+    for f in _shards(folder):
+        if f.name != MTP_WEIGHTS:
+            with safe_open(str(f), "pt") as fh:
+                weight_map.update({k: f.name for k in fh.keys()})
+    mtp = {k: v.to(_checkpoint_dtype(folder)) for k, v in draft.export_state_dict().items()}
+    save_file(mtp, str(folder / MTP_WEIGHTS), metadata={"format": "pt"})
+    weight_map.update({k: MTP_WEIGHTS for k in mtp})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    config = read_config(folder)
+    config.update(architectures=list(TRAINABLE_ARCHITECTURES[:1]), num_nextn_predict_layers=draft.config.mtp_layers)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    (folder / MTP_JSON).write_text(json.dumps({"config": draft.config.to_dict(), **(meta or {})}, indent=1))
 
 
 def save_mtp_model(draft: MtpDraft, source: str | Path, out: str | Path, meta: dict | None = None) -> None:
@@ -260,7 +293,7 @@ def save_mtp_model(draft: MtpDraft, source: str | Path, out: str | Path, meta: d
     out.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
     for f in sorted(source.iterdir()):
-        if f.is_dir() or f.name in ("model.safetensors.index.json", MTP_JSON, MTP_WEIGHTS):
+        if f.is_dir() or f.name in NOT_MODEL_FILES:
             continue
         if f.suffix != ".safetensors":
             shutil.copy2(f, out / f.name)

@@ -72,8 +72,7 @@ class OnlineDraft:
             self.device = W.device
             self.draft.to(self.device)
             self.target_ids = self.target_ids.to(self.device)
-        with torch.no_grad():  # the draft reads tokens with the policy's current embedding, as in vLLM
-            self.draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
+        self.draft.follow(policy)  # the policy's current embedding (and, for MTP layers, lm_head), as in vLLM
         W_dv = W[self.target_ids]  # [Vd, H]
         newest = self.buffer[-self.batch_size :]
         before = self.metrics(newest, W)["top1"]
@@ -108,6 +107,12 @@ class OnlineDraft:
         self.rng.setstate(st["rng"])
 
     def save(self, folder: Path, extra: dict) -> None:
+        """A vLLM-loadable draft folder; MTP layers go into `folder` as a saved policy's (attach_mtp)."""
+        from spectool.draft.mtp import MtpDraft, attach_mtp
+
+        if isinstance(self.draft, MtpDraft):
+            attach_mtp(folder, self.draft, extra)
+            return
         from spectool.draft.checkpoint import save_draft
 
         save_draft(self.draft, folder, extra=extra)

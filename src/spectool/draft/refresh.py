@@ -87,14 +87,18 @@ class _Capture:
 class DraftRefresher:
     def __init__(self, draft, policy, settings: RefreshSettings | None = None, meta: dict | None = None,
                  device: str | torch.device | None = None):
-        """`draft`: an Eagle3Draft; `policy`: the trainer's transformers causal LM (wrapped by
-        accelerate/DDP/FSDP or not); hooks are attached at once."""
+        """`draft`: an Eagle3Draft or the policy's MTP layers (MtpDraft); `policy`: the trainer's
+        transformers causal LM (wrapped by accelerate/DDP/FSDP or not); hooks are attached at once."""
         from spectool.draft.checkpoint import check_fits, policy_shape
+        from spectool.draft.mtp import MtpDraft
 
         self.settings = s = settings or RefreshSettings()
         self.meta = dict(meta or {})
         self.policy = _unwrap(policy)
-        check_fits(draft.config, policy_shape(self.policy.config), Path(self.meta.get("folder", "(draft)")))
+        if isinstance(draft, MtpDraft):
+            draft.follow(self.policy)
+        else:
+            check_fits(draft.config, policy_shape(self.policy.config), Path(self.meta.get("folder", "(draft)")))
         ttt = s.ttt_steps or self.meta.get("ttt_steps") or 3
         dev = device or next(self.policy.parameters()).device
         self.online = OnlineDraft(draft, s.lr, s.warmup_steps, ttt, s.batch_size, s.buffer_seqs, loss=s.loss,
@@ -127,13 +131,23 @@ class DraftRefresher:
             raise SpectoolError(f"draft {folder} was trained for another policy ({meta.get('policy')}): " + "; ".join(diff))
         return cls(draft, policy, settings, {**meta, "folder": str(folder)}, **kw)
 
+    @classmethod
+    def from_mtp(cls, model_path: str | Path, policy, settings: RefreshSettings | None = None, **kw) -> "DraftRefresher":
+        """The policy's own MTP layers (a model folder that has them: MiMo layout), refreshed like a
+        draft; the trunk is never touched (the hooks read it detached)."""
+        from spectool.draft.mtp import load_mtp
+
+        draft = load_mtp(model_path, _unwrap(policy), flag="speculation.method: mtp")
+        return cls(draft, policy, settings, {"folder": str(model_path), "method": "mtp"}, **kw)
+
     # --- capture ------------------------------------------------------------------------------
 
     def _attach(self) -> None:
         base = self.policy.get_decoder() if hasattr(self.policy, "get_decoder") else self.policy.model
         layers = base.layers
-        for i in sorted(set(self.draft.config.aux_layer_ids)):
-            self._hooks.append(layers[i].register_forward_pre_hook(self._aux_hook(i), with_kwargs=True))
+        for i in sorted(set(self.draft.config.aux_layer_ids)):  # id N: the trunk's output, before its final norm
+            where = base.norm if i == len(layers) else layers[i]
+            self._hooks.append(where.register_forward_pre_hook(self._aux_hook(i), with_kwargs=True))
         self._hooks.append(base.register_forward_hook(self._last_hook))
         self._hooks.append(self.policy.register_forward_pre_hook(self._begin, with_kwargs=True))
         self._hooks.append(self.policy.register_forward_hook(self._end))

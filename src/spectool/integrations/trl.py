@@ -57,13 +57,17 @@ def check_trl_version(version: str | None = None) -> str:
     return version
 
 
+MTP = "mtp"  # SpectoolSpeculation(draft=MTP): the policy's own MTP layers draft
+
+
 @dataclass
 class SpectoolSpeculation:
     """Speculative rollouts with a spectool draft inside TRL's GRPOTrainer (colocate mode)."""
 
     draft: str | None
-    """A spectool draft or export folder (init-draft / export), made for the trained policy; None:
-    plain decoding with spectool's engine settings, policy sync and logprob guard (a baseline)."""
+    """A spectool draft or export folder (init-draft / export), made for the trained policy; "mtp":
+    the policy's own MTP layers (a MiMo-layout model); None: plain decoding with spectool's engine
+    settings, policy sync and logprob guard (a baseline)."""
     k: int = 3
     """Draft tokens per verify step."""
     draft_sampling: str = "greedy"
@@ -153,7 +157,13 @@ def _check_draft(spec: SpectoolSpeculation, model) -> None:
 
     path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
     k = max([spec.k] + [k for _, _, k in spec.k_schedule or []])
-    if path:
+    if spec.draft == MTP:
+        from spectool.draft.mtp import load_mtp
+
+        if not path:
+            raise SpectoolError('draft="mtp" needs the model as a folder path (its MTP layers are read from it)')
+        load_mtp(resolve_model(path).path, flag='draft="mtp"')
+    elif path:
         check_draft(spec.draft, resolve_model(path), k, flag="draft")
 
 
@@ -167,7 +177,9 @@ def _speculative_llm(spec: SpectoolSpeculation):
     real = vg.LLM
 
     def speculative_llm(*args: Any, **kwargs: Any):
-        ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=spec.draft and str(spec.draft), k=spec.k,
+        mtp = spec.draft == MTP
+        ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=None if mtp else spec.draft and str(spec.draft),
+                            method="mtp" if mtp else "eagle3", k=spec.k,
                             k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, dtype=spec.dtype,
                             enforce_eager=spec.enforce_eager)
         cpu = prepare_environment(ecfg)
@@ -206,8 +218,11 @@ class _Attached:
         use_spectool = spec.policy_sync == "spectool" or (spec.policy_sync == "auto" and support().cpu_build)
         self._trl_sync = self.vg.sync_weights
         self.vg.sync_weights = self._sync_spectool if use_spectool else self._sync_trl
-        self.refresher = DraftRefresher.from_folder(spec.draft, trainer.model, spec.refresh) \
-            if spec.refresh_every and spec.draft else None
+        self.refresher = None
+        if spec.refresh_every and spec.draft == MTP:
+            self.refresher = DraftRefresher.from_mtp(trainer.model.name_or_path, trainer.model, spec.refresh)
+        elif spec.refresh_every and spec.draft:
+            self.refresher = DraftRefresher.from_folder(spec.draft, trainer.model, spec.refresh)
         self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # ids, mask of the last training forward
         trainer.model.register_forward_pre_hook(self._remember_rows, with_kwargs=True)
         self._counters = colocated.acceptance(self.llm)

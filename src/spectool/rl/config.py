@@ -35,6 +35,7 @@ class SpeculationSection:
     k: int | str = 3
     sweep: str | None = None
     draft_sampling: str = "greedy"  # or "probabilistic": proposals sampled from the draft (both exact)
+    method: str = "eagle3"  # eagle3 (speculation.draft) | mtp: the policy's own MTP layers draft (no draft folder)
 
 
 @dataclass
@@ -107,7 +108,10 @@ class RLConfig:
         _need(p.logprob_tolerance >= 0, "policy.logprob_tolerance", p.logprob_tolerance, ">= 0 (0: by engine dtype)")
         _need(d.mode != "off", "draft_refresh.mode", d.mode,
               "frozen or online; speculation is switched off by speculation.enabled: false")
-        _need(not s.enabled or s.draft is not None or s.k == "auto", "speculation.draft", s.draft,
+        _need(s.method in ("eagle3", "mtp"), "speculation.method", s.method, "eagle3 or mtp")
+        _need(s.method != "mtp" or (s.draft is None and s.k != "auto"), "speculation.method", s.method,
+              "mtp drafts with the policy's own MTP layers: unset speculation.draft and give a fixed speculation.k")
+        _need(not s.enabled or s.draft is not None or s.k == "auto" or s.method == "mtp", "speculation.draft", s.draft,
               "a draft folder (init-draft / export) while speculation.enabled is true; set speculation.enabled: "
               "false for plain decoding")
         _need(d.mode in ("frozen", "online"), "draft_refresh.mode", d.mode, "frozen or online")

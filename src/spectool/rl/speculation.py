@@ -16,6 +16,7 @@ class Speculation:
     draft_dir: str | None  # the draft folder as configured or named by the sweep (None: plain decoding)
     draft_path: str | None  # the same, checked against the policy
     k: int  # the largest k the engine uses (0: plain decoding)
+    method: str = "eagle3"  # or "mtp": the policy's own MTP layers (draft_dir/draft_path: the policy's folder)
 
 
 def resolve(cfg: RLConfig, model) -> Speculation:
@@ -26,6 +27,14 @@ def resolve(cfg: RLConfig, model) -> Speculation:
     s = cfg.speculation
     if not s.enabled:
         return Speculation(None, None, None, 0)
+    if s.method == "mtp":
+        from spectool.draft.mtp import k_note, load_mtp
+
+        load_mtp(model.path, flag="speculation.method: mtp")  # has MTP layers spectool can refresh
+        note = k_note(s.k, load_mtp(model.path).config.mtp_layers)
+        if note:
+            print(f"train-rl: {note}")
+        return Speculation(None, model.path, model.path, s.k, "mtp")
     schedule, draft_dir = None, s.draft
     if s.k == "auto":
         from spectool.schedule import read_schedule
