@@ -185,3 +185,25 @@ def test_a_sweep_or_forecast_schedule_sets_k_per_batch_size(random_draft, tmp_pa
         SpectoolSpeculation.from_sweep(str(tmp_path / "none"), draft=str(random_draft))
     with pytest.raises(SpectoolError, match="is a forecast; give the draft"):
         SpectoolSpeculation.from_sweep(str(tmp_path / "none"))
+
+
+@pytest.mark.engine
+def test_grpo_with_the_policys_own_mtp_layer_refreshed(tiny_policy, sums, tmp_path):
+    """SpectoolSpeculation("mtp"): TRL's engine drafts with the policy's MTP layer, which the
+    refresher trains from TRL's own loss forward (trunk detached) and pushes after every step."""
+    from spectool.draft.mtp import add_mtp_layers
+    from spectool.draft.refresh import RefreshSettings
+    from spectool.integrations.trl import SpectoolSpeculation, task_data
+
+    mimo = add_mtp_layers(tiny_policy, tmp_path / "mimo")
+    ds, reward = task_data(str(sums), 64)
+    spec = SpectoolSpeculation("mtp", k=2, refresh_every=1, refresh_steps=3, enforce_eager=True,
+                               refresh=RefreshSettings(lr=3e-3, warmup_steps=0, batch_size=4))
+    trainer = spec.grpo_trainer(model=str(mimo), reward_funcs=reward, args=_args(tmp_path / "trl", max_steps=2),
+                                train_dataset=ds)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all("spectool/acceptance_pos2" in h for h in logs)
+    assert logs[1]["spectool/logprob_check_max_diff"] < 1e-3
+    assert [r["step"] for r in trainer.spectool.history] == [1, 2]
+    assert all(r["check_excess"] <= 1 and r["has_power"] for r in trainer.spectool.history)

@@ -379,7 +379,8 @@ def add_mtp_layers(source: str | Path, out: str | Path, layers: int = 1, seed: i
     if c.get("tie_word_embeddings", False) and "lm_head.weight" not in sd:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()  # vLLM's MTP loader reads an lm_head
     new = {**c, "model_type": "qwen2", "architectures": ["MiMoForCausalLM"], "num_nextn_predict_layers": layers,
-           "tie_word_embeddings": False, "use_sliding_window": False, "max_window_layers": N}
+           "tie_word_embeddings": False, "use_sliding_window": False, "max_window_layers": N,
+           "auto_map": {}}  # no remote code (TRL 1.16 reads config.auto_map for architectures transformers lacks)
     for key in ("attention_bias", "mlp_bias", "pretraining_tp"):
         new.pop(key, None)
     out.mkdir(parents=True, exist_ok=True)
