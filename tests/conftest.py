@@ -67,6 +67,17 @@ def tiny_policy(tmp_path_factory) -> Path:
     return make_policy(tmp_path_factory.mktemp("tiny_policy"))
 
 
+def sums_with_answer(folder: Path, answer: str = "8") -> Path:
+    """100 "What is a + b?" prompts whose (fake) answer is always `answer`: a random tiny policy
+    ends on it in some samples, so GRPO groups get mixed rewards."""
+    import json
+
+    p = folder / f"sums_{answer}.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": answer}) + "\n"
+                         for a in range(10) for b in range(10)))
+    return p
+
+
 @pytest.fixture(scope="session")
 def gym_jsonl(tmp_path_factory) -> Path:
     import json

@@ -23,10 +23,9 @@ def tiny_mimo(tiny_policy, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sums(tmp_path_factory):
-    p = tmp_path_factory.mktemp("mtp_data") / "sums.jsonl"
-    p.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": "8"}) + "\n"
-                         for a in range(10) for b in range(10)))
-    return p
+    from conftest import sums_with_answer
+
+    return sums_with_answer(tmp_path_factory.mktemp("data"))
 
 
 def _safetensors(folder) -> dict[str, torch.Tensor]:

@@ -20,10 +20,9 @@ pytestmark = pytest.mark.engine
 
 
 def _sums(folder, answer: str):
-    p = folder / f"sums_{answer}.jsonl"
-    p.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": answer}) + "\n"
-                         for a in range(10) for b in range(10)))
-    return p
+    from conftest import sums_with_answer
+
+    return sums_with_answer(folder, answer)
 
 
 @pytest.fixture(scope="module")
