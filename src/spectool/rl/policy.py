@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Iterator, Callable
 
 import torch
 
@@ -71,13 +71,15 @@ class PolicyTrainer:
     def unwrapped(self):
         return self.acc.unwrap_model(self.model)
 
-    def engine_state(self) -> dict[str, torch.Tensor]:
-        """The weights to send to the rollout engine (transformers names), in the engine's dtype:
-        the engine rounds them to it anyway, and a bfloat16 copy is half the host memory."""
+    def engine_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights to send to the rollout engine (transformers names), in the engine's dtype
+        (it rounds them to it anyway; a bfloat16 copy is half the bytes), one tensor at a time:
+        a consumer that streams them (colocated.send_weights) never holds the whole model twice."""
         from spectool.engine.probe import torch_dtype
 
         dt = torch_dtype(self.engine_dtype)
-        return {k: v.detach().to(dt) for k, v in self.unwrapped.state_dict().items()}
+        for k, v in self.unwrapped.state_dict().items():
+            yield k, v.detach().to(dt)
 
     def _token_logprobs(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """ids, attn: [B, T] -> logprobs of ids[:, 1:] at the sampling temperature [B, T-1]."""
