@@ -20,9 +20,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-FEATURES = ("a0", "a1", "a2", "a3", "a4", "a5", "a6")
-
-
 @dataclass
 class CostModel:
     a0: float  # s per step

@@ -22,10 +22,6 @@ class AcceptanceStats:
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else float("nan")
-
-    @property
     def per_position_rate(self) -> list[float]:
         """Fraction of drafts whose token at position i (0-based) was accepted."""
         return [a / self.num_drafts if self.num_drafts else float("nan") for a in self.accepted_per_pos]
