@@ -63,11 +63,16 @@ def test_cli_defaults_are_the_dataclass_defaults_and_every_setting_has_a_flag(co
     assert fields - seen - hidden == set(), f"{command}: settings without a flag"
 
 
-def test_one_default_per_setting():
-    # the disagreement issue 13 found: --n-prompts was 32 on the command line and 64 in the config
-    assert field_default(RolloutConfig, "sampling").n_prompts == 32
-    assert field_default(HarvestConfig, "sampling").n_prompts == 64
-    assert max(field_default(SweepConfig, "ks")) <= field_default(InitDraftConfig, "ttt_steps")  # defaults fit
+def test_defaults_that_must_agree_do():
+    """Settings of different owners that describe one thing agree (no literal restated here: a
+    change to one owner's default that breaks the agreement fails)."""
+    from spectool.rl.config import DraftRefreshSection, SpeculationSection
+
+    ks = {field_default(c, "k") for c in (RolloutConfig, VerifyConfig, ExportConfig)} | {SpeculationSection().k}
+    assert len(ks) == 1, ks  # one default k wherever a draft is run
+    assert DraftRefreshSection().loss == field_default(InitDraftConfig, "loss")  # online refresh = init-draft's loss
+    assert max(field_default(SweepConfig, "ks")) <= field_default(InitDraftConfig, "ttt_steps")  # swept ks are trained
+    assert SpeculationSection().k <= DraftRefreshSection().ttt_steps
 
 
 def test_weights_are_sent_in_layer_aligned_chunks_each_tensor_once():
