@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from spectool.runs import check_draft
+from spectool.draft.checkpoint import check_draft
 from spectool.errors import SpectoolError
 from spectool.models import resolve_model
 

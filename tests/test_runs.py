@@ -28,7 +28,8 @@ def test_out_and_draft_guards_name_what_the_folder_is(tmp_path):
     from types import SimpleNamespace
 
     from spectool.errors import SpectoolError
-    from spectool.runs import MANIFEST, atomic_write_json, check_draft, check_out, make_manifest
+    from spectool.draft.checkpoint import check_draft
+    from spectool.runs import MANIFEST, atomic_write_json, check_out, make_manifest
 
     check_out(tmp_path / "new", "rollout")
     crashed = tmp_path / "crashed"

@@ -137,38 +137,6 @@ def load_manifest(run_dir: Path, kind: str) -> dict[str, Any]:
     return m
 
 
-def check_draft(draft: str, model, k: int, flag: str = "--draft") -> str:
-    """The draft guard: refuse a draft folder (init-draft output or export) made for another
-    policy, or asked for more positions than it was trained on (`model`: a resolved ModelRef). A
-    mismatch names the field and both values. Returns the folder as a string."""
-    from spectool.draft.checkpoint import DRAFT_JSON, check_fits
-    from spectool.draft.model import DraftConfig
-    from spectool.models import fingerprint_mismatch
-
-    d = Path(draft)
-    kind = read_json(d / MANIFEST).get("kind") if (d / MANIFEST).exists() else None
-    if kind == "mtp-model":
-        raise SpectoolError(f"{flag} {d} is a model folder with fine-tuned MTP layers (init-draft --method mtp), not an "
-                            f"EAGLE-3 draft: pass it as --model {d} with --method mtp")
-    if kind not in (None, "draft", "export"):
-        raise SpectoolError(f"{flag} {d} is a '{kind}' run, not a draft folder: pass a draft (init-draft --out) or its "
-                            "export (export --out)")
-    if not (d / "config.json").exists():
-        raise SpectoolError(f"{flag} {d} is not a draft folder (no config.json); make one with init-draft/export")
-    meta = read_json(d / DRAFT_JSON) if (d / DRAFT_JSON).exists() else {}
-    diff = fingerprint_mismatch(meta.get("policy_fingerprint", {}), model.fingerprint)
-    if diff:
-        raise SpectoolError(f"{flag} {d} was trained for another policy ({meta.get('policy')}) than {model.name}: "
-                            + "; ".join(f"{x} (draft's policy vs this one)" for x in diff))
-    if "config" in meta:
-        check_fits(DraftConfig(**meta["config"]), model.fingerprint, d)
-    ttt = meta.get("ttt_steps")
-    if ttt and k > ttt:
-        raise SpectoolError(f"--k {k} exceeds the {ttt} positions the draft {d} was trained for; "
-                            f"use --k <= {ttt} or retrain with --ttt-steps {k}")
-    return str(d)
-
-
 def check_out(out: Path, kind: str, flag: str = "--out") -> None:
     """Refuse to write a `kind` run into a folder that holds something else (another kind of run,
     or files that are not a run): a run folder is replaced only by a run of its own kind."""

@@ -56,7 +56,8 @@ def speculators_config(vllm_cfg: dict, k: int, verifier: str) -> dict:
 def run(cfg: ExportConfig) -> ExportResult:
     from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS
     from spectool.models import resolve_model
-    from spectool.runs import MANIFEST, atomic_dir, atomic_write_json, check_draft, make_manifest, read_json
+    from spectool.draft.checkpoint import check_draft
+    from spectool.runs import MANIFEST, atomic_dir, atomic_write_json, make_manifest, read_json
 
     cfg.validate()
     src = Path(cfg.draft)

@@ -125,7 +125,7 @@ def _setup(cfg: InitDraftConfig):
         load_mtp(model.path)
     if cfg.init_from:
         from spectool.draft.checkpoint import load_draft
-        from spectool.runs import check_draft
+        from spectool.draft.checkpoint import check_draft
 
         if not Path(cfg.init_from).exists():
             raise SpectoolError(f"--init-from {cfg.init_from} does not exist")

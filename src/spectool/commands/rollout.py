@@ -39,7 +39,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
-    from spectool.runs import check_draft
+    from spectool.draft.checkpoint import check_draft
     from spectool.engine.engine import Engine, EngineConfig
     from spectool.models import resolve_model
     from spectool.generation import rollout_tasks

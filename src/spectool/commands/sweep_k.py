@@ -117,7 +117,7 @@ def _real_inputs(cfg: SweepConfig):
 
     from spectool.costmodel import output_lengths
     from spectool.data import load_source
-    from spectool.runs import check_draft
+    from spectool.draft.checkpoint import check_draft
     from spectool.models import draft_model_path, resolve_model
     from spectool.prompts import encode_prompt
 

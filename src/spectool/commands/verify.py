@@ -184,7 +184,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from spectool.data import load_source
-    from spectool.runs import check_draft
+    from spectool.draft.checkpoint import check_draft
     from spectool.engine.compat import is_cpu_build
     from spectool.models import resolve_model
     from spectool.prompts import encode_prompt

@@ -129,6 +129,38 @@ def check_fits(cfg: DraftConfig, policy: dict, where: Path) -> None:
         raise SpectoolError(f"draft {where} does not fit this policy: " + "; ".join(problems))
 
 
+def check_draft(draft: str, model, k: int, flag: str = "--draft", k_flag: str = "--k") -> str:
+    """The draft guard: refuse a draft folder (init-draft output or export) made for another
+    policy, or asked for more positions than it was trained on (`model`: a resolved ModelRef). A
+    mismatch names the field and both values; `flag` and `k_flag` are the settings as the caller's
+    user spells them (--draft / speculation.draft / draft=). Returns the folder as a string."""
+    from spectool.models import fingerprint_mismatch
+    from spectool.runs import MANIFEST, read_json
+
+    d = Path(draft)
+    kind = read_json(d / MANIFEST).get("kind") if (d / MANIFEST).exists() else None
+    if kind == "mtp-model":
+        raise SpectoolError(f"{flag} {d} is a model folder with fine-tuned MTP layers (init-draft --method mtp), not an "
+                            f"EAGLE-3 draft: pass it as --model {d} with --method mtp")
+    if kind not in (None, "draft", "export"):
+        raise SpectoolError(f"{flag} {d} is a '{kind}' run, not a draft folder: pass a draft (init-draft --out) or its "
+                            "export (export --out)")
+    if not (d / "config.json").exists():
+        raise SpectoolError(f"{flag} {d} is not a draft folder (no config.json); make one with init-draft/export")
+    meta = read_json(d / DRAFT_JSON) if (d / DRAFT_JSON).exists() else {}
+    diff = fingerprint_mismatch(meta.get("policy_fingerprint", {}), model.fingerprint)
+    if diff:
+        raise SpectoolError(f"{flag} {d} was trained for another policy ({meta.get('policy')}) than {model.name}: "
+                            + "; ".join(f"{x} (draft's policy vs this one)" for x in diff))
+    if "config" in meta:
+        check_fits(DraftConfig(**meta["config"]), model.fingerprint, d)
+    ttt = meta.get("ttt_steps")
+    if ttt and k > ttt:
+        raise SpectoolError(f"{k_flag} {k} exceeds the {ttt} positions the draft {d} was trained for; "
+                            f"use {k_flag} <= {ttt} or retrain with init-draft --ttt-steps {k}")
+    return str(d)
+
+
 def policy_shape(config) -> dict:
     """The fingerprint fields check_fits reads, from a transformers config."""
     return {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size,

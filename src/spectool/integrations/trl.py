@@ -150,10 +150,10 @@ def _check_args(args) -> None:
 
 
 def _check_draft(spec: SpectoolSpeculation, model) -> None:
-    """The draft against the policy TRL will train (runs.check_draft: the policy's fingerprint, the
+    """The draft against the policy TRL will train (draft.checkpoint.check_draft: the policy's fingerprint, the
     positions trained for k), before any engine starts."""
     from spectool.models import resolve_model
-    from spectool.runs import check_draft
+    from spectool.draft.checkpoint import check_draft
 
     path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
     k = max([spec.k] + [k for _, _, k in spec.k_schedule or []])
@@ -164,7 +164,7 @@ def _check_draft(spec: SpectoolSpeculation, model) -> None:
             raise SpectoolError('draft="mtp" needs the model as a folder path (its MTP layers are read from it)')
         load_mtp(resolve_model(path).path, flag='draft="mtp"')
     elif path:
-        check_draft(spec.draft, resolve_model(path), k, flag="draft")
+        check_draft(spec.draft, resolve_model(path), k, flag="draft", k_flag="k =")
 
 
 @contextlib.contextmanager

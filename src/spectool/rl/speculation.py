@@ -22,7 +22,7 @@ class Speculation:
 def resolve(cfg: RLConfig, model) -> Speculation:
     """`model`: the resolved policy (models.ModelRef); a draft for another policy, or trained for
     fewer positions than k, is refused, naming the setting."""
-    from spectool.runs import check_draft
+    from spectool.draft.checkpoint import check_draft
 
     s = cfg.speculation
     if not s.enabled:
@@ -41,7 +41,8 @@ def resolve(cfg: RLConfig, model) -> Speculation:
 
         schedule, draft_dir = read_schedule(s.sweep, s.draft, s.draft_sampling, flag="speculation.")
     k = max(k for _, _, k in schedule) if schedule else s.k
-    return Speculation(schedule, draft_dir, check_draft(draft_dir, model, max(k, 1), flag="speculation.draft"), k)
+    return Speculation(schedule, draft_dir, check_draft(draft_dir, model, max(k, 1), flag="speculation.draft",
+                                                      k_flag="speculation.k"), k)
 
 
 def refresh_settings(cfg: RLConfig):
