@@ -64,9 +64,9 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     draft_path = check_draft(draft, model, max(max_k, 1)) if draft else None
     method = cfg.method
     if method == "mtp":
-        from spectool.draft.mtp import k_note, require_mtp
+        from spectool.draft.mtp import check_mtp
 
-        note = k_note(max_k, require_mtp(model.path))
+        note = check_mtp(model.path, max_k)
         if note:
             import sys
 

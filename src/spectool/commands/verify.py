@@ -193,9 +193,9 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     cfg.validate()
     model = resolve_model(cfg.model)
     if cfg.method == "mtp":
-        from spectool.draft.mtp import k_note, require_mtp
+        from spectool.draft.mtp import check_mtp
 
-        note = k_note(cfg.k, require_mtp(model.path))
+        note = check_mtp(model.path, cfg.k)
         if note:
             progress(note)
     draft = check_draft(cfg.draft, model, cfg.k) if cfg.draft else None

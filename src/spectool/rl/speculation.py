@@ -28,10 +28,9 @@ def resolve(cfg: RLConfig, model) -> Speculation:
     if not s.enabled:
         return Speculation(None, None, None, 0)
     if s.method == "mtp":
-        from spectool.draft.mtp import k_note, load_mtp
+        from spectool.draft.mtp import check_mtp
 
-        load_mtp(model.path, flag="speculation.method: mtp")  # has MTP layers spectool can refresh
-        note = k_note(s.k, load_mtp(model.path).config.mtp_layers)
+        note = check_mtp(model.path, s.k, "speculation.method: mtp")  # refreshing them: DraftRefresher.from_mtp
         if note:
             print(f"train-rl: {note}")
         return Speculation(None, model.path, model.path, s.k, "mtp")
