@@ -34,7 +34,7 @@ def main() -> None:
     prompts = [encode_prompt(tok, t.prompt) for t in load_source(a.data).tasks("eval", max(batches))]
     res = {}
     for arm, eager in (("compiled", "0"), ("eager", "1")):
-        rows = subproc.call("spectool.commands.sweep_k", "measure_arm", dict(
+        rows = subproc.call("spectool.engine.arms", "measure_arm", dict(
             model_path=model.path, method="none", k=0, draft=None, prompts=prompts, batch_sizes=batches,
             max_tokens=a.max_tokens, temperature=1.0, min_seqs=8, seed=0), env={"SPECTOOL_ENFORCE_EAGER": eager})
         res[arm] = {r["batch"]: r["tokens_per_s"] for r in rows}

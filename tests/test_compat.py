@@ -86,14 +86,14 @@ def test_engine_start_out_of_memory_names_the_setting():
 
 
 def test_trainer_out_of_memory_names_the_engine_share():
-    from spectool.commands.train_rl import _update
+    from spectool.rl.policy import update_within_memory
 
     class Trainer:
         def update(self, rollouts, capture):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     with pytest.raises(SpectoolError, match=r"engine.gpu_memory_utilization = 0.7 of the GPU; lower it"):
-        _update(Trainer(), [], False, 0.7)
+        update_within_memory(Trainer(), [], False, 0.7)
 
 
 def test_dtype_policy():

@@ -3,7 +3,6 @@ names the settings (and --backend trl)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

@@ -6,7 +6,8 @@ import pytest
 
 from spectool.errors import SpectoolError
 from spectool.cli import parse_int_list
-from spectool.commands.sweep_k import SweepConfig, ceiling, k_schedule, recommend
+from spectool.config import SweepConfig
+from spectool.costmodel import ceiling, k_schedule, recommend
 
 
 def row(method, k, batch, speedup):

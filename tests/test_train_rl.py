@@ -73,7 +73,7 @@ def test_trainer_logprobs_match_a_plain_forward(tiny_policy):
 
 
 def test_prompts_of_a_step_are_a_function_of_the_step(tmp_path):
-    from spectool.commands.train_rl import _Tasks
+    from spectool.rl.tasks import StepPrompts
     from spectool.runs import truncate_jsonl
 
     class Src:
@@ -91,7 +91,7 @@ def test_prompts_of_a_step_are_a_function_of_the_step(tmp_path):
     from spectool.rl.config import load_config
 
     cfg = load_config(None, ["rollout.prompts_per_step=4", "policy.steps=20", "speculation.enabled=false"])
-    a, b = _Tasks(Src(), Tok(), cfg), _Tasks(Src(), Tok(), cfg)
+    a, b = StepPrompts(Src(), Tok(), cfg), StepPrompts(Src(), Tok(), cfg)
     assert [a.for_step(s) for s in range(6)] == [b.for_step(s) for s in range(6)]
     assert a.for_step(0) != a.for_step(1) and len(set(a.for_step(0) + a.for_step(1))) == 8  # no repeats in an epoch
     path = tmp_path / "metrics.jsonl"
@@ -114,7 +114,7 @@ def test_cli_print_config_and_bad_keys(tmp_path):
 
 def test_stale_engine_weights_stop_the_job(tiny_policy):
     from spectool.errors import SpectoolError
-    from spectool.commands.train_rl import _check_logprobs
+    from spectool.rl.policy import check_engine_logprobs
 
     t = _trainer(tiny_policy)
     rs = _rollouts(tiny_policy, n=3)
@@ -126,6 +126,6 @@ def test_stale_engine_weights_stop_the_job(tiny_policy):
         def sequence_logprobs(self, prompts, responses):
             return [[x + self.shift for x in row] for row in t.logprobs(prompts, responses)]
 
-    assert _check_logprobs(Engine(0.0), t, rs, 1e-3, 1)["logprob_check_max_diff"] < 1e-6
+    assert check_engine_logprobs(Engine(0.0), t, rs, 1e-3, 1)["logprob_check_max_diff"] < 1e-6
     with pytest.raises(SpectoolError, match="policy.logprob_tolerance"):
-        _check_logprobs(Engine(0.05), t, rs, 1e-3, 7)
+        check_engine_logprobs(Engine(0.05), t, rs, 1e-3, 7)

@@ -200,3 +200,27 @@ def rl_step_speedup(rollout_speedup: float, generation_share: float) -> dict:
     sync = 1.0 / ((1 - g) + g / s)
     async_plain, async_spec = max(g, 1 - g), max(g / s, 1 - g)
     return {"sync": sync, "async_vs_sync_plain": 1.0 / async_spec, "async_vs_async_plain": async_plain / async_spec}
+
+
+# --- sweep-k's recommendation (pure: tested on hand-made numbers) ------------------------------
+
+
+def ceiling(speedup: float, k: int, mean_acceptance_length: float) -> float:
+    """Speedup at 100% acceptance: tokens per verify step go from the measured length to k + 1."""
+    if not mean_acceptance_length or math.isnan(mean_acceptance_length):
+        return float("nan")
+    return speedup * (k + 1) / mean_acceptance_length
+
+
+def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method: str | None = None) -> dict[int, dict]:
+    """Per batch size: the fastest speculative row (optionally of one method) if its speedup is
+    >= 1 + min_gain, else {"method": "none", "k": 0, "speedup": 1.0}."""
+    rec = {}
+    for b in batch_sizes:
+        cands = [r for r in rows if r["batch"] == b and r["method"] != "none" and (method is None or r["method"] == method)]
+        best = max(cands, key=lambda r: r["speedup"], default=None)
+        if best is not None and best["speedup"] >= 1 + min_gain:
+            rec[b] = {"method": best["method"], "k": best["k"], "speedup": best["speedup"]}
+        else:
+            rec[b] = {"method": "none", "k": 0, "speedup": 1.0}
+    return rec

