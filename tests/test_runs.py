@@ -51,3 +51,32 @@ def test_out_and_draft_guards_name_what_the_folder_is(tmp_path):
         check_draft(str(sweep), SimpleNamespace(fingerprint={}, name="m"), 3)
     atomic_write_json(sweep / MANIFEST, make_manifest("rollout"))
     check_out(sweep, "rollout")
+
+
+def test_claim_is_the_one_rule_for_an_out_folder(tmp_path):
+    """New folders are claimed; a folder of the same kind resumes only with the same settings (the
+    differing keys named, dotted); another kind of run or foreign files are refused and left as
+    they are; a crashed run (its settings written, no manifest yet) resumes."""
+    from spectool.config import RolloutConfig
+    from spectool.errors import SpectoolError
+    from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
+
+    out = tmp_path / "r"
+    cfg = RolloutConfig(out=str(out))
+    assert claim(out, "rollout", cfg) is False and (out / "config.json").exists()
+    assert claim(out, "rollout", cfg) is True  # crashed before its manifest: resumes
+    atomic_write_json(out / MANIFEST, make_manifest("rollout"))
+    assert claim(out, "rollout", RolloutConfig(out="elsewhere")) is True  # the folder is the folder
+    other = RolloutConfig(out=str(out), k=2)
+    other.sampling.n_prompts = 5
+    with pytest.raises(SpectoolError, match=r"other settings \(k, sampling.n_prompts differ\)"):
+        claim(out, "rollout", other)
+    assert claim(out, "rollout", other, may_change={"k", "sampling.n_prompts"}) is True
+    with pytest.raises(SpectoolError, match="holds a 'rollout' run; a sweep run goes"):
+        claim(out, "sweep", cfg)
+    foreign = tmp_path / "f"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(SpectoolError, match="holds other files; pick a new --out"):
+        claim(foreign, "rollout", cfg)
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]

@@ -137,9 +137,44 @@ def load_manifest(run_dir: Path, kind: str) -> dict[str, Any]:
     return m
 
 
+def claim(out: Path, kind: str, settings: Any, *, saved_as: str = CONFIG, may_change: frozenset[str] | set[str] = frozenset(),
+          defaults: Any = None, flag: str = "--out", hint: str = "") -> bool:
+    """The one rule for a command's output folder, applied before anything is written there:
+    - a new or empty folder (a crashed run may leave just its engine.log) is claimed;
+    - a folder holding another kind of run, or files that are no spectool run, is refused,
+      named for what it holds;
+    - a folder holding a `kind` run (its manifest says so, or a crashed one left its settings in
+      `saved_as`) resumes only with the same settings: other settings are refused, naming the keys
+      (dotted; `may_change`: keys a resumed run may change; `defaults`: the settings a run from an
+      older version lacked).
+    Then the resolved settings are written as `saved_as`. Returns whether a run is resumed."""
+    out = Path(out)
+    files = {f.name for f in out.iterdir()} if out.exists() else set()
+    new = _flat(settings)
+    resumed = not files <= {"engine.log"}
+    if resumed:
+        found = read_json(out / MANIFEST).get("kind") if MANIFEST in files else None
+        old = _flat(read_json(out / saved_as)) if saved_as in files else None
+        if found is None and not (old and set(old) >= set(new) - {*may_change, "out"}):
+            raise SpectoolError(f"{flag} {out} holds other files; pick a new {flag}: files that are not a spectool run "
+                                f"stay as they are, and a {kind} run goes into a new or empty folder or over an earlier "
+                                f"{kind} run")
+        if found not in (None, kind):
+            raise SpectoolError(f"{flag} {out} holds a '{found}' run; a {kind} run goes into a new or empty folder, or "
+                                f"over an earlier {kind} run")
+        old = {**_flat(defaults or {}), **(old or {})}
+        diff = sorted(k for k in set(old) | set(new) if k not in {*may_change, "out"} and old.get(k) != new.get(k))
+        if diff:
+            raise SpectoolError(f"{flag} {out} holds a {kind} run with other settings ({', '.join(diff)} differ); rerun "
+                                f"with the same settings to resume, or pick a new {flag}{hint}")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / saved_as, settings)
+    return resumed
+
+
 def check_out(out: Path, kind: str, flag: str = "--out") -> None:
-    """Refuse to write a `kind` run into a folder that holds something else (another kind of run,
-    or files that are not a run): a run folder is replaced only by a run of its own kind."""
+    """`claim`'s refusal of another kind of run or of foreign files, for a caller that keeps no
+    settings of its own there."""
     out = Path(out)
     if not out.exists() or {f.name for f in out.iterdir()} <= {"engine.log"}:  # a crashed run leaves only its log
         return
@@ -148,3 +183,11 @@ def check_out(out: Path, kind: str, flag: str = "--out") -> None:
         what = f"a '{found}' run" if found else "files that are not a spectool run"
         raise SpectoolError(f"{flag} {out} holds {what}; a {kind} run goes into a new or empty folder, or over an "
                             f"earlier {kind} run")
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Settings (a dataclass or a dict tree) as {dotted key: leaf value}, JSON-normalised."""
+    flat: dict[str, Any] = {}
+    for k, v in _jsonable(tree).items():
+        flat.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return flat

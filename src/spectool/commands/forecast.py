@@ -69,6 +69,10 @@ def run(cfg: ForecastConfig) -> dict:
 
     cfg.validate()
     rows, sweep = _sweep_rows(Path(cfg.sweep), cfg.method)
+    if cfg.out:  # after the sweep is known to be readable: nothing is claimed for a run that cannot start
+        from spectool.runs import claim
+
+        claim(Path(cfg.out), "forecast", cfg)
     try:
         model = fit([{**r, "k": r["k"] if r["method"] == cfg.method else 0} for r in rows])
     except ValueError as e:
@@ -117,13 +121,12 @@ def run(cfg: ForecastConfig) -> dict:
 
 def _write(out: Path, result: dict, cfg: ForecastConfig, trace: list[tuple[int, int]]) -> None:
     from spectool.plots import pyplot, save
-    from spectool.runs import CONFIG, MANIFEST, atomic_write_bytes, atomic_write_json, make_manifest
+    from spectool.runs import MANIFEST, atomic_write_bytes, atomic_write_json, make_manifest
     from spectool.schedule import write_schedule
 
     atomic_write_json(out / "forecast.json", result)
     if result["method"] == "eagle3":  # rollout --k auto runs EAGLE-3 drafts
         write_schedule(out, result["schedule"], "forecast", None, result["draft_sampling"])
-    atomic_write_json(out / CONFIG, cfg)
     ks = list(result["per_batch"][0]["speedup_by_k"])
     lines = ["batch,plain_tokens_per_s," + ",".join(f"speedup_k{k}" for k in ks) + ",best_k,best_speedup"]
     for p in result["per_batch"]:

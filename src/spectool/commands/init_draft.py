@@ -63,23 +63,10 @@ class InitDraftResult:
 def _claim_out(cfg: InitDraftConfig) -> None:
     """Refuse an --out that holds anything but an init-draft run with these settings, before
     anything is written; then record the settings (a rerun of the same command resumes)."""
-    from dataclasses import asdict
+    from spectool.runs import claim
 
-    from spectool.runs import atomic_write_json, read_json
-
-    out = Path(cfg.out)
-    if (out / RUN_CONFIG).exists():
-        old, new = read_json(out / RUN_CONFIG), asdict(cfg)
-        diff = sorted(k for k in new if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
-        if diff:
-            raise SpectoolError(f"--out {out} holds a draft trained with other settings ({', '.join(diff)} differ); "
-                                "rerun with the same settings to resume, or pick a new --out (--init-from "
-                                f"{out} warm-starts a new draft from it)")
-    elif out.exists() and any(out.iterdir()):
-        what = "a draft without its init-draft settings (an older spectool, or another tool)" \
-            if (out / "config.json").exists() else "other files"
-        raise SpectoolError(f"--out {out} holds {what}; pick a new --out (--init-from {out} warm-starts from a draft)")
-    atomic_write_json(out / RUN_CONFIG, cfg)
+    claim(Path(cfg.out), "mtp-model" if cfg.method == "mtp" else "draft", cfg, saved_as=RUN_CONFIG,
+          may_change=RESUME_MAY_CHANGE, hint=f" (--init-from {cfg.out} warm-starts a new draft from it)")
 
 
 def _harvest_if_needed(cfg: InitDraftConfig) -> Path:

@@ -45,11 +45,11 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     from spectool.generation import rollout_tasks
     from spectool.records import write_shard
     from spectool.schedule import read_schedule
-    from spectool.runs import CONFIG, MANIFEST, atomic_write_json, check_out, make_manifest
+    from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 
     cfg.validate()
     if cfg.out:
-        check_out(Path(cfg.out), "rollout")
+        claim(Path(cfg.out), "rollout", cfg)
     model = resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
@@ -100,7 +100,6 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     if cfg.out:
         out = Path(cfg.out)
         write_shard(out, 0, rows)
-        atomic_write_json(out / CONFIG, cfg)
         atomic_write_json(
             out / MANIFEST,
             make_manifest("rollout", model=model.name, model_identity=model.identity, data=cfg.data,

@@ -17,7 +17,6 @@ Workflow:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from spectool import subproc
@@ -69,7 +68,7 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     target = AutoConfig.from_pretrained(model.path)
     drafts = {"draft_model": _dummy_draft_model(cfg.draft_model, target)} if cfg.draft_model else {}
     if "eagle3" in cfg.methods:
-        drafts["eagle3"] = _dummy_eagle3(cfg.draft, model.path, target, out)
+        drafts["eagle3"] = _dummy_eagle3(cfg.draft, model.path, out)
     _check_mtp(cfg, model.path)
     rng = random.Random(cfg.seed)
     n = max(cfg.batch_sizes + [cfg.min_seqs])
@@ -90,17 +89,26 @@ def _check_mtp(cfg: SweepConfig, model_path: str) -> None:
         print(f"sweep-k: {note}", file=sys.stderr)
 
 
-def _dummy_eagle3(draft: str | None, model_path: str, target, out: Path) -> str:
-    """--draft, else the template's eagle3/ folder, else a draft config built from the target's (in `out`)."""
-    from spectool.draft.checkpoint import dummy_draft_config
-    from spectool.runs import atomic_write_json
+DUMMY_DRAFT = "dummy-draft"  # in the run folder: a draft config built from the target's, written after the claim
 
+
+def _dummy_eagle3(draft: str | None, model_path: str, out: Path) -> str:
+    """--draft, else the template's eagle3/ folder, else `out`/dummy-draft (written by `run` once
+    the folder is claimed: _write_dummy_draft)."""
     if draft is not None:
         return draft
     if (Path(model_path) / "eagle3" / "config.json").exists():
         return str(Path(model_path) / "eagle3")
-    atomic_write_json(out / "dummy-draft" / "config.json", dummy_draft_config(target))
-    return str(out / "dummy-draft")
+    return str(out / DUMMY_DRAFT)
+
+
+def _write_dummy_draft(out: Path, model_path: str) -> None:
+    from transformers import AutoConfig
+
+    from spectool.draft.checkpoint import dummy_draft_config
+    from spectool.runs import atomic_write_json
+
+    atomic_write_json(out / DUMMY_DRAFT / "config.json", dummy_draft_config(AutoConfig.from_pretrained(model_path)))
 
 
 def _dummy_draft_model(name: str, target) -> str:
@@ -118,24 +126,19 @@ def _dummy_draft_model(name: str, target) -> str:
 
 
 def run(cfg: SweepConfig, progress=print) -> dict:
-    from spectool.runs import CONFIG, MANIFEST, append_jsonl, atomic_write_json, make_manifest, read_json
+    from spectool.runs import MANIFEST, append_jsonl, atomic_write_json, claim, make_manifest
     from spectool.schedule import write_schedule
 
     cfg.validate()
     out = Path(cfg.out)
     model, drafts, prompts, lengths = _synthetic_inputs(cfg, out) if cfg.dummy_weights else _real_inputs(cfg)
+    claim(out, "sweep", cfg, may_change={"ks", "batch_sizes", "methods", "min_gain"}, defaults=SweepConfig(out=""))
+    if drafts.get("eagle3") == str(out / DUMMY_DRAFT):
+        _write_dummy_draft(out, model.path)
     draft = drafts.get("eagle3")
     if not cfg.dummy_weights and cfg.synthetic:
         progress("synthetic acceptance on the real model: timing only (its samples are not the policy's)")
     rows_path = out / ROWS
-    settings = {k: v for k, v in asdict(cfg).items() if k != "out"}
-    if rows_path.exists():
-        old = {**asdict(SweepConfig(out="")), **read_json(out / CONFIG)}  # keys an older run lacks: defaults
-        diff = sorted(k for k in settings if k not in ("ks", "batch_sizes", "methods", "min_gain") and old.get(k) != settings[k])
-        if diff:
-            raise SpectoolError(f"{out} holds a sweep with other settings ({', '.join(diff)}); use a new --out")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / CONFIG, cfg)
     done = [json.loads(x) for x in rows_path.read_text().splitlines() if x.strip()] if rows_path.exists() else []
     have = {(r["method"], r["k"], r["batch"]) for r in done}
 

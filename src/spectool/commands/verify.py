@@ -161,9 +161,11 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     from spectool.engine.compat import is_cpu_build
     from spectool.models import resolve_model
     from spectool.prompts import encode_prompt
-    from spectool.runs import CONFIG, MANIFEST, atomic_write_json, make_manifest
+    from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 
     cfg.validate()
+    if cfg.out:
+        claim(Path(cfg.out), "verify", cfg)
     model = resolve_model(cfg.model)
     if cfg.method == "mtp":
         from spectool.draft.mtp import check_mtp
@@ -226,7 +228,6 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     if cfg.out:
         out = Path(cfg.out)
         atomic_write_json(out / "verify.json", result)
-        atomic_write_json(out / CONFIG, cfg)
         atomic_write_json(out / MANIFEST, make_manifest("verify", model=model.name, model_identity=model.identity,
                                                         draft=draft or cfg.method, data=cfg.data, verdict=verdict))
     return result
