@@ -29,28 +29,28 @@ def test_out_and_draft_guards_name_what_the_folder_is(tmp_path):
 
     from spectool.errors import SpectoolError
     from spectool.draft.checkpoint import check_draft
-    from spectool.runs import MANIFEST, atomic_write_json, check_out, make_manifest
+    from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 
-    check_out(tmp_path / "new", "rollout")
+    claim(tmp_path / "new", "rollout", {})
     crashed = tmp_path / "crashed"
     crashed.mkdir()
     (crashed / "engine.log").write_text("...")
-    check_out(crashed, "rollout")
+    claim(crashed, "rollout", {})
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     with pytest.raises(SpectoolError, match="files that are not a spectool run"):
-        check_out(foreign, "rollout")
+        claim(foreign, "rollout", {})
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     atomic_write_json(sweep / MANIFEST, make_manifest("sweep"))
     atomic_write_json(sweep / "config.json", {})
     with pytest.raises(SpectoolError, match="holds a 'sweep' run"):
-        check_out(sweep, "rollout")
+        claim(sweep, "rollout", {})
     with pytest.raises(SpectoolError, match="is a 'sweep' run, not a draft folder"):
         check_draft(str(sweep), SimpleNamespace(fingerprint={}, name="m"), 3)
     atomic_write_json(sweep / MANIFEST, make_manifest("rollout"))
-    check_out(sweep, "rollout")
+    claim(sweep, "rollout", {})
 
 
 def test_claim_is_the_one_rule_for_an_out_folder(tmp_path):

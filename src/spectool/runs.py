@@ -172,19 +172,6 @@ def claim(out: Path, kind: str, settings: Any, *, saved_as: str = CONFIG, may_ch
     return resumed
 
 
-def check_out(out: Path, kind: str, flag: str = "--out") -> None:
-    """`claim`'s refusal of another kind of run or of foreign files, for a caller that keeps no
-    settings of its own there."""
-    out = Path(out)
-    if not out.exists() or {f.name for f in out.iterdir()} <= {"engine.log"}:  # a crashed run leaves only its log
-        return
-    found = read_json(out / MANIFEST).get("kind") if (out / MANIFEST).exists() else None
-    if found != kind:
-        what = f"a '{found}' run" if found else "files that are not a spectool run"
-        raise SpectoolError(f"{flag} {out} holds {what}; a {kind} run goes into a new or empty folder, or over an "
-                            f"earlier {kind} run")
-
-
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     """Settings (a dataclass or a dict tree) as {dotted key: leaf value}, JSON-normalised."""
     flat: dict[str, Any] = {}
