@@ -14,7 +14,6 @@ from pathlib import Path
 
 from spectool.config import SamplingConfig
 from spectool.config import HarvestConfig
-from spectool.errors import SpectoolError
 
 CPU_CHUNK_PROMPTS = 16  # prompts per shard on the CPU build: the unit of resume
 GPU_CHUNK_SEQUENCES = 1024  # sequences per generate call on a GPU: few enough waves to run at engine speed
@@ -36,14 +35,6 @@ class HarvestResult:
     hidden_bytes_per_token: float | None
 
 
-def _settings(cfg: HarvestConfig, model_identity: str) -> dict:
-    """What must match for records to be appended to an existing run (all but n_prompts)."""
-    s = asdict(cfg.sampling)
-    s.pop("n_prompts")
-    return dict(model_identity=model_identity, data=cfg.data, split=cfg.split,
-                hidden_states=cfg.hidden_states, sampling=s)
-
-
 def harvest(cfg: HarvestConfig) -> HarvestResult:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from transformers import AutoTokenizer
@@ -54,34 +45,26 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     from spectool.models import resolve_model
     from spectool.records import load_records, shard_paths, write_shard
     from spectool.generation import rollout_tasks
-    from spectool.runs import CONFIG, MANIFEST, atomic_write_json, load_manifest, make_manifest
+    from spectool.runs import MANIFEST, atomic_write_json, claim, load_manifest, make_manifest
 
     cfg.validate()
     model = resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
     out = Path(cfg.out)
-    settings = _settings(cfg, model.identity)
     chunk = chunk_prompts(cfg.sampling.samples, is_cpu_build())
+    # more prompts (or another GPU share) may resume a run; the model is compared by identity, not name
+    claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
+          may_change={"sampling.n_prompts", "gpu_memory_utilization"})
     if (out / MANIFEST).exists():
-        old = load_manifest(out, "harvest")
-        chunk = old.get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps the run's shard boundaries
-        diff = [k for k in settings if old.get("settings", {}).get(k) != settings[k]]
-        if diff:
-            raise SpectoolError(
-                f"{out} was harvested with other settings ({', '.join(diff)} differ); "
-                "use a new --out or the same settings to resume"
-            )
-    elif out.exists() and any(out.iterdir()):
-        raise SpectoolError(f"--out {out} exists and is not a harvest run; pick a new folder")
+        chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
     from spectool.data.sources import MIX_SEPARATOR, mix_counts
 
     manifest = make_manifest("harvest", model=model.name, model_path=model.path, model_identity=model.identity,
                              model_fingerprint=model.fingerprint,
-                             data=cfg.data, settings=settings, chunk_prompts=chunk, status="running",
+                             data=cfg.data, chunk_prompts=chunk, status="running",
                              prompts_per_source=mix_counts(cfg.data, tasks, source) if MIX_SEPARATOR in cfg.data else None)
     atomic_write_json(out / MANIFEST, manifest)
-    atomic_write_json(out / CONFIG, cfg)
 
     done = set(load_records(out)["prompt_id"])
     todo = [t for t in tasks if t.id not in done]

@@ -29,7 +29,7 @@ import torch
 
 from spectool.errors import SpectoolError
 from spectool.precision import engine_dtype, logprob_tolerance
-from spectool.rl.config import RLConfig, resume_mismatch
+from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
 from spectool.rl.grpo import group_advantages
 from spectool.rl.policy import PolicyTrainer, Rollout, check_engine_logprobs, update_within_memory
 from spectool.rl.tasks import StepPrompts
@@ -96,7 +96,7 @@ def _setup(cfg: RLConfig) -> _Run:
     from spectool.engine.engine import Engine, EngineConfig
     from spectool.models import resolve_model
     from spectool.rl.speculation import resolve
-    from spectool.runs import CONFIG, atomic_write_json, truncate_jsonl
+    from spectool.runs import claim, truncate_jsonl
 
     out, model = Path(cfg.out), resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.seed)
@@ -105,12 +105,10 @@ def _setup(cfg: RLConfig) -> _Run:
     tokenizer = AutoTokenizer.from_pretrained(model.path)
     tasks = StepPrompts(source, tokenizer, cfg)
     eval_tasks = source.tasks("eval", cfg.rollout.eval_prompts) if cfg.rollout.eval_every else []
-    _check_resume_config(out, cfg)
     spec = resolve(cfg, model)
     schedule, draft_dir, draft_path, k = spec.schedule, spec.draft_dir, spec.draft_path, spec.k
+    claim(out, "train-rl", cfg.as_dict(), may_change=RESUMABLE_KEYS_IGNORED, flag="out")
     ckpt = _latest_checkpoint(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / CONFIG, cfg.as_dict())
     p, e = cfg.policy, cfg.engine
     dtype = engine_dtype(e.dtype)
     if torch.cuda.is_available():  # before the trainer or the engine takes any memory
@@ -341,18 +339,6 @@ def _latest_checkpoint(out: Path) -> tuple[int, Path] | None:
     found = sorted((out / CHECKPOINTS).glob("step-*")) if (out / CHECKPOINTS).exists() else []
     found = [f for f in found if (f / "state.pt").exists()]
     return (int(found[-1].name.split("-")[1]), found[-1]) if found else None
-
-
-def _check_resume_config(out: Path, cfg: RLConfig) -> None:
-    """A run directory with checkpoints resumes only with the same settings (steps may grow)."""
-    from spectool.runs import CONFIG, read_json
-
-    if not (out / CONFIG).exists() or not (out / CHECKPOINTS).exists():
-        return
-    diff = resume_mismatch(read_json(out / CONFIG), cfg.as_dict())
-    if diff:
-        raise SpectoolError(f"{out} holds a run with other settings ({', '.join(diff)}); resume with the same config "
-                            "or choose another out")
 
 
 def _summary(history: list[dict]) -> dict:

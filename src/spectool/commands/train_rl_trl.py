@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from spectool.errors import SpectoolError
-from spectool.rl.config import RLConfig, resume_mismatch
+from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
 
 TRL_DIR = "trl"  # TRL's output_dir inside the run folder (its checkpoints)
 DRAFT_IN_CHECKPOINT = "spectool-draft"
@@ -99,22 +99,16 @@ def run(cfg: RLConfig) -> dict:
     from spectool.engine.compat import is_cpu_build
     from spectool.integrations.trl import check_trl_version, task_data
     from spectool.models import resolve_model
-    from spectool.runs import CONFIG, MANIFEST, atomic_write_json, make_manifest, read_json, truncate_jsonl
+    from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest, truncate_jsonl
 
     cfg.validate()
     version = check_trl_version()
     out, model = Path(cfg.out), resolve_model(cfg.model)
-    if (out / CONFIG).exists() and _last_checkpoint(out):
-        diff = resume_mismatch(read_json(out / CONFIG), cfg.as_dict())
-        if diff:
-            raise SpectoolError(f"{out} holds a run with other settings ({', '.join(diff)}); resume with the same "
-                                "config or choose another out")
     ckpt = _last_checkpoint(out)
     saved_draft = ckpt / DRAFT_IN_CHECKPOINT if ckpt else None
     spec = _speculation(cfg, model, str(saved_draft) if saved_draft and saved_draft.exists() else None)
     ds, reward = task_data(cfg.data, min(cfg.policy.steps * cfg.rollout.prompts_per_step, 4096), cfg.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / CONFIG, cfg.as_dict())
+    claim(out, "train-rl", cfg.as_dict(), may_change=RESUMABLE_KEYS_IGNORED, flag="out")
     truncate_jsonl(out / "metrics.jsonl", int(ckpt.name.split("-")[1]) if ckpt else 0)
     args = grpo_config(cfg, out, cpu=is_cpu_build() or not torch.cuda.is_available())
     trainer = spec.grpo_trainer(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)

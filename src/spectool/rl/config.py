@@ -243,10 +243,3 @@ def load_config(path: str | None, overrides: list[str] = ()) -> RLConfig:
 
 
 RESUMABLE_KEYS_IGNORED = {"policy.steps", "out"}  # a resumed run may run longer
-
-
-def resume_mismatch(old: dict, new: dict) -> list[str]:
-    """The keys whose values differ between a run folder's saved config and this one (a resumed
-    run may only run longer)."""
-    a, b = flatten_keys(old), flatten_keys(new)
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_KEYS_IGNORED)
