@@ -80,3 +80,18 @@ def test_claim_is_the_one_rule_for_an_out_folder(tmp_path):
     with pytest.raises(SpectoolError, match="holds other files; pick a new --out"):
         claim(foreign, "rollout", cfg)
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+
+
+def test_export_never_replaces_a_folder_that_is_not_an_export(tmp_path, random_draft, tiny_policy):
+    """export builds its folder beside --out and swaps it in whole: a folder of the user's own files
+    there must be refused, not replaced."""
+    from spectool.commands.export import run
+    from spectool.config import ExportConfig
+    from spectool.errors import SpectoolError
+
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(SpectoolError, match="holds other files"):
+        run(ExportConfig(draft=str(random_draft), out=str(mine), model=str(tiny_policy), verify=False))
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

@@ -138,7 +138,7 @@ def load_manifest(run_dir: Path, kind: str) -> dict[str, Any]:
 
 
 def claim(out: Path, kind: str, settings: Any, *, saved_as: str = CONFIG, may_change: frozenset[str] | set[str] = frozenset(),
-          defaults: Any = None, flag: str = "--out", hint: str = "") -> bool:
+          defaults: Any = None, flag: str = "--out", hint: str = "", replace: bool = False) -> bool:
     """The one rule for a command's output folder, applied before anything is written there:
     - a new or empty folder (a crashed run may leave just its engine.log) is claimed;
     - a folder holding another kind of run, or files that are no spectool run, is refused,
@@ -147,7 +147,9 @@ def claim(out: Path, kind: str, settings: Any, *, saved_as: str = CONFIG, may_ch
       `saved_as`) resumes only with the same settings: other settings are refused, naming the keys
       (dotted; `may_change`: keys a resumed run may change; `defaults`: the settings a run from an
       older version lacked).
-    Then the resolved settings are written as `saved_as`. Returns whether a run is resumed."""
+    Then the resolved settings are written as `saved_as`. With `replace` (a caller that builds a
+    new folder and swaps it in whole, as export does) only the first two rules apply and nothing
+    is written. Returns whether a run of this kind is there."""
     out = Path(out)
     files = {f.name for f in out.iterdir()} if out.exists() else set()
     new = _flat(settings)
@@ -162,13 +164,16 @@ def claim(out: Path, kind: str, settings: Any, *, saved_as: str = CONFIG, may_ch
         if found not in (None, kind):
             raise SpectoolError(f"{flag} {out} holds a '{found}' run; a {kind} run goes into a new or empty folder, or "
                                 f"over an earlier {kind} run")
+        if replace:
+            return True
         old = {**_flat(defaults or {}), **(old or {})}
         diff = sorted(k for k in set(old) | set(new) if k not in {*may_change, "out"} and old.get(k) != new.get(k))
         if diff:
             raise SpectoolError(f"{flag} {out} holds a {kind} run with other settings ({', '.join(diff)} differ); rerun "
                                 f"with the same settings to resume, or pick a new {flag}{hint}")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / saved_as, settings)
+    if not replace:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / saved_as, settings)
     return resumed
 
 

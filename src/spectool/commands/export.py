@@ -29,6 +29,9 @@ class ExportResult:
     note: str = ""  # what that framework then does with the draft
 
 
+EXPORT_CONFIG = "export_config.json"  # the resolved settings (config.json is vLLM's)
+
+
 def speculators_config(vllm_cfg: dict, k: int, verifier: str) -> dict:
     layer = {k2: v for k2, v in vllm_cfg.items() if k2 not in ("architectures", "eagle_config", "draft_vocab_size",
                                                                 "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
@@ -57,7 +60,7 @@ def run(cfg: ExportConfig) -> ExportResult:
     from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS
     from spectool.models import resolve_model
     from spectool.draft.checkpoint import check_draft
-    from spectool.runs import MANIFEST, atomic_dir, atomic_write_json, make_manifest, read_json
+    from spectool.runs import MANIFEST, atomic_dir, atomic_write_json, claim, make_manifest, read_json
 
     cfg.validate()
     src = Path(cfg.draft)
@@ -75,6 +78,7 @@ def run(cfg: ExportConfig) -> ExportResult:
     check_target(cfg.target, read_json(src / "config.json").get("eagle_aux_hidden_state_layer_ids") or [],
                  model.fingerprint["num_hidden_layers"])
     snip = snippet(cfg.target, str(Path(cfg.out).resolve()), cfg.k, _portable_name(model_name))
+    claim(Path(cfg.out), "export", cfg, saved_as=EXPORT_CONFIG, replace=True)  # replaced whole, never a foreign folder
 
     with atomic_dir(Path(cfg.out)) as tmp:  # loaded and verified before it is moved into place
         if cfg.format == "vllm":
@@ -94,7 +98,7 @@ def run(cfg: ExportConfig) -> ExportResult:
                 "(wrong policy or vocabulary map?); nothing was written"
             )
         (tmp / snip.filename).write_text(snip.text)
-        atomic_write_json(tmp / "export_config.json", asdict(cfg))  # the resolved settings, next to the artifact
+        atomic_write_json(tmp / EXPORT_CONFIG, asdict(cfg))  # the resolved settings, next to the artifact
         atomic_write_json(tmp / MANIFEST, make_manifest(
             "export", format=cfg.format, target=cfg.target, snippet=snip.filename, model=model_name,
             model_identity=model.identity, k=cfg.k, source=str(src), verified_mean_acceptance_length=acc))
