@@ -8,8 +8,9 @@ Workflow (`run`, phase by phase):
     computed once and cached in the run dir (resume does not recompute them);
  3. the draft vocabulary = most frequent response tokens (coverage printed); embedding and lm_head
     rows from the policy, or warm start from --init-from;
- 4. training-time-test unroll over `ttt_steps` positions (>= the largest k you will run), weighted
-    soft cross-entropy (loss.py), AdamW + cosine schedule, under `accelerate`;
+ 4. training-time-test unroll over `ttt_steps` positions (>= the largest k you will run), the
+    weighted per-position loss `--loss` (loss.py: ce, tv or their sum mix, the default), AdamW +
+    cosine schedule, under `accelerate`;
  5. held-out per-position top-1 agreement and expected acceptance; metrics.jsonl; a checkpoint
     every `save_every` steps; a killed run resumes at the next step; final vLLM-loadable folder;
  6. the report: per position, on held-out prompts and on as many training records, the draft's

