@@ -20,7 +20,6 @@ Workflow (`run`, phase by phase):
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 from spectool.config import InitDraftConfig
+from spectool.draft.training import DraftTrainer
 from spectool.errors import SpectoolError
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
@@ -289,56 +289,7 @@ def _features(policy, data: _Data, layer_ids: list[int], cache: Path):
     return items
 
 
-class _Training:
-    """The draft under accelerate with its AdamW + warm-up/cosine schedule, resumable at any
-    checkpointed step (weights, optimizer, schedule, step; batch order is seeded per epoch)."""
-
-    def __init__(self, cfg: InitDraftConfig, acc, draft, n_train: int, state_dir: Path):
-        self.cfg, self.acc = cfg, acc
-        self.steps_per_epoch = math.ceil(n_train / cfg.batch_size)
-        self.total = self.steps_per_epoch * cfg.epochs
-        total = self.total
-        opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
-        self.draft, self.opt = acc.prepare(draft, opt)
-        self.ckpt = state_dir / "checkpoint.pt"
-        self.step = 0
-        if self.ckpt.exists():
-            st = torch.load(self.ckpt, weights_only=False)
-            self.unwrapped.load_state_dict(st["draft"])
-            self.opt.load_state_dict(st["opt"])
-            self.sched.load_state_dict(st["sched"])
-            self.step = st["step"]
-
-    @property
-    def unwrapped(self):
-        return self.acc.unwrap_model(self.draft)
-
-    def batch(self, train: list[int]) -> tuple[int, list[int]]:
-        """(epoch, record indices of this process's share of the current step's batch)."""
-        epoch, pos = divmod(self.step, self.steps_per_epoch)
-        g = torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch)
-        order = [train[i] for i in torch.randperm(len(train), generator=g).tolist()]
-        idx = order[pos * self.cfg.batch_size : (pos + 1) * self.cfg.batch_size]
-        return epoch, idx[self.acc.process_index :: self.acc.num_processes] or idx[:1]
-
-    def update(self, loss: torch.Tensor) -> None:
-        self.opt.zero_grad()
-        self.acc.backward(loss)
-        self.opt.step()
-        self.sched.step()
-        self.step += 1
-
-    def save(self) -> None:
-        from spectool.runs import atomic_torch_save
-
-        if self.acc.is_main_process:
-            atomic_torch_save({"draft": self.unwrapped.state_dict(), "opt": self.opt.state_dict(),
-                               "sched": self.sched.state_dict(), "step": self.step}, self.ckpt)
-
-
-def _train(cfg: InitDraftConfig, tr: _Training, data: _Data, feats, evaluate, W_dv: torch.Tensor) -> tuple[int, float]:
+def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats, evaluate, W_dv: torch.Tensor) -> tuple[int, float]:
     """The loop: TTT steps, metrics.jsonl per step, a held-out eval and checkpoint every save_every.
     Returns (training tokens, training seconds)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -387,7 +338,8 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         feats = _features(policy, data, draft.config.aux_layer_ids, out / ".train" / "features.safetensors")
     W = policy.get_output_embeddings().weight  # [V, H]
     target_on_device = target_ids.to(acc.device)  # [Vd]
-    tr = _Training(cfg, acc, draft, len(data.train), out / ".train")
+    tr = DraftTrainer(acc, draft, len(data.train), out / ".train", batch_size=cfg.batch_size, epochs=cfg.epochs,
+                      lr=cfg.lr, warmup_steps=cfg.warmup_steps, seed=cfg.seed)
 
     def evaluate(idx: list[int] | None = None) -> dict:
         idx = data.heldout if idx is None else idx

@@ -1,0 +1,61 @@
+"""`DraftTrainer`: a draft (EAGLE-3 or MTP layers) under accelerate with AdamW and a linear
+warm-up then cosine schedule, resumable at any checkpointed step (weights, optimizer, schedule,
+step; the batch order is seeded per epoch, so a resumed run draws what an uninterrupted one would).
+init-draft's loop drives it; the step's loss is draft/ttt.ttt_step_loss, as in the online refresh."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+
+class DraftTrainer:
+    """The draft under accelerate with its AdamW + warm-up/cosine schedule, resumable at any
+    checkpointed step (weights, optimizer, schedule, step; batch order is seeded per epoch)."""
+
+    def __init__(self, acc, draft, n_train: int, state_dir: Path, *, batch_size: int, epochs: int, lr: float,
+                 warmup_steps: int, seed: int):
+        """`acc`: an accelerate Accelerator; `draft`: an Eagle3Draft or MtpDraft; `n_train`: training records."""
+        self.acc, self.batch_size, self.seed = acc, batch_size, seed
+        self.steps_per_epoch = math.ceil(n_train / batch_size)
+        self.total = total = self.steps_per_epoch * epochs
+        opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+        self.draft, self.opt = acc.prepare(draft, opt)
+        self.ckpt = state_dir / "checkpoint.pt"
+        self.step = 0
+        if self.ckpt.exists():
+            st = torch.load(self.ckpt, weights_only=False)
+            self.unwrapped.load_state_dict(st["draft"])
+            self.opt.load_state_dict(st["opt"])
+            self.sched.load_state_dict(st["sched"])
+            self.step = st["step"]
+
+    @property
+    def unwrapped(self):
+        return self.acc.unwrap_model(self.draft)
+
+    def batch(self, train: list[int]) -> tuple[int, list[int]]:
+        """(epoch, record indices of this process's share of the current step's batch)."""
+        epoch, pos = divmod(self.step, self.steps_per_epoch)
+        g = torch.Generator().manual_seed(self.seed * 1000 + epoch)
+        order = [train[i] for i in torch.randperm(len(train), generator=g).tolist()]
+        idx = order[pos * self.batch_size : (pos + 1) * self.batch_size]
+        return epoch, idx[self.acc.process_index :: self.acc.num_processes] or idx[:1]
+
+    def update(self, loss: torch.Tensor) -> None:
+        self.opt.zero_grad()
+        self.acc.backward(loss)
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+
+    def save(self) -> None:
+        from spectool.runs import atomic_torch_save
+
+        if self.acc.is_main_process:
+            atomic_torch_save({"draft": self.unwrapped.state_dict(), "opt": self.opt.state_dict(),
+                               "sched": self.sched.state_dict(), "step": self.step}, self.ckpt)
