@@ -6,30 +6,11 @@ from __future__ import annotations
 import pytest
 import typer
 
-from spectool.cli import app
-from spectool.config import (ExportConfig, ForecastConfig, HarvestConfig, InitDraftConfig, RolloutConfig,
+from spectool.cli import CLI, app
+from spectool.config import (ExportConfig, InitDraftConfig, RolloutConfig,
                              SweepConfig, VerifyConfig, field_default, field_docs)
 
-# command -> (settings class, {CLI parameter name: field path}, fields deliberately not on the command line)
-COMMANDS = {
-    "harvest": (HarvestConfig, {}, set()),
-    "init-draft": (InitDraftConfig, {"n_prompts": "harvest.n_prompts", "samples": "harvest.samples",
-                                     "max_tokens": "harvest.max_tokens", "temperature": "harvest.temperature"},
-                   {"step_decay", "warmup_steps", "eval_fraction", "harvest.top_p", "harvest.seed"}),
-    "rollout": (RolloutConfig, {}, set()),
-    "sweep-k": (SweepConfig, {"k": "ks"}, set()),
-    "export": (ExportConfig, {"min_acceptance": "min_acceptance_length"}, set()),
-    "verify": (VerifyConfig, {}, set()),
-    "forecast": (ForecastConfig, {"k": "ks"}, set()),
-}
 SAMPLING = {"n_prompts", "samples", "max_tokens", "temperature", "top_p", "seed"}
-
-
-def _field(cls, param: str, renamed: dict) -> str:
-    name = renamed.get(param, param)
-    if "." not in name and name in SAMPLING and "sampling" in field_docs(cls):
-        return f"sampling.{name}"
-    return name
 
 
 def _default(cls, path: str):
@@ -39,13 +20,19 @@ def _default(cls, path: str):
     return field_default(cls, path)
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted(CLI))
 def test_cli_defaults_are_the_dataclass_defaults_and_every_setting_has_a_flag(command):
-    cls, renamed, hidden = COMMANDS[command]
+    """The options are generated from the dataclass (cli.settings_command); this reads the click
+    command back and checks it against the dataclass itself: every field has a flag unless CLI
+    hides it, with the field's default and a help text."""
+    spec = CLI[command]
+    cls = spec.cls
     click_cmd = typer.main.get_command(app).commands[command]
     seen = set()
     for p in click_cmd.params:
-        path = _field(cls, p.name, renamed)
+        if p.name == "ctx":
+            continue
+        path = p.name.replace("__", ".")
         seen.add(path)
         want = _default(cls, path)
         if isinstance(want, list):
@@ -55,12 +42,34 @@ def test_cli_defaults_are_the_dataclass_defaults_and_every_setting_has_a_flag(co
         else:
             assert p.default == want, f"{command} --{p.name}: CLI default {p.default!r} != dataclass {want!r}"
         assert p.help, f"{command} --{p.name} has no help"
-    fields = {f for f in field_docs(cls) if f not in ("sampling", "harvest")}
-    if "sampling" in field_docs(cls):
-        fields |= {f"sampling.{x}" for x in SAMPLING}
-    if "harvest" in field_docs(cls):
-        fields |= {f"harvest.{x}" for x in SAMPLING}
-    assert fields - seen - hidden == set(), f"{command}: settings without a flag"
+    fields = {f for f in field_docs(cls) if f != spec.sampling}
+    if spec.sampling:
+        fields |= {f"{spec.sampling}.{x}" for x in SAMPLING}
+    assert fields - seen - spec.hidden == set(), f"{command}: settings without a flag"
+    assert seen <= fields
+
+
+def test_flags_parse_into_the_settings():
+    """Generated flags build the settings object: lists, optional numbers, a number-or-word, a
+    renamed flag, a boolean pair, nested sampling flags and a linked hidden field."""
+    from spectool.cli import _build
+
+    kw = {p: _default(SweepConfig, p) for p in ("out", "draft", "model", "data", "split", "draft_model", "max_tokens",
+                                                 "temperature", "min_seqs", "min_gain", "seed", "draft_sampling",
+                                                 "gpu_memory_utilization", "dummy_weights", "acceptance_length",
+                                                 "lengths", "prompt_len")}
+    cfg = _build(CLI["sweep-k"], {**kw, "ks": "3,1,3", "batch_sizes": "8", "methods": "eagle3, mtp",
+                                  "acceptance_rates": "0.9,0.5"})
+    assert cfg.ks == [1, 3] and cfg.methods == ["eagle3", "mtp"] and cfg.acceptance_rates == [0.9, 0.5]
+    r = {f"sampling.{x}": getattr(field_default(RolloutConfig, "sampling"), x) for x in SAMPLING}
+    r.update({f: field_default(RolloutConfig, f) for f in field_docs(RolloutConfig) if f != "sampling"})
+    assert _build(CLI["rollout"], {**r, "k": "auto", "sampling.n_prompts": 5}).k == "auto"
+    assert _build(CLI["rollout"], {**r, "k": "2"}).k == 2
+    i = {f"harvest.{x}": getattr(field_default(InitDraftConfig, "harvest"), x) for x in SAMPLING}
+    i.update({f: field_default(InitDraftConfig, f) for f in field_docs(InitDraftConfig) if f != "harvest"})
+    cfg = _build(CLI["init-draft"], {**i, "seed": 7, "harvest.n_prompts": 9})
+    assert cfg.harvest.seed == 7 and cfg.harvest.n_prompts == 9 and cfg.step_decay == field_default(InitDraftConfig,
+                                                                                                    "step_decay")
 
 
 def test_defaults_that_must_agree_do():

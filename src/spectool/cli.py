@@ -1,14 +1,21 @@
 """spectool's command line: parse flags, build a config, call the command's `run`, render.
 
-Every option's default and help come from the command's settings dataclass in config.py (`option`),
-so they are written once. Heavy libraries (torch, vllm, transformers) are imported inside the
-commands so `--help` is fast.
+Every command's options are generated from its settings dataclass in config.py (`settings_command`):
+a field is a flag with the field's default, its attribute docstring as help and its type, so a
+setting is written once, where its owner lives. `CLI` says only what the command line spells
+differently (a renamed flag, a field left off, a required one). Heavy libraries (torch, vllm,
+transformers) are imported inside the commands so `--help` is fast. train-rl reads rl.yaml instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import sys
-from typing import Optional
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -37,18 +44,138 @@ def _options(verbose: bool = typer.Option(
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-def option(cls, name: str, *flags: str, required: bool = False):
-    """A Typer option for field `name` of the settings dataclass `cls` (`section.field` for a nested
-    SamplingConfig): its default, and its docstring as help. Lists are comma-separated strings."""
-    if "." in name:
-        section, leaf = name.split(".")
-        default, doc = getattr(field_default(cls, section), leaf), field_docs(SamplingConfig)[leaf]
-    else:
-        leaf, default, doc = name, field_default(cls, name), field_docs(cls)[name]
+@dataclass(frozen=True)
+class CliSpec:
+    """How one command's settings dataclass appears on the command line (what differs from the default
+    of one `--field-name` flag per field, with the field's default and docstring)."""
+
+    cls: type
+    sampling: str | None = None  # the nested SamplingConfig field whose leaves are flat flags (--n-prompts ...)
+    renamed: dict[str, str] = field(default_factory=dict)  # field path -> flag ("ks" -> "--k")
+    hidden: frozenset[str] = frozenset()  # field paths left off the command line (their default applies)
+    required: frozenset[str] = frozenset()
+    linked: dict[str, str] = field(default_factory=dict)  # hidden field path -> the flag's field that sets it too
+    help: dict[str, str] = field(default_factory=dict)  # field path -> help, where the docstring is not enough
+
+
+def _presets_help() -> str:
+    from spectool.config import INIT_DRAFT_PRESETS
+
+    sets = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in vals.items())
+                     for name, vals in INIT_DRAFT_PRESETS.items())
+    return f"{field_docs(InitDraftConfig)['preset']} {sets}"
+
+
+CLI = {
+    "harvest": CliSpec(HarvestConfig, sampling="sampling", required=frozenset({"out"})),
+    "init-draft": CliSpec(InitDraftConfig, sampling="harvest", required=frozenset({"out"}),
+                          hidden=frozenset({"step_decay", "warmup_steps", "eval_fraction", "harvest.top_p",
+                                            "harvest.seed"}),
+                          linked={"harvest.seed": "seed"}, help={"preset": _presets_help()}),
+    "sweep-k": CliSpec(SweepConfig, renamed={"ks": "--k"}, required=frozenset({"out"})),
+    "rollout": CliSpec(RolloutConfig, sampling="sampling"),
+    "export": CliSpec(ExportConfig, renamed={"target": "--for", "min_acceptance_length": "--min-acceptance",
+                                             "verify": "--verify/--no-verify"}, required=frozenset({"draft", "out"})),
+    "verify": CliSpec(VerifyConfig),
+    "forecast": CliSpec(ForecastConfig, renamed={"ks": "--k"}, required=frozenset({"sweep"})),
+}
+
+
+def _leaves(spec: CliSpec) -> list[tuple[str, type, Any, str]]:
+    """(field path, type, default, help) of every flag of the command, in the dataclass's order."""
+    out = []
+    hints, docs = typing.get_type_hints(spec.cls), field_docs(spec.cls)
+    for f in dataclasses.fields(spec.cls):
+        if f.name == spec.sampling:
+            sub, sub_hints, sub_docs = field_default(spec.cls, f.name), typing.get_type_hints(SamplingConfig), field_docs(SamplingConfig)
+            out += [(f"{f.name}.{g.name}", sub_hints[g.name], getattr(sub, g.name), sub_docs[g.name])
+                    for g in dataclasses.fields(SamplingConfig)]
+        else:
+            out.append((f.name, hints[f.name], field_default(spec.cls, f.name), docs[f.name]))
+    return [x for x in out if x[0] not in spec.hidden]
+
+
+def _flag(spec: CliSpec, path: str) -> str:
+    return spec.renamed.get(path) or "--" + path.rpartition(".")[2].replace("_", "-")
+
+
+def _cli_type(tp) -> tuple[Any, Callable[[Any, str], Any] | None]:
+    """The type the command line reads for a field type, and how its text becomes the field's value."""
+    if tp in (str, int, float, bool):
+        return tp, None
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            inner, parse = _cli_type(rest[0])
+            return Optional[inner], (None if parse is None else lambda v, flag: None if v is None else parse(v, flag))
+        if set(rest) == {int, str}:  # a number or a word ("3" or "auto")
+            return str, lambda v, flag: int(v) if str(v).isdigit() else str(v)
+    if typing.get_origin(tp) is list:
+        elem = args[0]
+        if elem is int:
+            return str, lambda v, flag: parse_int_list(str(v), flag)
+        if elem is float:
+            return str, lambda v, flag: parse_float_list(str(v), flag)
+        return str, lambda v, flag: [x.strip() for x in str(v).split(",") if x.strip()]
+    raise TypeError(f"no command-line form for {tp}")
+
+
+def _param(spec: CliSpec, path: str, tp, default, doc: str) -> inspect.Parameter:
+    cli_type, _ = _cli_type(tp)
     if isinstance(default, list):
         default = ",".join(str(x) for x in default)
-    flags = flags or ("--" + leaf.replace("_", "-"),)
-    return typer.Option(... if required else default, *flags, help=doc)
+    opt = typer.Option(... if path in spec.required else default, *_flag(spec, path).split(" "),
+                       help=spec.help.get(path, doc))
+    return inspect.Parameter(path.replace(".", "__"), inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=cli_type)
+
+
+def _build(spec: CliSpec, values: dict[str, Any]):
+    """The settings object from the flags' values (keyed by field path); hidden fields keep their
+    defaults, linked ones follow their flag."""
+    flat = {}
+    for path, tp, _, _ in _leaves(spec):
+        _, parse = _cli_type(tp)
+        v = values[path]
+        flat[path] = parse(v, _flag(spec, path).split("/")[0]) if parse else v
+    for hidden, source in spec.linked.items():
+        flat[hidden] = flat[source]
+    top = {k: v for k, v in flat.items() if "." not in k}
+    if spec.sampling:
+        sub = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith(spec.sampling + ".")}
+        top[spec.sampling] = dataclasses.replace(field_default(spec.cls, spec.sampling), **sub)
+    return spec.cls(**top)
+
+
+def settings_command(name: str):
+    """Decorate `fn(cfg)` (or `fn(cfg, given)`: the field paths set on the command line) as the
+    command `name`, its options generated from CLI[name]; a SpectoolError ends it with exit code 2."""
+    spec = CLI[name]
+
+    def decorate(fn):
+        leaves = _leaves(spec)
+        wants_given = "given" in inspect.signature(fn).parameters
+
+        def command(ctx: typer.Context, **kw: Any) -> None:
+            values = {p.replace("__", "."): v for p, v in kw.items()}
+            try:
+                cfg = _build(spec, values)
+                if wants_given:
+                    from click.core import ParameterSource
+
+                    given = {p.replace("__", ".") for p in kw if ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE}
+                    fn(cfg, given)
+                else:
+                    fn(cfg)
+            except SpectoolError as e:
+                _fail(e)
+
+        ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+        command.__signature__ = inspect.Signature([ctx_param, *(_param(spec, *leaf) for leaf in leaves)])
+        command.__name__, command.__doc__ = fn.__name__, fn.__doc__
+        return app.command(name)(command)
+
+    return decorate
 
 
 def _parse_list(text: str, flag: str, cast, what: str, example: str) -> list:
@@ -78,287 +205,66 @@ def _fail(e: SpectoolError) -> None:
     raise typer.Exit(2)
 
 
-H = HarvestConfig
-
-
-@app.command()
-def harvest(
-    out: str = option(H, "out", required=True),
-    model: str = option(H, "model"),
-    data: str = option(H, "data"),
-    split: str = option(H, "split"),
-    n_prompts: int = option(H, "sampling.n_prompts"),
-    samples: int = option(H, "sampling.samples"),
-    max_tokens: int = option(H, "sampling.max_tokens"),
-    temperature: float = option(H, "sampling.temperature"),
-    top_p: float = option(H, "sampling.top_p"),
-    seed: int = option(H, "sampling.seed"),
-    hidden_states: bool = option(H, "hidden_states"),
-    prompt_col: str = option(H, "prompt_col"),
-    answer_col: str = option(H, "answer_col"),
-    gpu_memory_utilization: float = option(H, "gpu_memory_utilization"),
-) -> None:
+@settings_command("harvest")
+def harvest(cfg: HarvestConfig) -> None:
     """Run the policy on in-domain prompts (vLLM) and store its rollouts: the draft's training data."""
-    try:
-        from spectool.commands.harvest import render, run
+    from spectool.commands.harvest import render, run
 
-        render(run(HarvestConfig(
-            model=model, data=data, out=out, split=split, hidden_states=hidden_states, prompt_col=prompt_col,
-            answer_col=answer_col, gpu_memory_utilization=gpu_memory_utilization,
-            sampling=SamplingConfig(n_prompts, samples, max_tokens, temperature, top_p, seed))))
-    except SpectoolError as e:
-        _fail(e)
+    render(run(cfg))
 
 
-I = InitDraftConfig  # noqa: E741
-
-
-def _presets_help() -> str:
-    from spectool.config import INIT_DRAFT_PRESETS, field_docs
-
-    sets = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in vals.items())
-                     for name, vals in INIT_DRAFT_PRESETS.items())
-    return f"{field_docs(InitDraftConfig)['preset']} {sets}"
-
-
-@app.command("init-draft")
-def init_draft(
-    ctx: typer.Context,
-    out: str = option(I, "out", required=True),
-    model: str = option(I, "model"),
-    data: str = option(I, "data"),
-    method: str = option(I, "method"),
-    init_from: Optional[str] = option(I, "init_from"),
-    remap_vocab: bool = option(I, "remap_vocab"),
-    draft_vocab_size: int = option(I, "draft_vocab_size"),
-    ttt_steps: int = option(I, "ttt_steps"),
-    draft_layers: int = option(I, "draft_layers"),
-    loss: str = option(I, "loss"),
-    epochs: int = option(I, "epochs"),
-    batch_size: int = option(I, "batch_size"),
-    lr: float = option(I, "lr"),
-    save_every: int = option(I, "save_every"),
-    n_prompts: int = option(I, "harvest.n_prompts"),
-    samples: int = option(I, "harvest.samples"),
-    max_tokens: int = option(I, "harvest.max_tokens"),
-    temperature: float = option(I, "harvest.temperature"),
-    seed: int = option(I, "seed"),
-    gpu_memory_utilization: float = option(I, "gpu_memory_utilization"),
-    disk_budget_gb: Optional[float] = option(I, "disk_budget_gb"),
-    preset: Optional[str] = typer.Option(None, "--preset", help=_presets_help()),
-) -> None:
+@settings_command("init-draft")
+def init_draft(cfg: InitDraftConfig, given: set[str]) -> None:
     """Build and train an EAGLE-3 draft for the policy on in-domain data (--method mtp: fine-tune the model's
     own MTP layers)."""
-    try:
-        from spectool.commands.init_draft import render, run
-        from spectool.config import apply_preset
+    from spectool.commands.init_draft import render, run
+    from spectool.config import apply_preset
 
-        cfg = InitDraftConfig(
-            out=out, model=model, data=data, method=method, init_from=init_from, remap_vocab=remap_vocab,
-            draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, draft_layers=draft_layers, loss=loss, epochs=epochs,
-            batch_size=batch_size, lr=lr, save_every=save_every, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, disk_budget_gb=disk_budget_gb, preset=preset,
-            harvest=SamplingConfig(n_prompts, samples, max_tokens, temperature, 1.0, seed))
-        render(run(apply_preset(cfg, _given(ctx))))
-    except SpectoolError as e:
-        _fail(e)
+    render(run(apply_preset(cfg, given)))
 
 
-def _given(ctx: typer.Context) -> set[str]:
-    """Settings set on the command line (not defaulted), as config field names; SamplingConfig's
-    flags name the nested harvest settings ("harvest.<field>")."""
-    from dataclasses import fields
-
-    from click.core import ParameterSource
-
-    sampling = {f.name for f in fields(SamplingConfig)} - {"seed"}  # --seed sets both; the preset names neither
-    given = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
-    return {f"harvest.{n}" if n in sampling else n for n in given}
-
-
-S = SweepConfig
-
-
-@app.command("sweep-k")
-def sweep_k(
-    out: str = option(S, "out", required=True),
-    draft: Optional[str] = option(S, "draft"),
-    model: str = option(S, "model"),
-    data: str = option(S, "data"),
-    split: str = option(S, "split"),
-    k: str = option(S, "ks", "--k"),
-    batch_sizes: str = option(S, "batch_sizes"),
-    methods: str = option(S, "methods"),
-    draft_model: Optional[str] = option(S, "draft_model"),
-    max_tokens: int = option(S, "max_tokens"),
-    temperature: float = option(S, "temperature"),
-    min_seqs: int = option(S, "min_seqs"),
-    min_gain: float = option(S, "min_gain"),
-    seed: int = option(S, "seed"),
-    draft_sampling: str = option(S, "draft_sampling"),
-    gpu_memory_utilization: float = option(S, "gpu_memory_utilization"),
-    dummy_weights: bool = option(S, "dummy_weights"),
-    acceptance_rates: Optional[str] = option(S, "acceptance_rates"),
-    acceptance_length: Optional[float] = option(S, "acceptance_length"),
-    lengths: Optional[str] = option(S, "lengths"),
-    prompt_len: int = option(S, "prompt_len"),
-) -> None:
+@settings_command("sweep-k")
+def sweep_k(cfg: SweepConfig) -> None:
     """Measure acceptance and throughput per draft length k (and batch size); recommend k.
     With --dummy-weights and synthetic acceptance: what speculation gives a model known by its config."""
-    try:
-        from spectool.commands.sweep_k import render, run
+    from spectool.commands.sweep_k import render, run
 
-        cfg = SweepConfig(
-            out=out, draft=draft, model=model, data=data, split=split, ks=parse_int_list(k, "--k"),
-            batch_sizes=parse_int_list(batch_sizes, "--batch-sizes"),
-            methods=[m.strip() for m in methods.split(",") if m.strip()], draft_model=draft_model, max_tokens=max_tokens,
-            temperature=temperature, min_seqs=min_seqs, min_gain=min_gain, seed=seed, draft_sampling=draft_sampling,
-            gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
-            acceptance_rates=parse_float_list(acceptance_rates, "--acceptance-rates"),
-            acceptance_length=acceptance_length, lengths=lengths, prompt_len=prompt_len)
-        render(run(cfg, progress=lambda m: typer.echo(m, err=True)), out)
-    except SpectoolError as e:
-        _fail(e)
+    render(run(cfg, progress=lambda m: typer.echo(m, err=True)), cfg.out)
 
 
-R = RolloutConfig
-
-
-@app.command()
-def rollout(
-    model: str = option(R, "model"),
-    data: str = option(R, "data"),
-    split: str = option(R, "split"),
-    out: Optional[str] = option(R, "out"),
-    n_prompts: int = option(R, "sampling.n_prompts"),
-    samples: int = option(R, "sampling.samples"),
-    max_tokens: int = option(R, "sampling.max_tokens"),
-    temperature: float = option(R, "sampling.temperature"),
-    top_p: float = option(R, "sampling.top_p"),
-    seed: int = option(R, "sampling.seed"),
-    prompt_col: str = option(R, "prompt_col"),
-    answer_col: str = option(R, "answer_col"),
-    draft: Optional[str] = option(R, "draft"),
-    method: str = option(R, "method"),
-    draft_model: Optional[str] = option(R, "draft_model"),
-    k: str = option(R, "k"),
-    sweep: Optional[str] = option(R, "sweep"),
-    compare: bool = option(R, "compare"),
-    draft_sampling: str = option(R, "draft_sampling"),
-    gpu_memory_utilization: float = option(R, "gpu_memory_utilization"),
-    acceptance_length: Optional[float] = option(R, "acceptance_length"),
-) -> None:
+@settings_command("rollout")
+def rollout(cfg: RolloutConfig) -> None:
     """Rollouts with vLLM (speculative with a draft): records with target logprobs and rewards."""
-    try:
-        from spectool.commands.rollout import render, run
+    from spectool.commands.rollout import render, run
 
-        k = str(k)
-        if k != "auto" and not k.isdigit():
-            raise SpectoolError(f"--k={k!r} must be an integer in [1, 16] or 'auto'")
-        render(run(RolloutConfig(
-            model=model, data=data, split=split, out=out, prompt_col=prompt_col, answer_col=answer_col, draft=draft,
-            method=method, draft_model=draft_model, k=k if k == "auto" else int(k), sweep=sweep, compare=compare,
-            draft_sampling=draft_sampling,
-            gpu_memory_utilization=gpu_memory_utilization, acceptance_length=acceptance_length,
-            sampling=SamplingConfig(n_prompts, samples, max_tokens, temperature, top_p, seed))))
-    except SpectoolError as e:
-        _fail(e)
+    render(run(cfg))
 
 
-E = ExportConfig
-
-
-@app.command()
-def export(
-    draft: str = option(E, "draft", required=True),
-    out: str = option(E, "out", required=True),
-    format: str = option(E, "format"),
-    target: str = option(E, "target", "--for"),
-    model: Optional[str] = option(E, "model"),
-    k: int = option(E, "k"),
-    verify: bool = option(E, "verify", "--verify/--no-verify"),
-    min_acceptance: float = option(E, "min_acceptance_length", "--min-acceptance"),
-    gpu_memory_utilization: float = option(E, "gpu_memory_utilization"),
-) -> None:
+@settings_command("export")
+def export(cfg: ExportConfig) -> None:
     """Write a draft that vLLM (and RL frameworks) load: plain EAGLE-3 or speculators format."""
-    try:
-        from spectool.commands.export import render, run
+    from spectool.commands.export import render, run
 
-        render(run(ExportConfig(draft=draft, out=out, format=format, target=target, model=model, k=k, verify=verify,
-                                min_acceptance_length=min_acceptance, gpu_memory_utilization=gpu_memory_utilization)))
-    except SpectoolError as e:
-        _fail(e)
+    render(run(cfg))
 
 
-V = VerifyConfig
-
-
-@app.command()
-def verify(
-    draft: Optional[str] = option(V, "draft"),
-    method: str = option(V, "method"),
-    model: str = option(V, "model"),
-    data: str = option(V, "data"),
-    split: str = option(V, "split"),
-    k: int = option(V, "k"),
-    n_prompts: int = option(V, "n_prompts"),
-    samples: int = option(V, "samples"),
-    positions: int = option(V, "positions"),
-    temperature: float = option(V, "temperature"),
-    alpha: float = option(V, "alpha"),
-    logprob_tol: float = option(V, "logprob_tol"),
-    control: str = option(V, "control"),
-    out: Optional[str] = option(V, "out"),
-    seed: int = option(V, "seed"),
-    draft_sampling: str = option(V, "draft_sampling"),
-    gpu_memory_utilization: float = option(V, "gpu_memory_utilization"),
-) -> None:
+@settings_command("verify")
+def verify(cfg: VerifyConfig) -> None:
     """Prove on the real engine that speculative sampling equals the policy's own sampling."""
-    try:
-        from spectool.commands.verify import render, run
+    from spectool.commands.verify import render, run
 
-        r = run(VerifyConfig(draft=draft, method=method, model=model, data=data, split=split, k=k, n_prompts=n_prompts,
-                             samples=samples, positions=positions, temperature=temperature, alpha=alpha,
-                             logprob_tol=logprob_tol, control=control, out=out, seed=seed,
-                             draft_sampling=draft_sampling, gpu_memory_utilization=gpu_memory_utilization),
-                progress=lambda m: typer.echo(m, err=True))
-        render(r)
-    except SpectoolError as e:
-        _fail(e)
+    r = run(cfg, progress=lambda m: typer.echo(m, err=True))
+    render(r)
     if not r.ok:
         raise typer.Exit(1)
 
 
-F = ForecastConfig
-
-
-@app.command()
-def forecast(
-    sweep: str = option(F, "sweep", required=True),
-    method: str = option(F, "method"),
-    acceptance_rates: Optional[str] = option(F, "acceptance_rates"),
-    lengths: str = option(F, "lengths"),
-    max_tokens: int = option(F, "max_tokens"),
-    batch: int = option(F, "batch"),
-    max_concurrency: int = option(F, "max_concurrency"),
-    prompt_len: int = option(F, "prompt_len"),
-    k: str = option(F, "ks", "--k"),
-    generation_share: Optional[float] = option(F, "generation_share"),
-    rl_run: Optional[str] = option(F, "rl_run"),
-    min_gain: float = option(F, "min_gain"),
-    out: Optional[str] = option(F, "out"),
-) -> None:
+@settings_command("forecast")
+def forecast(cfg: ForecastConfig) -> None:
     """Forecast rollout and RL-step speedups at any batch size and acceptance from a fitted sweep."""
-    try:
-        from spectool.commands.forecast import render, run
+    from spectool.commands.forecast import render, run
 
-        cfg = ForecastConfig(sweep=sweep, method=method, out=out, lengths=lengths, max_tokens=max_tokens, batch=batch,
-                             acceptance_rates=parse_float_list(acceptance_rates, "--acceptance-rates"),
-                             max_concurrency=max_concurrency, prompt_len=prompt_len, ks=parse_int_list(k, "--k"),
-                             generation_share=generation_share, rl_run=rl_run, min_gain=min_gain)
-        render(run(cfg), cfg.out)
-    except SpectoolError as e:
-        _fail(e)
+    render(run(cfg), cfg.out)
 
 
 @app.command("train-rl")

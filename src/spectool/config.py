@@ -1,6 +1,6 @@
-"""Every command's settings: one typed dataclass each, a docstring per field (the CLI's help and
-defaults come from here, `cli.option`), `validate()` naming the flag to change. train-rl's YAML
-settings are rl/config.py's."""
+"""Every command's settings: one typed dataclass each, a docstring per field; the command line is
+generated from them (`cli.settings_command`: flag, type, default and help), and `validate()` names
+the flag to change. train-rl's YAML settings are rl/config.py's."""
 
 from __future__ import annotations
 
