@@ -20,8 +20,8 @@ GPU_CHUNK_SEQUENCES = 1024  # sequences per generate call on a GPU: few enough w
 
 
 def chunk_prompts(samples: int, cpu_build: bool) -> int:
-    """Prompts per shard. On a GPU, 16 prompts x 4 samples kept the engine at 42% of its throughput
-    (4,799 vs 11,340 tokens/s on an H100): each call ends in a long tail of few live sequences."""
+    """Prompts per shard. On a GPU, many sequences per generate call: each call ends in a long tail
+    of few live sequences (the measurement behind it: README, "On a GPU")."""
     return CPU_CHUNK_PROMPTS if cpu_build else max(CPU_CHUNK_PROMPTS, GPU_CHUNK_SEQUENCES // samples)
 
 
