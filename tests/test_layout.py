@@ -1,5 +1,6 @@
 """The import graph of src/spectool: no circle, recipes (commands/, cli) import the library and
-never the reverse, and runs.py is a leaf (errors and the version only)."""
+never the reverse, nothing below rl/ imports it (train-rl's settings and trainer), and runs.py is
+a leaf (errors and the version only)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,9 @@ def test_no_import_circle_and_no_arrow_up_to_the_recipes():
     assert _cycles(edges) == []
     up = sorted((m, t) for m, ts in edges.items() for t in ts if t.startswith(RECIPES) and not m.startswith(RECIPES))
     assert up == []
+    into_rl = sorted((m, t) for m, ts in edges.items() for t in ts
+                     if t.startswith("spectool.rl") and not m.startswith((*RECIPES, "spectool.rl")))
+    assert into_rl == []
     assert edges["spectool.runs"] <= {"spectool.errors"}
 
 

@@ -77,7 +77,11 @@ def test_defaults_that_must_agree_do():
     change to one owner's default that breaks the agreement fails)."""
     from spectool.rl.config import DraftRefreshSection, SpeculationSection
 
+    from spectool.engine.engine import EngineConfig
+    from spectool.integrations.trl import SpectoolSpeculation
+
     ks = {field_default(c, "k") for c in (RolloutConfig, VerifyConfig, ExportConfig)} | {SpeculationSection().k}
+    ks |= {EngineConfig(model_path="m").k, SpectoolSpeculation(None).k}
     assert len(ks) == 1, ks  # one default k wherever a draft is run
     assert DraftRefreshSection().loss == field_default(InitDraftConfig, "loss")  # online refresh = init-draft's loss
     assert max(field_default(SweepConfig, "ks")) <= field_default(InitDraftConfig, "ttt_steps")  # swept ks are trained

@@ -24,6 +24,9 @@ DRAFT_SAMPLING = ("greedy", "probabilistic")
 # The engine's share of GPU memory when nothing else runs on the GPU (train-rl has its own default,
 # engine.gpu_memory_utilization, that leaves the colocated trainer room). Ignored on the CPU build.
 GPU_MEMORY_UTILIZATION = 0.9
+# Draft tokens per verify step wherever a draft runs (rollout, verify, export, train-rl, TRL): 3, the
+# field's measured best for EAGLE-3 in reasoning RL (NeMo RL: 1.77x at k=3 vs 1.44x at 5, 1.21x at 7).
+DEFAULT_K = 3
 
 
 @dataclass
@@ -246,7 +249,7 @@ class ExportConfig:
     """Policy (default: the one the draft was trained for)."""
     target: str = "vllm"
     """The framework to load it: vllm | nemo-rl | verl | trl-serve (skyrl is refused, with why); writes its config snippet."""
-    k: int = 3
+    k: int = DEFAULT_K
     """Default k recorded (speculators) and used for verification."""
     verify: bool = True
     """Load into vLLM and check acceptance before moving into place."""
@@ -285,7 +288,7 @@ class RolloutConfig:
     draft_model: str | None = None
     """Instead of --draft: a smaller causal LM with the policy's tokenizer (vLLM's draft-model speculation);
     'policy' drafts with the policy itself, the oracle whose T=1 greedy acceptance bounds every greedy draft's."""
-    k: int | str = 3
+    k: int | str = DEFAULT_K
     """Draft tokens per step, or 'auto': per batch size from --sweep (vLLM's dynamic speculation)."""
     sweep: str | None = None
     """sweep-k or forecast run directory (for --k auto)."""
@@ -442,7 +445,7 @@ class VerifyConfig:
     """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
     split: str = "eval"
     """train | eval (held-out prompts)."""
-    k: int = 3
+    k: int = DEFAULT_K
     """Draft tokens per step."""
     n_prompts: int = 4
     """Prompts for the token-distribution test."""

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from spectool.config import DEFAULT_K, GPU_MEMORY_UTILIZATION
 from spectool.engine import colocated
 from spectool.engine.colocated import WORKER_EXTENSION
 from spectool.errors import SpectoolError
@@ -31,7 +32,7 @@ from spectool.stats import AcceptanceStats
 class EngineConfig:
     model_path: str
     draft_path: str | None = None  # plain EAGLE-3 folder (config.json + model.safetensors)
-    k: int = 3  # num_speculative_tokens (the largest k when k_schedule is set)
+    k: int = DEFAULT_K  # num_speculative_tokens (the largest k when k_schedule is set)
     # "eagle3" | "draft_model" (draft_path: a causal LM; plain decoding when None) | "ngram" |
     # "mtp" (the model's own MTP layers; no draft_path)
     method: str = "eagle3"
@@ -45,7 +46,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: min(2048, the model's own limit)
     kv_cache_gib: float = 2.0  # CPU only
     # GPU only: the engine's share of GPU memory (weights + KV cache); lower it when a trainer shares the GPU
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     dtype: str = "auto"  # precision.engine_dtype: float32 on CPU, bfloat16 on a GPU
     # What-if timing (lossy by design): a model known by its config.json alone (random weights, no
     # tokenizer: prompts are token ids), and drafted tokens accepted at chosen rates instead of by

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from spectool.config import DEFAULT_K
 from spectool.draft.refresh import RefreshSettings
 from spectool.errors import SpectoolError
 
@@ -68,7 +69,7 @@ class SpectoolSpeculation:
     """A spectool draft or export folder (init-draft / export), made for the trained policy; "mtp":
     the policy's own MTP layers (a MiMo-layout model); None: plain decoding with spectool's engine
     settings, policy sync and logprob guard (a baseline)."""
-    k: int = 3
+    k: int = DEFAULT_K
     """Draft tokens per verify step."""
     draft_sampling: str = "greedy"
     """greedy | probabilistic: how the draft proposes (both exact)."""

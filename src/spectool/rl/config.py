@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL, DRAFT_SAMPLING, InitDraftConfig, check
+from spectool.config import DEFAULT_DATA, DEFAULT_K, DEFAULT_MODEL, DRAFT_SAMPLING, InitDraftConfig, check
 from spectool.errors import SpectoolError
 from spectool.precision import ENGINE_DTYPES
 
@@ -32,7 +32,7 @@ class RolloutSection:
 class SpeculationSection:
     enabled: bool = True  # false: plain decoding (the draft, if set, is not used)
     draft: str | None = None
-    k: int | str = 3
+    k: int | str = DEFAULT_K
     sweep: str | None = None
     draft_sampling: str = "greedy"  # or "probabilistic": proposals sampled from the draft (both exact)
     method: str = "eagle3"  # eagle3 (speculation.draft) | mtp: the policy's own MTP layers draft (no draft folder)
