@@ -9,8 +9,11 @@ S=.venv/bin/spectool
 RUN=${SPECTOOL_DEMO_DIR:-runs/demo}
 $S init-draft --out "$RUN/draft" --n-prompts 192 --samples 4 --max-tokens 128 --epochs 3
 $S export --draft "$RUN/draft" --out "$RUN/export" --k 3
-$S rollout --draft "$RUN/export" --k 3 --compare --temperature 0 --n-prompts 32 --max-tokens 128 --out "$RUN/rollout-t0"
-$S rollout --draft "$RUN/export" --k 3 --compare --temperature 1 --n-prompts 32 --max-tokens 128 --out "$RUN/rollout-t1"
+# The task's held-out split holds 13 prompts: all of them, greedy once at T=0 and 8 samples each at T=1
+# (104 completions), so the T=1 comparison rests on more than 13 short answers.
+$S rollout --draft "$RUN/export" --k 3 --compare --temperature 0 --n-prompts 13 --max-tokens 128 --out "$RUN/rollout-t0"
+$S rollout --draft "$RUN/export" --k 3 --compare --temperature 1 --n-prompts 13 --samples 8 --max-tokens 128 \
+  --out "$RUN/rollout-t1"
 # Online GRPO with speculative rollouts and the draft refreshed from the trainer's own forward.
 $S train-rl --config templates/rl.yaml --set out="$RUN/rl" --set speculation.draft="$RUN/draft" \
   --set policy.steps=6 --set policy.lr=1e-5 --set rollout.prompts_per_step=8 --set rollout.group_size=4 \
