@@ -53,7 +53,8 @@ def test_the_template_documents_every_key_with_the_dataclass_defaults():
     with a comment, each at its default."""
     import yaml
 
-    from spectool.rl.config import RLConfig, flatten_keys
+    from spectool.rl.config import RLConfig
+    from spectool.runs import flatten_keys
 
     text = open(TEMPLATE).read()
     tree = yaml.safe_load(text)

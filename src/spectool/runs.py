@@ -152,11 +152,11 @@ def claim(out: Path, kind: str, settings: Any, *, saved_as: str = CONFIG, may_ch
     is written. Returns whether a run of this kind is there."""
     out = Path(out)
     files = {f.name for f in out.iterdir()} if out.exists() else set()
-    new = _flat(settings)
+    new = flatten_keys(settings)
     resumed = not files <= {"engine.log"}
     if resumed:
         found = read_json(out / MANIFEST).get("kind") if MANIFEST in files else None
-        old = _flat(read_json(out / saved_as)) if saved_as in files else None
+        old = flatten_keys(read_json(out / saved_as)) if saved_as in files else None
         if found is None and not (old and set(old) >= set(new) - {*may_change, "out"}):
             raise SpectoolError(f"{flag} {out} holds other files; pick a new {flag}: files that are not a spectool run "
                                 f"stay as they are, and a {kind} run goes into a new or empty folder or over an earlier "
@@ -166,7 +166,7 @@ def claim(out: Path, kind: str, settings: Any, *, saved_as: str = CONFIG, may_ch
                                 f"over an earlier {kind} run")
         if replace:
             return True
-        old = {**_flat(defaults or {}), **(old or {})}
+        old = {**flatten_keys(defaults or {}), **(old or {})}
         diff = sorted(k for k in set(old) | set(new) if k not in {*may_change, "out"} and old.get(k) != new.get(k))
         if diff:
             raise SpectoolError(f"{flag} {out} holds a {kind} run with other settings ({', '.join(diff)} differ); rerun "
@@ -177,9 +177,10 @@ def claim(out: Path, kind: str, settings: Any, *, saved_as: str = CONFIG, may_ch
     return resumed
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Settings (a dataclass or a dict tree) as {dotted key: leaf value}, JSON-normalised."""
+def flatten_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Settings (a dataclass or a dict tree) as {dotted key: leaf value}, JSON-normalised:
+    {"a": {"b": 1}} -> {"a.b": 1}."""
     flat: dict[str, Any] = {}
     for k, v in _jsonable(tree).items():
-        flat.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+        flat.update(flatten_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
     return flat

@@ -108,9 +108,9 @@ def _setup(cfg: InitDraftConfig):
 
     model = resolve_model(cfg.model)
     if cfg.method == "mtp":  # fail before any harvesting or training
-        from spectool.draft.mtp import load_mtp
+        from spectool.draft.mtp import check_trainable
 
-        load_mtp(model.path)
+        check_trainable(Path(model.path))
     if cfg.init_from:
         from spectool.draft.checkpoint import load_draft
         from spectool.draft.checkpoint import check_draft

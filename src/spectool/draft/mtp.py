@@ -32,6 +32,7 @@ from torch import nn
 
 from spectool.draft.model import MLP, Attention, RMSNorm, chain_attention, inverse_frequencies
 from spectool.errors import SpectoolError
+from spectool.runs import atomic_write_bytes, atomic_write_json
 
 # config.json fields that count a model's MTP layers, as vLLM reads them (config/speculative.py)
 MTP_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
@@ -229,6 +230,19 @@ def _shards(model_path: Path) -> list[Path]:
     return files
 
 
+def check_trainable(model_path: Path, flag: str = "--method mtp") -> dict:
+    """The model's config.json, refused (naming why) without MTP layers or with a layout spectool
+    does not train; reads no weights."""
+    require_mtp(model_path, flag)
+    config = read_config(model_path)
+    arch = (config.get("architectures") or ["?"])[0]
+    if arch not in TRAINABLE_ARCHITECTURES:
+        raise SpectoolError(f"{flag}: spectool trains the MTP layout of {', '.join(TRAINABLE_ARCHITECTURES)}; "
+                            f"{model_path} is {arch}. vLLM still serves its MTP layers (rollout, sweep-k, verify "
+                            "--method mtp)")
+    return config
+
+
 def load_mtp(model_path: str | Path, policy=None, flag: str = "--method mtp") -> MtpDraft:
     """The MTP layers of a model folder as a trainable MtpDraft (refused, naming why, for a model
     without MTP layers or with a layout spectool does not train); `policy`: the trainer's model,
@@ -237,13 +251,7 @@ def load_mtp(model_path: str | Path, policy=None, flag: str = "--method mtp") ->
     from safetensors import safe_open
 
     path = Path(model_path)
-    require_mtp(path, flag)
-    config = read_config(path)
-    arch = (config.get("architectures") or ["?"])[0]
-    if arch not in TRAINABLE_ARCHITECTURES:
-        raise SpectoolError(f"{flag}: spectool trains the MTP layout of {', '.join(TRAINABLE_ARCHITECTURES)}; {path} is "
-                            f"{arch}. vLLM still serves its MTP layers (rollout, sweep-k, verify --method mtp)")
-    draft = MtpDraft(MtpConfig.from_model_config(config))
+    draft = MtpDraft(MtpConfig.from_model_config(check_trainable(path, flag)))
     sd: dict[str, torch.Tensor] = {}
     for f in _shards(path):
         with safe_open(str(f), "pt") as fh:
@@ -268,7 +276,6 @@ def attach_mtp(folder: str | Path, draft: MtpDraft, meta: dict | None = None) ->
     writes as Qwen2) a MiMo model folder vLLM serves with `draft`'s MTP layers: the MTP shard, the
     index listing every shard's tensors, and the MiMo architecture in config.json."""
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     folder = Path(folder)
     weight_map: dict[str, str] = {}
@@ -276,14 +283,10 @@ def attach_mtp(folder: str | Path, draft: MtpDraft, meta: dict | None = None) ->
         if f.name != MTP_WEIGHTS:
             with safe_open(str(f), "pt") as fh:
                 weight_map.update({k: f.name for k in fh.keys()})
-    mtp = {k: v.to(_checkpoint_dtype(folder)) for k, v in draft.export_state_dict().items()}
-    save_file(mtp, str(folder / MTP_WEIGHTS), metadata={"format": "pt"})
-    weight_map.update({k: MTP_WEIGHTS for k in mtp})
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    _write_mtp(folder, draft, weight_map, _checkpoint_dtype(folder), meta or {})
     config = read_config(folder)
     config.update(architectures=list(TRAINABLE_ARCHITECTURES[:1]), num_nextn_predict_layers=draft.config.mtp_layers)
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
-    (folder / MTP_JSON).write_text(json.dumps({"config": draft.config.to_dict(), **(meta or {})}, indent=1))
+    atomic_write_json(folder / "config.json", config)
 
 
 def save_mtp_model(draft: MtpDraft, source: str | Path, out: str | Path, meta: dict | None = None) -> None:
@@ -312,13 +315,19 @@ def save_mtp_model(draft: MtpDraft, source: str | Path, out: str | Path, meta: d
             else:
                 _link_or_copy(f, out / f.name)
         weight_map.update({k: f.name for k in trunk})
-    dtype = _checkpoint_dtype(source)
+    _write_mtp(out, draft, weight_map, _checkpoint_dtype(source), {"source": str(source), **(meta or {})})
+
+
+def _write_mtp(folder: Path, draft: MtpDraft, weight_map: dict[str, str], dtype: torch.dtype, meta: dict) -> None:
+    """The MTP shard (in the checkpoint's dtype), the index listing it beside the trunk's shards
+    (`weight_map`), and spectool's record of the layers, each file written whole."""
+    from safetensors.torch import save
+
     mtp = {k: v.to(dtype) for k, v in draft.export_state_dict().items()}
-    save_file(mtp, str(out / MTP_WEIGHTS), metadata={"format": "pt"})
-    weight_map.update({k: MTP_WEIGHTS for k in mtp})
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    (out / MTP_JSON).write_text(json.dumps({"config": draft.config.to_dict(), "source": str(source), **(meta or {})},
-                                           indent=1))
+    atomic_write_bytes(folder / MTP_WEIGHTS, save(mtp, metadata={"format": "pt"}))
+    atomic_write_json(folder / "model.safetensors.index.json",
+                      {"metadata": {}, "weight_map": {**weight_map, **{k: MTP_WEIGHTS for k in mtp}}})
+    atomic_write_json(folder / MTP_JSON, {"config": draft.config.to_dict(), **meta})
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

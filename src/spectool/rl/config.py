@@ -144,14 +144,6 @@ class RLConfig:
         return asdict(self)
 
 
-def flatten_keys(tree: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}: every leaf key of a config tree."""
-    flat = {}
-    for k, v in tree.items():
-        flat.update(flatten_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-    return flat
-
-
 def to_yaml(cfg: RLConfig) -> str:
     import yaml
 
