@@ -1,13 +1,31 @@
-"""The built-in backend's GPU budget: parameter counts against real models, and the refusal that
-names the settings (and --backend trl)."""
+"""One-GPU memory plans (memory.py): parameter counts against real models; train-rl's refusals name
+the setting that makes it fit (and the advised value does fit); harvest's engine share leaves room
+for the policy; the TRL integration prints its plan and refuses only where the arithmetic is plain.
+The plans are arithmetic on configs, so they run without a GPU (the commands call them when one is
+present)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates" / "models"
+GIB = 1024**3
+
+
+def _config(name: str):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(TEMPLATES / name)
+
+
+def _plan(config, share=0.5, total=80, tokens=8 * 384, kl_beta=0.0, draft=0):
+    from spectool.memory import train_rl_plan
+
+    return train_rl_plan(config, engine_share=share, total_bytes=total * GIB, micro_tokens=tokens, kl_beta=kl_beta,
+                         autocast_bf16=True, draft_params=draft)
 
 
 def test_param_count_matches_transformers(tiny_policy):
@@ -19,34 +37,97 @@ def test_param_count_matches_transformers(tiny_policy):
     assert param_count(AutoConfig.from_pretrained(tiny_policy)) == sum(p.numel() for p in model.parameters())
 
 
-def test_an_8b_policy_is_refused_on_80gb_and_a_small_one_fits():
-    from transformers import AutoConfig
-
+def test_an_8b_policy_is_refused_by_the_builtin_backend_on_80gb():
     from spectool.errors import SpectoolError
-    from spectool.memory import budget, check_fits
+    from spectool.memory import check_train_rl
 
-    big = AutoConfig.from_pretrained(TEMPLATES / "qwen3-8b")
-    b = budget(big, 0.5, 80 * 1024**3)
-    assert 7.5e9 < b.params < 8.5e9 and b.trainer_gib > 110  # about 120 GiB before any engine
-    with pytest.raises(SpectoolError, match="--backend trl") as e:
-        check_fits(b)
-    assert "engine share 40.0 GiB" in str(e.value)
-    small = AutoConfig.from_pretrained(TEMPLATES / "qwen3-0.6b")
-    check_fits(budget(small, 0.5, 80 * 1024**3))
-    with pytest.raises(SpectoolError, match=r"engine.gpu_memory_utilization to 0\.\d\d"):
-        check_fits(budget(small, 0.95, 24 * 1024**3))
+    big = _config("qwen3-8b")
+    plan = _plan(big)
+    rows = dict(plan.rows)
+    assert rows["policy weights (float32)"] == pytest.approx(8.19e9 * 4 / GIB, rel=0.01)
+    assert rows["AdamW moments (float32)"] == pytest.approx(2 * rows["gradients (float32)"])
+    with pytest.raises(SpectoolError, match="no setting fits it") as e:
+        check_train_rl(plan, big, 0.5)
+    assert "--backend trl" in str(e.value) and "does NOT fit" in str(e.value)
+
+
+def test_the_advised_engine_share_fits():
+    from spectool.errors import SpectoolError
+    from spectool.memory import check_train_rl
+
+    small = _config("qwen3-0.6b")
+    check_train_rl(_plan(small), small, 0.5)  # fits at the default share on 80 GB
+    with pytest.raises(SpectoolError, match=r"engine.gpu_memory_utilization to 0\.\d\d") as e:
+        check_train_rl(_plan(small, share=0.95, total=24), small, 0.95)
+    advised = float(str(e.value).split("gpu_memory_utilization to ")[1][:4])
+    assert 0.1 < advised < 0.95 and _plan(small, share=advised, total=24).fits
+    assert not _plan(small, share=advised + 0.02, total=24).fits
+
+
+def test_the_trainer_settings_are_named_when_no_share_helps():
+    from spectool.errors import SpectoolError
+    from spectool.memory import check_train_rl
+
+    small = _config("qwen3-0.6b")
+    plan = _plan(small, total=24, tokens=16 * 2048, kl_beta=0.1, draft=50_000_000)
+    assert any(r.startswith("reference policy") for r, _ in plan.rows)
+    with pytest.raises(SpectoolError) as e:
+        check_train_rl(plan, small, 0.5)
+    msg = str(e.value)
+    assert "policy.micro_batch_size" in msg and "policy.kl_beta: 0" in msg and "draft_refresh.mode: frozen" in msg
+    assert "gpu_memory_utilization to" not in msg
+    assert _plan(small, total=24, tokens=16 * 2048).used_gib < plan.used_gib  # kl_beta 0 drops a row
+
+
+def test_activations_grow_with_tokens_and_shrink_with_checkpointing():
+    from spectool.memory import activation_bytes
+
+    c = _config("qwen3-8b")
+    one = activation_bytes(c, 1000)
+    assert activation_bytes(c, 2000) == 2 * one and activation_bytes(c, 1000, 4) > one
+    assert activation_bytes(c, 1000, checkpointing=True) < one / 3  # the float32 logits stay
 
 
 def test_harvest_engine_share_leaves_room_for_the_policy():
-    from transformers import AutoConfig
+    from spectool.errors import SpectoolError
+    from spectool.memory import harvest_plan
+
+    share, plan = harvest_plan(_config("qwen3-0.6b"), 0.9, 80 * GIB)
+    assert 0.85 < share <= 0.9 and plan.fits  # 2.4 GB of fp32 policy: about as asked
+    share, plan = harvest_plan(_config("qwen3-8b"), 0.9, 80 * GIB)  # 30 GiB of policy
+    assert 0.45 < share < 0.55 and plan.fits and "lowered to" in plan.text()
+    with pytest.raises(SpectoolError, match="without --hidden-states"):
+        harvest_plan(_config("qwen3-32b"), 0.9, 80 * GIB)
+
+
+def test_trl_plan_is_printed_and_refused_only_when_plain(tmp_path, capsys, monkeypatch):
+    from trl import GRPOConfig
 
     from spectool.errors import SpectoolError
-    from spectool.memory import engine_share_beside
+    from spectool.integrations.trl import SpectoolSpeculation, _check_memory
 
-    small = AutoConfig.from_pretrained(TEMPLATES / "qwen3-0.6b")
-    assert 0.85 < engine_share_beside(small, 0.9, 80 * 1024**3) <= 0.9  # 2.4 GB of fp32 policy: about as asked
-    big = AutoConfig.from_pretrained(TEMPLATES / "qwen3-8b")
-    share = engine_share_beside(big, 0.9, 80 * 1024**3)  # 30 GiB of policy
-    assert 0.45 < share < 0.55
-    with pytest.raises(SpectoolError, match="without --hidden-states"):
-        engine_share_beside(AutoConfig.from_pretrained(TEMPLATES / "qwen3-32b"), 0.9, 80 * 1024**3)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate", per_device_train_batch_size=8,
+                      num_generations=4, max_completion_length=64, vllm_gpu_memory_utilization=0.3, report_to="none")
+    spec, model = SpectoolSpeculation(None), str(TEMPLATES / "qwen3-8b")  # bfloat16 checkpoint: 2 B/param
+    _check_memory(spec, args, {"model": model}, total_bytes=141 * GIB)  # an H200
+    out = capsys.readouterr().out
+    assert "TRL GRPOTrainer memory plan" in out and "(2 B/param)" in out and "(fits)" in out
+    with pytest.raises(SpectoolError, match="vllm_gpu_memory_utilization") as e:
+        _check_memory(spec, args, {"model": model}, total_bytes=80 * GIB)  # 8B x (2 + 2 + 4) B + the 24 GiB engine share
+    assert "DeepSpeed ZeRO-3" in str(e.value)
+    _check_memory(spec, args, {"model": model, "peft_config": object()}, total_bytes=80 * GIB)
+    assert "not enforced" in capsys.readouterr().out
+
+
+def test_train_rl_prints_its_plan_with_the_online_draft(tiny_policy, random_draft, capsys):
+    from spectool.commands.train_rl import _check_memory
+    from spectool.memory import safetensors_params
+    from spectool.rl.config import RLConfig
+
+    cfg = RLConfig()
+    spec = SimpleNamespace(method="eagle3", draft_path=str(random_draft))
+    _check_memory(cfg, str(tiny_policy), spec, 40, 80 * GIB)
+    out = capsys.readouterr().out
+    assert "online draft + AdamW" in out and "activations (policy.micro_batch_size: 1344 tokens)" in out
+    assert safetensors_params(random_draft) > 0

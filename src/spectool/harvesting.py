@@ -79,10 +79,11 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     if cfg.hidden_states and todo and torch.cuda.is_available():  # the policy shares the GPU with the engine
         from transformers import AutoConfig
 
-        from spectool.memory import engine_share_beside
+        from spectool.memory import harvest_plan
 
-        share = engine_share_beside(AutoConfig.from_pretrained(model.path), share,
-                                    torch.cuda.get_device_properties(0).total_memory)
+        share, plan = harvest_plan(AutoConfig.from_pretrained(model.path), share,
+                                   torch.cuda.get_device_properties(0).total_memory)
+        print(plan.text())
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
                                  gpu_memory_utilization=share)) if todo else None
     policy = _load_policy(model.path) if cfg.hidden_states and todo else None  # after the engine's start-up check

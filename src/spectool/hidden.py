@@ -24,6 +24,33 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     return ids
 
 
+def decoder(model):
+    """The backbone of a transformers causal LM (its `.layers` and final `.norm`)."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
+
+
+def aux_sites(base, layer_ids: list[int]) -> dict:
+    """Where each aux id is read, as a forward pre-hook's input: decoder layer i's, or (id N, the
+    layer count) the final norm's, which is the trunk's output before that norm."""
+    N = len(base.layers)
+    return {i: base.norm if i == N else base.layers[i] for i in sorted(set(layer_ids))}
+
+
+def hook_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The hidden states a module was called with (positional or keyword)."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+F16_MAX = torch.finfo(torch.float16).max
+
+
+def to_store(h: torch.Tensor) -> torch.Tensor:
+    """A detached half-size copy of features for the cache: float16 (11-bit mantissa), or bfloat16
+    where a value would overflow float16 (models with activations beyond 65504)."""
+    h = h.detach()
+    return h.to(torch.float16, copy=True) if h.abs().max() <= F16_MAX else h.to(torch.bfloat16, copy=True)
+
+
 @torch.no_grad()
 def policy_features(
     model, input_ids: torch.Tensor, layer_ids: list[int], attention_mask: torch.Tensor | None = None
@@ -33,41 +60,72 @@ def policy_features(
     input_ids: [B, T] -> (aux [B, T, len(layer_ids) * H] in vLLM's order, last [B, T, H]), where
     `last` is the final-norm output the policy's lm_head reads (logits = lm_head(last)). Id N (the
     layer count) is the residual stream after the last layer, before the final norm: what an MTP
-    layer reads (draft/mtp.py).
+    layer reads (draft/mtp.py). Only the asked layers are kept (forward pre-hooks), not all N + 1.
     """
-    base = model.model
-    N, pre_norm = len(base.layers), []
-    hook = base.norm.register_forward_pre_hook(lambda _m, args: pre_norm.append(args[0])) if N in layer_ids else None
+    base, seen = decoder(model), {}
+
+    def keep(i: int):
+        def hook(_module, args, kwargs) -> None:
+            seen.setdefault(i, hook_input(args, kwargs))
+
+        return hook
+
+    hooks = [m.register_forward_pre_hook(keep(i), with_kwargs=True) for i, m in aux_sites(base, layer_ids).items()]
     try:
-        out = base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        out = base(input_ids=input_ids, attention_mask=attention_mask)
     finally:
-        if hook is not None:
-            hook.remove()
-    hs = out.hidden_states  # N+1 tensors: [0] embeddings, [i] input of layer i, [N] final-normed
-    aux = torch.cat([pre_norm[-1] if i == N else hs[i] for i in layer_ids], dim=-1)
-    return aux, out.last_hidden_state
+        for h in hooks:
+            h.remove()
+    return torch.cat([seen[i] for i in layer_ids], dim=-1), out.last_hidden_state
 
 
-FeatureItem = tuple  # (ids [T] int64, aux [T, n_aux * H] float16, last [T, H] float16), host tensors
+FeatureItem = tuple  # (ids [T] int64, aux [T, n_aux * H], last [T, H]) float16 or bfloat16 (to_store), host tensors
+CPU_BATCH_TOKENS = 2048  # padded tokens per policy forward on a CPU (about 4 records of the demo)
 
 
-def feature_items(policy, seqs: list[list[int]], layer_ids: list[int], on_batch=None) -> list[FeatureItem]:
-    """The policy's features of each token sequence, computed on the policy's device in
-    right-padded batches of similar length (padding never changes the earlier positions of a
-    causal model); `on_batch(n)` is called after each batch of n sequences (progress)."""
+def batch_tokens(policy, n_aux: int) -> int:
+    """Padded tokens per feature forward: on a GPU, half the free memory over what one token holds
+    during a no-grad forward (the kept aux layers and last, plus one layer's transient MLP and
+    attention activations, float32); CPU_BATCH_TOKENS elsewhere."""
     dev = next(policy.parameters()).device
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    batch = 32 if dev.type == "cuda" else 4
+    if dev.type != "cuda":
+        return CPU_BATCH_TOKENS
+    c = policy.config
+    per_token = 4 * ((n_aux + 1) * c.hidden_size + 3 * c.intermediate_size + 4 * c.hidden_size)
+    free, _ = torch.cuda.mem_get_info(dev)
+    return max(512, min(1 << 17, int(0.5 * free / per_token)))
+
+
+def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices in order of length, cut into batches whose padded size (count x longest) stays
+    within max_tokens (a longer sequence goes alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    for i in order:
+        if out and (len(out[-1]) + 1) * lengths[i] <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def feature_items(policy, seqs: list[list[int]], layer_ids: list[int], on_batch=None,
+                  max_tokens: int | None = None) -> list[FeatureItem]:
+    """The policy's features of each token sequence, computed on the policy's device in
+    right-padded batches of similar length within a padded-token budget (batch_tokens; padding
+    never changes the earlier positions of a causal model); `on_batch(n)` is called after each
+    batch of n sequences (progress)."""
+    dev = next(policy.parameters()).device
+    budget = max_tokens or batch_tokens(policy, len(layer_ids))
     items: list = [None] * len(seqs)
-    for b in range(0, len(order), batch):
-        idx = order[b : b + batch]
+    for idx in token_batches([len(s) for s in seqs], budget):
         T = len(seqs[idx[-1]])
         ids = torch.zeros(len(idx), T, dtype=torch.int64)  # [B, T]
         mask = torch.zeros(len(idx), T, dtype=torch.int64)
         for j, i in enumerate(idx):
             ids[j, : len(seqs[i])], mask[j, : len(seqs[i])] = torch.tensor(seqs[i]), 1
         a, h = policy_features(policy, ids.to(dev), layer_ids, mask.to(dev))  # [B, T, n_aux * H], [B, T, H]
-        a, h = a.half().cpu(), h.half().cpu()
+        a, h = to_store(a).cpu(), to_store(h).cpu()
         for j, i in enumerate(idx):
             n = len(seqs[i])
             items[i] = (ids[j, :n].clone(), a[j, :n].clone(), h[j, :n].clone())
@@ -77,29 +135,36 @@ def feature_items(policy, seqs: list[list[int]], layer_ids: list[int], on_batch=
 
 
 def bytes_per_token(hidden_size: int, n_aux: int = 3) -> int:
-    """Disk per token in the features format: ids (int64), n_aux aux layers and the last hidden (float16)."""
+    """Disk per token in the features format: ids (int64), n_aux aux layers and the last hidden (2 bytes each)."""
     return 8 + (n_aux + 1) * hidden_size * 2
 
 
 def save_features(path: Path, items: list[FeatureItem]) -> int:
     """The one on-disk format of policy features (harvest --hidden-states shards, init-draft's
-    cache): safetensors with ids, aux, last concatenated over sequences, and their lengths.
-    Written atomically; returns bytes."""
+    cache): safetensors with ids, aux, last concatenated over sequences, and their lengths; aux
+    and last in float16, or bfloat16 when any item needed it (to_store). Written atomically;
+    returns bytes."""
     from safetensors.torch import save
 
     from spectool.runs import atomic_write_bytes
 
+    half = torch.bfloat16 if any(x[1].dtype == torch.bfloat16 or x[2].dtype == torch.bfloat16 for x in items) \
+        else torch.float16
     blob = save({"ids": torch.cat([x[0] for x in items]).to(torch.int64).contiguous(),
-                 "aux": torch.cat([x[1] for x in items]).to(torch.float16).contiguous(),
-                 "last": torch.cat([x[2] for x in items]).to(torch.float16).contiguous(),
+                 "aux": torch.cat([x[1].to(half) for x in items]).contiguous(),
+                 "last": torch.cat([x[2].to(half) for x in items]).contiguous(),
                  "lengths": torch.tensor([len(x[0]) for x in items], dtype=torch.int64)})
     atomic_write_bytes(path, blob)
     return len(blob)
 
 
-def load_features(path: Path) -> list[FeatureItem]:
+def load_features(path: Path, pin: bool = False) -> list[FeatureItem]:
+    """The items of a features file; `pin`: in page-locked host memory (fast, asynchronous copies to
+    a GPU)."""
     from safetensors.torch import load_file
 
     d = load_file(str(path))
+    if pin:
+        d = {k: v.pin_memory() for k, v in d.items()}
     lengths = d["lengths"].tolist()
     return list(zip(d["ids"].split(lengths), d["aux"].split(lengths), d["last"].split(lengths)))

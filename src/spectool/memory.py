@@ -1,34 +1,57 @@
-"""The built-in train-rl backend's GPU memory budget, checked before anything starts: one GPU
-holds the float32 policy, its gradients, AdamW's two moments, activations, and the engine's
-share. A budget that cannot fit is refused, naming the settings that would make it fit."""
+"""GPU memory plans, printed and checked before anything starts, for each command that starts an
+engine next to a model on one GPU: train-rl's built-in backend (policy, gradients, AdamW, autocast
+copies, reference policy, online draft, activations, engine share), harvest --hidden-states (the
+float32 policy beside the engine) and the TRL integration (GRPOTrainer's policy beside its colocated
+engine). A plan that cannot fit is refused, naming the settings that would make it fit.
+
+The activation figure is an estimate (per token and layer, the values a decoder layer keeps for
+backward with fused attention; the logits with their log-softmax and gradient in float32); the
+rest is exact arithmetic on parameter counts. Nothing here has been measured on a GPU yet."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from spectool.errors import SpectoolError
 
 GIB = 1024**3
-BYTES_PER_PARAM = 4 + 4 + 8  # float32 weights, gradients, AdamW exp_avg + exp_avg_sq
-ACTIVATION_SHARE = 0.10  # of the GPU kept free for activations and the allocator (a first setting)
+ACTIVATION_SHARE = 0.10  # of the GPU kept free for a no-grad forward's activations and the allocator
+MIN_ENGINE_GIB = 2.0  # beyond its weights: the least KV cache and buffers worth starting an engine with
 
 
 @dataclass
-class Budget:
-    params: int
-    trainer_gib: float  # weights + gradients + optimizer state
-    engine_gib: float  # the engine's share of the GPU
-    activations_gib: float
-    total_gib: float  # the GPU
+class Plan:
+    """What one GPU would hold, item by item (GiB), against its size."""
+
+    title: str
+    total_gib: float
+    rows: list[tuple[str, float]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, item: str, nbytes: float) -> None:
+        if nbytes:
+            self.rows.append((item, nbytes / GIB))
+
+    @property
+    def used_gib(self) -> float:
+        return sum(g for _, g in self.rows)
 
     @property
     def fits(self) -> bool:
-        return self.trainer_gib + self.engine_gib + self.activations_gib <= self.total_gib
+        return self.used_gib <= self.total_gib
 
-    def lines(self) -> str:
-        return (f"policy {self.params / 1e9:.2f}B params: weights + gradients + AdamW {self.trainer_gib:.1f} GiB, "
-                f"engine share {self.engine_gib:.1f} GiB, activations {self.activations_gib:.1f} GiB; "
-                f"GPU {self.total_gib:.1f} GiB")
+    def text(self) -> str:
+        w = max(len(r) for r, _ in self.rows)
+        lines = [f"{self.title} (GiB; activations estimated):"]
+        lines += [f"  {r:<{w}}  {g:7.1f}" for r, g in self.rows]
+        lines.append(f"  {'total':<{w}}  {self.used_gib:7.1f} of {self.total_gib:.1f} on this GPU"
+                     f" ({'fits' if self.fits else 'does NOT fit'})")
+        return "\n".join(lines + [f"  {n}" for n in self.notes])
+
+    def check(self, advice: str) -> None:
+        if not self.fits:
+            raise SpectoolError(f"{self.text()}\n{advice}")
 
 
 def param_count(config) -> int:
@@ -43,32 +66,126 @@ def param_count(config) -> int:
     return n * per_layer + emb + h
 
 
-def budget(config, engine_share: float, total_bytes: int) -> Budget:
+def activation_bytes(config, tokens: int, value_bytes: int = 2, checkpointing: bool = False) -> int:
+    """Activations one training forward keeps for backward over `tokens` (micro-batch x padded
+    length): per token and decoder layer about 11 H + 3 I values (norm inputs, q/k/v, the attention
+    output, the gated MLP's three intermediates; fused attention keeps no T x T scores) in the
+    compute dtype, or with gradient checkpointing each layer's input and one layer's full set; plus
+    the logits, their log-softmax and its gradient in float32."""
+    h, i, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    layer = 11 * h + 3 * i
+    kept = n * h + layer if checkpointing else n * layer
+    return tokens * (kept * value_bytes + 3 * config.vocab_size * 4)
+
+
+def draft_bytes(draft_params: int, config, embedding_copy: bool = True) -> int:
+    """An online draft on the trainer's device: float32 weights, gradients and AdamW (16 B/param),
+    plus (EAGLE-3) its float32 copy of the policy's token embedding; MTP layers read the policy's."""
+    if not draft_params:
+        return 0
+    return 16 * draft_params + (4 * config.vocab_size * config.hidden_size if embedding_copy else 0)
+
+
+def safetensors_params(folder, prefix: str = "") -> int:
+    """Parameters stored in a folder's safetensors files (headers only), names starting with `prefix`."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    n = 0
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                if k.startswith(prefix):
+                    n += math.prod(st.get_slice(k).get_shape())
+    return n
+
+
+def train_rl_plan(config, *, engine_share: float, total_bytes: int, micro_tokens: int, kl_beta: float,
+                  autocast_bf16: bool, draft_params: int = 0, draft_embedding: bool = True) -> Plan:
+    """train-rl's built-in backend on one GPU: float32 master weights, gradients and AdamW; the
+    bfloat16 weight copies autocast keeps for backward; a reference copy when kl_beta > 0; the
+    online draft; activations of one micro-batch (`micro_tokens` = micro_batch_size x longest
+    prompt + rollout.max_tokens); the engine's share."""
+    p = param_count(config)
+    plan = Plan(f"train-rl memory plan: {p / 1e9:.2f}B-parameter policy", total_bytes / GIB)
+    plan.add("policy weights (float32)", 4 * p)
+    plan.add("gradients (float32)", 4 * p)
+    plan.add("AdamW moments (float32)", 8 * p)
+    plan.add("bfloat16 weight copies (autocast)", 2 * p if autocast_bf16 else 0)
+    plan.add("reference policy (policy.kl_beta > 0)", 4 * p if kl_beta > 0 else 0)
+    plan.add("online draft + AdamW", draft_bytes(draft_params, config, draft_embedding))
+    plan.add(f"activations (policy.micro_batch_size: {micro_tokens} tokens)",
+             activation_bytes(config, micro_tokens, 2 if autocast_bf16 else 4))
+    plan.add("engine share (engine.gpu_memory_utilization)", engine_share * total_bytes)
+    return plan
+
+
+def check_train_rl(plan: Plan, config, engine_share: float) -> None:
+    """Refuse a built-in plan that cannot fit, naming what would: a smaller engine share (if the
+    engine still holds its bfloat16 weights and a little cache), else the trainer's own settings,
+    else the TRL backend."""
+    if plan.fits:
+        return
+    p = param_count(config)
+    total, engine = plan.total_gib, engine_share * plan.total_gib
+    room = total - (plan.used_gib - engine)  # what the engine could have
+    state = 16 * p / GIB  # weights, gradients, AdamW
+    if room >= 2 * p / GIB + MIN_ENGINE_GIB:
+        advice = f"lower engine.gpu_memory_utilization to {math.floor(100 * room / total) / 100:.2f} or less"
+    elif state + 2 * p / GIB + MIN_ENGINE_GIB > total:
+        advice = (f"no setting fits it: the float32 weights, gradients and AdamW alone take {state:.1f} GiB")
+    else:
+        rows = dict(plan.rows)
+        knobs = [f"lower policy.micro_batch_size or rollout.max_tokens"]
+        if any(r.startswith("reference policy") for r in rows):
+            knobs.append("set policy.kl_beta: 0 (no reference copy)")
+        if any(r.startswith("online draft") for r in rows):
+            knobs.append("set draft_refresh.mode: frozen")
+        advice = "the trainer leaves the engine too little: " + ", ".join(knobs)
+    plan.check(f"train-rl's built-in backend cannot fit this on one GPU: {advice}. Or run "
+               "`spectool train-rl --backend trl` (TRL's GRPOTrainer: DeepSpeed/FSDP sharding, LoRA, several GPUs)")
+
+
+def harvest_plan(config, wanted: float, total_bytes: int, flag: str = "--gpu-memory-utilization") -> tuple[float, Plan]:
+    """harvest --hidden-states: the float32 policy computes features beside the engine. vLLM refuses
+    to start unless share x total is free, so the engine's share leaves room for the policy and a
+    no-grad forward (ACTIVATION_SHARE). Returns (the share to use, the plan); refuses when the
+    engine would get less than its bfloat16 weights and a little cache."""
     p = param_count(config)
     total = total_bytes / GIB
-    return Budget(p, p * BYTES_PER_PARAM / GIB, engine_share * total, ACTIVATION_SHARE * total, total)
+    share = min(wanted, 1 - 4 * p / total_bytes - ACTIVATION_SHARE)
+    plan = Plan(f"harvest --hidden-states memory plan: {p / 1e9:.2f}B-parameter policy", total)
+    plan.add("policy weights (float32, features)", 4 * p)
+    plan.add("feature forward activations (reserve)", ACTIVATION_SHARE * total_bytes)
+    plan.add(f"engine share ({flag} {share:.2f})", max(share, 0) * total_bytes)
+    if share < wanted:
+        plan.notes.append(f"{flag} {wanted} lowered to {share:.2f}: vLLM starts only if its share is free")
+    if share * total < 2 * p / GIB + MIN_ENGINE_GIB:
+        raise SpectoolError(f"{plan.text()}\nthe float32 policy leaves the engine {max(share, 0):.0%} of the GPU, less "
+                            "than its weights and a little cache: harvest without --hidden-states (init-draft computes "
+                            "the features from the records in a second pass), or use a larger GPU")
+    return share, plan
 
 
-def check_fits(b: Budget) -> None:
-    if b.fits:
-        return
-    room = 1 - ACTIVATION_SHARE - b.trainer_gib / b.total_gib
-    advice = (f"lower engine.gpu_memory_utilization to {room:.2f} or less" if room > 0.05 else
-              "no engine share leaves the trainer enough room on this GPU")
-    raise SpectoolError(f"train-rl's built-in backend cannot fit this on one GPU ({b.lines()}): {advice}, or run "
-                        "`spectool train-rl --backend trl` (TRL's GRPOTrainer: DeepSpeed/FSDP sharding, LoRA, "
-                        "several GPUs)")
-
-
-def engine_share_beside(config, wanted: float, total_bytes: int, flag: str = "--gpu-memory-utilization") -> float:
-    """The engine's share of a GPU that also holds the float32 policy for feature extraction
-    (harvest --hidden-states): vLLM refuses to start unless share x total is free, so the share
-    leaves room for the policy and its activations. Refuses when too little would be left."""
-    policy = param_count(config) * 4 / total_bytes
-    share = min(wanted, 1 - policy - ACTIVATION_SHARE)
-    if share < 0.1:
-        raise SpectoolError(
-            f"the float32 policy ({param_count(config) / 1e9:.1f}B params, {policy:.0%} of the GPU) leaves the engine "
-            f"{max(share, 0):.0%} of it next to it: harvest without --hidden-states (init-draft computes the features "
-            f"from the records in a second pass), or use a larger GPU ({flag} was {wanted})")
-    return share
+def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int, micro_tokens: int, ref_model: bool,
+             shards: int, trainable_fraction: float, checkpointing: bool, draft_params: int = 0,
+             draft_embedding: bool = True) -> Plan:
+    """TRL's GRPOTrainer on one of its GPUs, colocated with its engine: the policy in its own dtype
+    (`param_bytes` per parameter), gradients and AdamW's two moments for the trainable part (torch
+    keeps both in the parameters' dtype),
+    divided over `shards` (ZeRO-3 / FSDP processes; 1 otherwise), a reference copy (beta > 0),
+    spectool's online draft, one micro-batch's activations, the engine's share."""
+    p = param_count(config)
+    train = p * trainable_fraction
+    plan = Plan(f"TRL GRPOTrainer memory plan, one GPU: {p / 1e9:.2f}B-parameter policy", total_bytes / GIB)
+    plan.add(f"policy weights ({param_bytes} B/param{f', / {shards} shards' if shards > 1 else ''})",
+             param_bytes * p / shards)
+    plan.add("gradients (trainable parameters)", param_bytes * train / shards)
+    plan.add("AdamW moments (the policy's dtype, trainable)", 2 * param_bytes * train / shards)
+    plan.add("reference policy (beta > 0)", param_bytes * p / shards if ref_model else 0)
+    plan.add("spectool online draft + AdamW", draft_bytes(draft_params, config, draft_embedding))
+    plan.add(f"activations (per_device_train_batch_size: {micro_tokens} tokens)",
+             activation_bytes(config, micro_tokens, checkpointing=checkpointing))
+    plan.add("engine share (vllm_gpu_memory_utilization)", engine_share * total_bytes)
+    return plan

@@ -125,6 +125,8 @@ def _setup(cfg: InitDraftConfig):
     # Under `accelerate launch`, the main process harvests and caches features; the others wait.
     _check_disk_budget(cfg, model)  # before --out is claimed or anything is harvested
     acc = Accelerator(cpu=not torch.cuda.is_available())
+    if acc.device.type == "cuda":  # the draft trains in float32: TF32 tensor cores for its matmuls
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if cfg.batch_size < acc.num_processes:
         raise SpectoolError(f"--batch-size {cfg.batch_size} is smaller than the {acc.num_processes} processes; "
                             f"use --batch-size >= {acc.num_processes} (each process takes a share of a batch)")
@@ -270,11 +272,12 @@ def _features(policy, data: _Data, layer_ids: list[int], cache: Path):
 
     from spectool.hidden import bytes_per_token, feature_items, load_features, save_features
 
+    pin = next(policy.parameters()).device.type == "cuda"  # training batches copy from here to the GPU
     if cache.exists():
-        return load_features(cache)
+        return load_features(cache, pin)
     shards = sorted((data.run_dir / "hidden").glob("shard-*.safetensors"))
     if shards and data.manifest.get("aux_layer_ids") == list(layer_ids):
-        items = [x for s in shards for x in load_features(s)]
+        items = [x for s in shards for x in load_features(s, pin)]
         if len(items) == len(data.records) and all(len(x[0]) == len(p) + len(r) for x, p, r in
                                                    zip(items, data.records["prompt_ids"], data.records["response_ids"])):
             return items
@@ -286,7 +289,7 @@ def _features(policy, data: _Data, layer_ids: list[int], cache: Path):
         job = bar.add_task("policy hidden states", total=len(seqs))
         items = feature_items(policy, seqs, layer_ids, on_batch=lambda n: bar.advance(job, n))
     save_features(cache, items)
-    return items
+    return load_features(cache, pin) if pin else items
 
 
 def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats, evaluate, W_dv: torch.Tensor) -> tuple[int, float]:

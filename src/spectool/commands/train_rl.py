@@ -77,6 +77,23 @@ class _Run:
     history: list[dict]
 
 
+def _check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, total_bytes: int) -> None:
+    """Print the one-GPU memory plan and refuse one that cannot fit (memory.py)."""
+    from transformers import AutoConfig
+
+    from spectool.memory import check_train_rl, safetensors_params, train_rl_plan
+
+    config, mtp = AutoConfig.from_pretrained(model_path), spec.method == "mtp"
+    online = spec.draft_path is not None and cfg.draft_refresh.mode == "online"
+    draft_params = (safetensors_params(spec.draft_path, "model.mtp_layers." if mtp else "") if online else 0)
+    plan = train_rl_plan(config, engine_share=cfg.engine.gpu_memory_utilization, total_bytes=total_bytes,
+                         micro_tokens=cfg.policy.micro_batch_size * (longest_prompt + cfg.rollout.max_tokens),
+                         kl_beta=cfg.policy.kl_beta, autocast_bf16=engine_dtype(cfg.engine.dtype) == "bfloat16",
+                         draft_params=draft_params, draft_embedding=not mtp)
+    check_train_rl(plan, config, cfg.engine.gpu_memory_utilization)
+    print(plan.text())
+
+
 def _refresher(cfg: RLConfig, draft_path: str, trainer: PolicyTrainer):
     """The public DraftRefresher on the trainer's policy, as any outside trainer builds it (the
     policy's own MTP layers: `draft_path` is a model folder holding them)."""
@@ -112,14 +129,7 @@ def _setup(cfg: RLConfig) -> _Run:
     p, e = cfg.policy, cfg.engine
     dtype = engine_dtype(e.dtype)
     if torch.cuda.is_available():  # before the trainer or the engine takes any memory
-        from transformers import AutoConfig
-
-        from spectool.memory import budget, check_fits
-
-        b = budget(AutoConfig.from_pretrained(model.path), e.gpu_memory_utilization,
-                   torch.cuda.get_device_properties(0).total_memory)
-        check_fits(b)
-        print(f"train-rl memory budget: {b.lines()}")
+        _check_memory(cfg, model.path, spec, max(map(len, tasks.ids)), torch.cuda.get_device_properties(0).total_memory)
     trainer = PolicyTrainer(str(ckpt[1] / "policy") if ckpt else model.path, p.lr, cfg.rollout.temperature,
                             p.eps_low, p.eps_high, p.kl_beta, p.micro_batch_size, p.max_grad_norm, seed=cfg.seed,
                             engine_dtype=dtype)

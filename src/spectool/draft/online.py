@@ -23,7 +23,7 @@ from spectool.draft.vocab import ids_from_d2t
 
 @dataclass
 class Features:
-    """One sequence's features from the policy's forward (stored in float16)."""
+    """One sequence's features from the policy's forward (stored half-size: hidden.to_store)."""
 
     ids: torch.Tensor  # [T] prompt + response token ids
     aux: torch.Tensor  # [T, n_aux * H] aux hidden states, vLLM's layer convention

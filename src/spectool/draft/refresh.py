@@ -36,6 +36,7 @@ from spectool.config import InitDraftConfig
 from spectool.draft.online import Features, OnlineDraft, RefreshReport
 from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
+from spectool.hidden import hook_input, to_store
 
 DEAD_P = 1e-3  # a drafter whose acceptance would reach 0 with less than this probability is dead
 
@@ -80,8 +81,8 @@ class _Capture:
     ids: torch.Tensor | None = None  # [B, T]
     mask: torch.Tensor | None = None  # [B, T]
     labels: torch.Tensor | None = None  # [B, T] or None
-    aux: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [B, T, H] float16
-    last: torch.Tensor | None = None  # [B, T, H] float16
+    aux: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [B, T, H] (hidden.to_store)
+    last: torch.Tensor | None = None  # [B, T, H] (hidden.to_store)
 
 
 class DraftRefresher:
@@ -143,10 +144,10 @@ class DraftRefresher:
     # --- capture ------------------------------------------------------------------------------
 
     def _attach(self) -> None:
-        base = self.policy.get_decoder() if hasattr(self.policy, "get_decoder") else self.policy.model
-        layers = base.layers
-        for i in sorted(set(self.draft.config.aux_layer_ids)):  # id N: the trunk's output, before its final norm
-            where = base.norm if i == len(layers) else layers[i]
+        from spectool.hidden import aux_sites, decoder
+
+        base = decoder(self.policy)
+        for i, where in aux_sites(base, self.draft.config.aux_layer_ids).items():
             self._hooks.append(where.register_forward_pre_hook(self._aux_hook(i), with_kwargs=True))
         self._hooks.append(base.register_forward_hook(self._last_hook))
         self._hooks.append(self.policy.register_forward_pre_hook(self._begin, with_kwargs=True))
@@ -181,15 +182,13 @@ class DraftRefresher:
     def _aux_hook(self, i: int):
         def hook(_module, args, kwargs):
             if self._cap is not None and i not in self._cap.aux:
-                h = args[0] if args else kwargs["hidden_states"]
-                self._cap.aux[i] = h.detach().to(torch.float16, copy=True)
+                self._cap.aux[i] = to_store(hook_input(args, kwargs))
 
         return hook
 
     def _last_hook(self, _module, _args, output) -> None:
         if self._cap is not None and self._cap.last is None:
-            h = output[0] if isinstance(output, tuple) else output.last_hidden_state
-            self._cap.last = h.detach().to(torch.float16, copy=True)
+            self._cap.last = to_store(output[0] if isinstance(output, tuple) else output.last_hidden_state)
 
     def _end(self, _module, _args, _output) -> None:
         cap, self._cap = self._cap, None

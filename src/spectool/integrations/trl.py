@@ -127,6 +127,8 @@ class SpectoolSpeculation:
         _check_args(args)
         if self.draft is not None:
             _check_draft(self, trainer_kwargs.get("model"))
+        if torch.cuda.is_available():  # before TRL puts the policy or the engine on the GPU
+            _check_memory(self, args, trainer_kwargs)
         with _speculative_llm(self):
             trainer = trainer_cls(**trainer_kwargs)
         _Attached(self, trainer)
@@ -166,6 +168,52 @@ def _check_draft(spec: SpectoolSpeculation, model) -> None:
         load_mtp(resolve_model(path).path, flag='draft="mtp"')
     elif path:
         check_draft(spec.draft, resolve_model(path), k, flag="draft", k_flag="k =")
+
+
+def _check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_bytes: int | None = None) -> None:
+    """Print the plan of one GPU (TRL's policy and its colocated engine, memory.trl_plan); refuse
+    one that cannot fit when nothing shards or shrinks the trainer (one process, no DeepSpeed or
+    FSDP, no PEFT), where the arithmetic is plain."""
+    import os
+
+    from transformers import AutoConfig
+
+    from spectool.memory import safetensors_params, trl_plan
+    from spectool.models import resolve_config, resolve_model
+
+    model = trainer_kwargs.get("model")
+    if isinstance(model, str):  # a folder is read by its config alone; a name is resolved as TRL would load it
+        path = (resolve_config if os.path.isdir(model) else resolve_model)(model).path
+        config = AutoConfig.from_pretrained(path)
+        dtype = (args.model_init_kwargs or {}).get("dtype", "auto")
+        dtype = getattr(config, "dtype", None) if dtype in (None, "auto") else dtype
+        param_bytes = (getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32).itemsize
+    else:
+        path, config = getattr(model, "name_or_path", None), model.config
+        param_bytes = next(model.parameters()).element_size()
+    sharded = bool(args.deepspeed or args.fsdp)
+    peft = trainer_kwargs.get("peft_config") is not None
+    mtp = spec.draft == MTP
+    draft = 0
+    if spec.draft and spec.refresh_every:  # a refreshed draft trains beside the policy
+        draft = safetensors_params(path, "model.mtp_layers.") if mtp else safetensors_params(spec.draft)
+    plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
+                    total_bytes=total_bytes or torch.cuda.get_device_properties(0).total_memory,
+                    micro_tokens=args.per_device_train_batch_size * args.max_completion_length,
+                    ref_model=args.beta != 0, shards=int(os.environ.get("WORLD_SIZE", "1")) if sharded else 1,
+                    trainable_fraction=0.0 if peft else 1.0, checkpointing=bool(args.gradient_checkpointing),
+                    draft_params=draft, draft_embedding=not mtp)
+    plan.notes.append("activations count completions only (prompts add more)")
+    if peft:
+        plan.notes.append("PEFT: the adapters' gradients and AdamW are not counted")
+    if sharded or peft or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        plan.notes.append("not enforced: DeepSpeed/FSDP, PEFT or several processes change the arithmetic")
+        print(plan.text())
+        return
+    plan.check("TRL's GRPOTrainer cannot fit this on one GPU: lower vllm_gpu_memory_utilization, "
+               "per_device_train_batch_size or max_completion_length, set gradient_checkpointing=True, beta=0.0, "
+               "or shard the policy (accelerate launch with DeepSpeed ZeRO-3 or FSDP) or train LoRA adapters")
+    print(plan.text())
 
 
 @contextlib.contextmanager
