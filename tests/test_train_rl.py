@@ -129,3 +129,14 @@ def test_stale_engine_weights_stop_the_job(tiny_policy):
     assert check_engine_logprobs(Engine(0.0), t, rs, 1e-3, 1)["logprob_check_max_diff"] < 1e-6
     with pytest.raises(SpectoolError, match="policy.logprob_tolerance"):
         check_engine_logprobs(Engine(0.05), t, rs, 1e-3, 7)
+
+    class Spike(Engine):  # in sync but one token off, as bfloat16 rounding does to a token with close logits
+        def sequence_logprobs(self, prompts, responses):
+            rows = super().sequence_logprobs(prompts, responses)
+            rows[0][0] += 0.5
+            return rows
+
+    got = check_engine_logprobs(Spike(0.0), t, rs, 0.1, 2)  # the mean decides, the max is reported
+    assert got["logprob_check_max_diff"] == pytest.approx(0.5, abs=1e-4) and got["logprob_check_mean_diff"] < 0.1
+    with pytest.raises(SpectoolError, match="on average"):
+        check_engine_logprobs(Engine(0.15), t, rs, 0.1, 3)

@@ -1,16 +1,21 @@
 """One dtype policy for the engine, the trainer and the draft (README, "Precision").
 
               engine (vLLM)   trainer (policy)                        draft training     logprob check
-  CPU build   float32         float32                                 float32            |diff| <= 0.01
-  GPU         bfloat16        float32 weights, bfloat16 autocast      float32            |diff| <= 0.25
+  CPU build   float32         float32                                 float32            mean |diff| <= 0.001
+  GPU         bfloat16        float32 weights, bfloat16 autocast      float32            mean |diff| <= 0.1
                               forward (the engine's matmul precision)
 
 On CPU bf16 is several times slower (no bf16 units here), so everything is float32 and the engine's
 logprobs equal a transformers forward to ~1e-6. On a GPU the engine serves bfloat16 (vLLM's default
 for these checkpoints); the trainer keeps float32 weights and optimizer state and runs its forward
 under bfloat16 autocast, so its logprobs (the GRPO ratio and the engine check) are computed at the
-precision the engine sampled with. `engine.dtype: float32` serves float32 on a GPU too (tolerance
-0.01). Draft features are cached as float16 on both.
+precision the engine sampled with. `engine.dtype: float32` serves float32 on a GPU too. Draft
+features are cached as float16 (bfloat16 where float16 would overflow) on both.
+
+The engine check compares the MEAN |engine - trainer| logprob over the checked sequences' sampled
+tokens with the tolerance (the max is reported too). In bfloat16 a few tokens with close logits
+carry most of the rounding gap, so the max grows with the number of tokens checked and trips on
+weights that are in sync; the mean does not (benchmarks/bf16_tolerance.py, README "Precision").
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import contextlib
 import torch
 
 ENGINE_DTYPES = ("auto", "float32", "bfloat16")
-# max |engine - trainer| logprob of a sampled token when the weights are in sync, by engine dtype
-LOGPROB_TOLERANCE = {"float32": 0.01, "bfloat16": 0.25}
+# the largest mean |engine - trainer| logprob over the checked tokens that passes, by engine dtype:
+# float32 agrees to ~1e-6; bfloat16 in sync measured 0.020-0.048 per 4 sequences (SmolLM2-135M, CPU
+# bfloat16 engine; README "Precision"), so 0.1 leaves twice that
+LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
 
 
 def on_gpu() -> bool:
@@ -38,6 +45,12 @@ def engine_dtype(setting: str = "auto") -> str:
 def logprob_tolerance(setting: float | None, dtype: str) -> float:
     """The engine check's tolerance: the user's, or the one that goes with the engine's dtype."""
     return setting if setting is not None else LOGPROB_TOLERANCE[dtype]
+
+
+def logprob_gaps(engine: list[list[float]], trainer: list[list[float]]) -> tuple[float, float]:
+    """(mean, max) |engine - trainer| over every token of the sequences (nan-safe: nan compares false)."""
+    gaps = [abs(a - b) for e, t in zip(engine, trainer) for a, b in zip(e, t)]
+    return (sum(gaps) / len(gaps), max(gaps)) if gaps else (0.0, 0.0)
 
 
 def trainer_autocast(dtype: str, device: torch.device):

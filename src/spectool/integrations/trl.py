@@ -320,18 +320,21 @@ class _Attached:
         prompts, resps = [s[:1] for s in seqs], [s[1:] for s in seqs]
         got = colocated.sequence_logprobs(self.llm, prompts, resps)
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        diff = 0.0
+        from spectool.precision import logprob_gaps
+
+        want = []
         with torch.no_grad(), self.trainer.accelerator.autocast():
-            for s, g in zip(seqs, got):
+            for s in seqs:
                 ids = torch.tensor([s], device=model.device)
                 lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
-                want = lp.gather(-1, ids[0, 1:, None])[:, 0].cpu()
-                diff = max(diff, float((torch.tensor(g) - want).abs().max()))
-        self._log("logprob_check_max_diff", diff)
-        if not diff <= self.tolerance:
+                want.append(lp.gather(-1, ids[0, 1:, None])[:, 0].tolist())
+        mean, worst = logprob_gaps(got, want)
+        self._log("logprob_check_mean_diff", mean)
+        self._log("logprob_check_max_diff", worst)
+        if not mean <= self.tolerance:
             raise SpectoolError(
-                f"after TRL's weight sync the engine's logprobs differ from the trainer's by {diff:.3g} nats (> "
-                f"{self.tolerance} for a {self.dtype} engine): the engine is not running the trained weights. "
+                f"after TRL's weight sync the engine's logprobs differ from the trainer's by {mean:.3g} nats on average "
+                f"(max {worst:.3g}; > {self.tolerance} for a {self.dtype} engine): the engine is not running the trained weights. "
                 "TRL's last checkpoint is intact; try policy_sync='spectool' (or 'trl'), or set logprob_tolerance "
                 "if the engine runs in lower precision than the trainer")
 

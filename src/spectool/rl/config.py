@@ -47,7 +47,7 @@ class PolicySection:
     kl_beta: float = 0.0
     scale_adv_by_std: bool = True
     logprob_check_every: int = 5
-    logprob_tolerance: float = 0.0  # 0: the one for the engine's dtype (precision.py: 0.01 float32, 0.25 bfloat16)
+    logprob_tolerance: float = 0.0  # mean |engine - trainer| that stops the run; 0: by engine dtype (precision.py)
     micro_batch_size: int = 8
     max_grad_norm: float = 1.0
 

@@ -175,18 +175,18 @@ def update_within_memory(trainer: PolicyTrainer, rollouts: list[Rollout], captur
 
 
 def check_engine_logprobs(engine, trainer: PolicyTrainer, rollouts: list[Rollout], tol: float, step: int) -> dict:
-    """Engine vs trainer logprobs of a few sampled sequences, after the weight sync; a gap over
-    `tol` (train-rl's policy.logprob_tolerance) stops the run: the engine is not running the
-    trained weights."""
+    """Engine vs trainer logprobs of a few sampled sequences, after the weight sync; a mean gap
+    over `tol` (train-rl's policy.logprob_tolerance; precision.py says why the mean) stops the run:
+    the engine is not running the trained weights."""
+    from spectool.precision import logprob_gaps
+
     few = rollouts[:4]
     prompts, resps = [r.prompt_ids for r in few], [r.response_ids for r in few]
-    got = engine.sequence_logprobs(prompts, resps)
-    want = trainer.logprobs(prompts, resps)
-    diff = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w))
-    if not math.isfinite(diff) or diff > tol:
+    mean, worst = logprob_gaps(engine.sequence_logprobs(prompts, resps), trainer.logprobs(prompts, resps))
+    if not (math.isfinite(mean) and mean <= tol):
         raise SpectoolError(
-            f"step {step}: the engine's logprobs differ from the trainer's by {diff:.3g} nats (> policy.logprob_tolerance "
-            f"= {tol}): the engine is not running the trained weights (stale weight sync). The last checkpoint is "
-            "intact; check the engine's weight loading for this model, or raise the tolerance if the engine runs in "
-            "lower precision than the trainer.")
-    return {"logprob_check_max_diff": diff}
+            f"step {step}: the engine's logprobs differ from the trainer's by {mean:.3g} nats on average (max {worst:.3g}; "
+            f"> policy.logprob_tolerance = {tol}): the engine is not running the trained weights (stale weight sync). "
+            "The last checkpoint is intact; check the engine's weight loading for this model, or raise the tolerance "
+            "if the engine runs in lower precision than the trainer.")
+    return {"logprob_check_mean_diff": mean, "logprob_check_max_diff": worst}
