@@ -4,15 +4,17 @@
 # and probabilistic draft sampling; then the quality preset (issue 12: under 5 min on one GPU) and its
 # engine-measured acceptance next to the demo draft's and the oracle's. Prints a table of stage times.
 # Usage (GPU machine, bundle installed): . /tmp/site/env.sh && bash benchmarks/gpu_pipeline.sh [OUT]
+# ONLY="init-draft export ..." runs those stages (later ones read earlier ones' folders under OUT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu-pipeline}
 PY=${PYTHON:-python3}
 S="$PY -m spectool.cli"
 mkdir -p "$OUT"
-LOG="$OUT/times.tsv"; : > "$LOG"
-stage() {  # stage NAME CMD...: run, time, keep the output
+LOG="$OUT/times.tsv"; touch "$LOG"
+stage() {  # stage NAME CMD...: run, time, keep the output (only the stages named in $ONLY, if set)
   local name=$1; shift
+  if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then return; fi
   local t0=$(date +%s.%N)
   "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"; local rc=$?
   local t1=$(date +%s.%N)
@@ -32,14 +34,17 @@ stage init-draft-quality $S init-draft --preset quality --out "$OUT/quality"
 stage draft-quality $PY benchmarks/draft_quality.py --new "$OUT/quality" --base "$OUT/draft" --out "$OUT/draft-quality"
 echo
 echo "stage seconds (name, wall s, exit code):"; cat "$LOG"
-tail -5 "$OUT/draft-quality.out"
+tail -5 "$OUT/draft-quality.out" 2>/dev/null
 echo
-for t in t0 t1; do echo "rollout $t:"; grep -E "speedup|throughput|plain decoding|mean acceptance" "$OUT/rollout-$t.out"; done
-echo "train-rl logprob checks (max |engine - trainer| per step):"
+for t in t0 t1; do echo "rollout $t:"; grep -E "speedup|throughput|plain decoding|mean acceptance" "$OUT/rollout-$t.out" 2>/dev/null; done
+if [[ -f "$OUT/rl/metrics.jsonl" ]]; then
+echo "train-rl logprob checks (mean / max |engine - trainer| per checked step):"
 $PY - "$OUT/rl/metrics.jsonl" <<'PY'
 import json, sys
 m = [json.loads(x) for x in open(sys.argv[1])]
-print(" ".join(f"{r.get('logprob_check_max_diff', float('nan')):.3g}" for r in m), f"({len(m)} steps)")
+print(" ".join(f"{r['logprob_check_mean_diff']:.3g}/{r['logprob_check_max_diff']:.3g}" for r in m
+               if "logprob_check_mean_diff" in r), f"({len(m)} steps)")
 print("mean acceptance length", sum(r.get("acceptance_length", 0) for r in m) / len(m))
 PY
-grep -h "verdict\|LOSSLESS" "$OUT"/verify-*.out | head -4
+fi
+grep -h "verdict\|LOSSLESS" "$OUT"/verify-*.out 2>/dev/null | head -4

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The first GPU run issue 21 asks for, in parts that each fit one 10-minute device call (engine
+# starts take about a minute there). Work folders live under /tmp/gpu-run, which survives between
+# calls on the same machine; each part copies its outputs and logs to OUT (the device's $OUT).
+#   checks    pytest -m gpu, test_compat, the memory plan against a real update
+#             (benchmarks/memory_plan.py), the bfloat16 check tolerance (benchmarks/bf16_tolerance.py)
+#   pipe-a    gpu_pipeline.sh: init-draft, export, rollout --compare at T=0 and T=1, verify (greedy)
+#   pipe-b    gpu_pipeline.sh: train-rl (policy sync + draft refresh, logprob checks), verify
+#             (probabilistic), the quality preset and its engine-measured acceptance (needs pipe-a)
+#   what-if   the README's Qwen3-8B what-if: weightless sweep-k at batch 1-256, then forecast
+# Usage (bundle installed): . /tmp/site/env.sh && bash benchmarks/gpu_first_run.sh PART [OUT]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PART=${1:?checks | pipe-a | pipe-b | what-if}
+OUT=${2:-${OUT:-runs/gpu-first-run}}
+PY=${PYTHON:-python3}
+WORK=/tmp/gpu-run
+mkdir -p "$OUT" "$WORK"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.csv" 2>&1
+$PY -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" >> "$OUT/gpu.csv" 2>&1
+run() {  # run NAME CMD...: time it, keep stdout+stderr under OUT
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  printf '%s\t%ss\texit %s\n' "$name" $((SECONDS - t0)) "$rc" | tee -a "$OUT/parts.tsv"
+}
+case $PART in
+  checks)
+    run pytest-gpu $PY -m pytest -q -m gpu tests/test_gpu.py tests/test_compat.py
+    run memory-plan $PY benchmarks/memory_plan.py
+    run bf16-tolerance $PY benchmarks/bf16_tolerance.py --prompts 32 --samples 4 --lrs 1e-6,3e-6,1e-5 ;;
+  pipe-a)
+    ONLY="init-draft export rollout-t0 rollout-t1 verify-greedy" run pipeline-a bash benchmarks/gpu_pipeline.sh "$WORK/pipeline"
+    cp "$WORK"/pipeline/*.out "$WORK"/pipeline/times.tsv "$OUT"/ 2>/dev/null ;;
+  pipe-b)
+    ONLY="train-rl verify-probabilistic init-draft-quality draft-quality" \
+      run pipeline-b bash benchmarks/gpu_pipeline.sh "$WORK/pipeline"
+    cp "$WORK"/pipeline/*.out "$WORK"/pipeline/times.tsv "$WORK"/pipeline/rl/metrics.jsonl "$OUT"/ 2>/dev/null ;;
+  what-if)
+    run sweep $PY -m spectool.cli sweep-k --model qwen3-8b --dummy-weights --acceptance-length 3.32 --k 1,2,3 \
+      --batch-sizes 1,16,64,256 --lengths long-tail --max-tokens 1024 --out "$WORK/sweep-qwen3-8b"
+    run forecast $PY -m spectool.cli forecast --sweep "$WORK/sweep-qwen3-8b" --acceptance-rates 0.89,0.79,0.64 \
+      --generation-share 0.66 --batch 512 --max-concurrency 256 --out "$WORK/forecast-qwen3-8b"
+    cp -r "$WORK/sweep-qwen3-8b" "$WORK/forecast-qwen3-8b" "$OUT"/ 2>/dev/null ;;
+  *) echo "unknown part $PART: checks | pipe-a | pipe-b | what-if" >&2; exit 2 ;;
+esac
+cat "$OUT/parts.tsv"
