@@ -27,7 +27,7 @@ run() {  # run NAME CMD...: time it, keep stdout+stderr under OUT
 }
 case $PART in
   checks)
-    run pytest-gpu $PY -m pytest -q -m gpu tests/test_gpu.py tests/test_compat.py
+    run pytest-gpu $PY -m pytest -q tests/test_gpu.py tests/test_compat.py  # test_gpu: the gpu-marked tests
     run memory-plan $PY benchmarks/memory_plan.py
     run bf16-tolerance $PY benchmarks/bf16_tolerance.py --prompts 32 --samples 4 --lrs 1e-6,3e-6,1e-5 ;;
   pipe-a)
