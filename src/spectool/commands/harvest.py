@@ -19,4 +19,4 @@ def render(r: HarvestResult) -> None:
     c.print(f"[bold]harvest[/] {r.out}: {r.n_records} records ({r.n_new} new), mean reward {r.mean_reward:.3f}, "
             f"{r.tokens_per_s:.1f} generated tokens/s")
     if r.hidden_bytes_per_token:
-        c.print(f"hidden states: {r.hidden_bytes_per_token / 1024:.2f} KiB per token (float16, 3 aux layers + last)")
+        c.print(f"hidden states: {r.hidden_bytes_per_token / 1024:.2f} KiB per token (2 bytes a value, 3 aux layers + last)")
