@@ -92,8 +92,9 @@ def test_trainer_out_of_memory_names_the_engine_share():
         def update(self, rollouts, capture):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    with pytest.raises(SpectoolError, match=r"engine.gpu_memory_utilization = 0.7 of the GPU; lower it"):
+    with pytest.raises(SpectoolError, match=r"policy.micro_batch_size.*engine.gpu_memory_utilization \(now 0.7\)") as e:
         update_within_memory(Trainer(), [], False, 0.7)
+    assert "--backend trl" in str(e.value) and "Tried to allocate 2.00 GiB" in str(e.value)
 
 
 def test_dtype_policy():

@@ -169,9 +169,10 @@ def update_within_memory(trainer: PolicyTrainer, rollouts: list[Rollout], captur
         return trainer.update(rollouts, capture=capture)
     except torch.OutOfMemoryError as err:
         raise SpectoolError(
-            f"the policy update ran out of GPU memory ({' '.join(str(err).split())[:200]}). The engine holds "
-            f"engine.gpu_memory_utilization = {engine_share} of the GPU; lower it to leave the trainer more, or "
-            "lower policy.micro_batch_size. The last checkpoint is intact.") from None
+            f"the policy update ran out of GPU memory ({' '.join(str(err).split())[:200]}) although the memory plan "
+            f"printed at the start fitted (its activations are an estimate). Lower policy.micro_batch_size or "
+            f"rollout.max_tokens, or engine.gpu_memory_utilization (now {engine_share}) to leave the trainer more; or run "
+            "`spectool train-rl --backend trl` (sharding, LoRA). The last checkpoint is intact.") from None
 
 
 def check_engine_logprobs(engine, trainer: PolicyTrainer, rollouts: list[Rollout], tol: float, step: int) -> dict:
