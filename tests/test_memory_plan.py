@@ -120,6 +120,31 @@ def test_trl_plan_is_printed_and_refused_only_when_plain(tmp_path, capsys, monke
     assert "not enforced" in capsys.readouterr().out
 
 
+def test_trl_plan_reads_the_longest_prompt(tiny_policy, tmp_path, capsys, monkeypatch):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
+
+    from spectool.integrations.trl import SpectoolSpeculation, _check_memory
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
+                      per_device_train_batch_size=8, num_generations=4, max_completion_length=64, report_to="none")
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    texts = ["What is 2 + 2?", "Add the numbers from one to one hundred and say why " * 3]
+    want = max(len(tok(t)["input_ids"]) for t in texts)
+    for data, n in ((Dataset.from_dict({"prompt": texts}), want),
+                    (Dataset.from_dict({"prompt": [[{"role": "user", "content": t}] for t in texts]}), None)):
+        _check_memory(SpectoolSpeculation(None), args, {"model": str(tiny_policy), "train_dataset": data},
+                      total_bytes=80 * GIB)
+        out = capsys.readouterr().out
+        tokens = int(out.split("per_device_train_batch_size: ")[1].split(" tokens")[0])
+        longest = int(out.split("prompts (")[1].split(" tokens")[0])
+        assert tokens == 8 * (longest + 64) and longest >= want
+        if n is not None:
+            assert longest == n
+
+
 def test_train_rl_prints_its_plan_with_the_online_draft(tiny_policy, random_draft, capsys):
     from spectool.commands.train_rl import _check_memory
     from spectool.memory import safetensors_params

@@ -197,13 +197,15 @@ def _check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_b
     draft = 0
     if spec.draft and spec.refresh_every:  # a refreshed draft trains beside the policy
         draft = safetensors_params(path, "model.mtp_layers.") if mtp else safetensors_params(spec.draft)
+    prompt = _longest_prompt(trainer_kwargs, path)
     plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
                     total_bytes=total_bytes or torch.cuda.get_device_properties(0).total_memory,
-                    micro_tokens=args.per_device_train_batch_size * args.max_completion_length,
+                    micro_tokens=args.per_device_train_batch_size * (prompt + args.max_completion_length),
                     ref_model=args.beta != 0, shards=int(os.environ.get("WORLD_SIZE", "1")) if sharded else 1,
                     trainable_fraction=0.0 if peft else 1.0, checkpointing=bool(args.gradient_checkpointing),
                     draft_params=draft, draft_embedding=not mtp)
-    plan.notes.append("activations count completions only (prompts add more)")
+    plan.notes.append(f"activations: the longest of the first {PROMPTS_MEASURED} prompts ({prompt} tokens) + "
+                      "max_completion_length" if prompt else "activations count completions only (no prompts read)")
     if peft:
         plan.notes.append("PEFT: the adapters' gradients and AdamW are not counted")
     if sharded or peft or int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -214,6 +216,35 @@ def _check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_b
                "per_device_train_batch_size or max_completion_length, set gradient_checkpointing=True, beta=0.0, "
                "or shard the policy (accelerate launch with DeepSpeed ZeRO-3 or FSDP) or train LoRA adapters")
     print(plan.text())
+
+
+PROMPTS_MEASURED = 256  # dataset prompts tokenized for the memory plan's sequence length
+
+
+def _longest_prompt(trainer_kwargs: dict, path: str | None) -> int:
+    """Tokens of the longest of the train dataset's first prompts as TRL renders them (chat
+    template for conversational prompts); 0 when there is no dataset or tokenizer to read."""
+    data, tok = trainer_kwargs.get("train_dataset"), trainer_kwargs.get("processing_class")
+    if data is None or "prompt" not in getattr(data, "column_names", []):
+        return 0
+    if tok is None:
+        if not path:
+            return 0
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError):  # a folder with a config alone
+            return 0
+    longest = 0
+    for p in data.select(range(min(PROMPTS_MEASURED, len(data))))["prompt"]:
+        if isinstance(p, list):  # conversational: a list of messages
+            n = len(tok(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False),
+                        add_special_tokens=False)["input_ids"])
+        else:
+            n = len(tok(p)["input_ids"])
+        longest = max(longest, n)
+    return longest
 
 
 @contextlib.contextmanager
