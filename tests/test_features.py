@@ -84,3 +84,25 @@ def test_collation_pads_with_zeros_in_float32():
     assert ids.tolist() == [[3, 4, 5], [7, 0, 0]] and ids.dtype == torch.int64
     assert aux.dtype == last.dtype == torch.float32 and aux.shape == (2, 3, 6) and last.shape == (2, 3, 2)
     assert aux[1, 0].eq(2).all() and aux[1, 1:].eq(0).all() and P.tolist() == [2, 1] and L.tolist() == [3, 1]
+
+
+def test_gpu_batch_budget_follows_free_memory(monkeypatch):
+    """The GPU branch of the feature batch budget, without a GPU: a Qwen3-8B-shaped policy whose
+    parameters report a CUDA device, and torch's free-memory query answered."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from spectool.hidden import CPU_BATCH_TOKENS, batch_tokens
+    from spectool.models import templates_dir
+
+    gib = 1024**3
+    cfg = AutoConfig.from_pretrained(templates_dir() / "qwen3-8b")
+    policy = SimpleNamespace(config=cfg, parameters=lambda: iter([SimpleNamespace(device=torch.device("cuda", 0))]))
+    per_token = 4 * (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 4 * cfg.hidden_size)  # 3 aux + last
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (40 * gib, 80 * gib))
+    assert batch_tokens(policy, 3) == int(0.5 * 40 * gib / per_token)  # about 90k tokens: 180 records of 500
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (gib // 4, 80 * gib))
+    assert batch_tokens(policy, 3) == 512  # nearly full: the floor, one short sequence at a time
+    cpu = SimpleNamespace(config=cfg, parameters=lambda: iter([torch.zeros(1)]))
+    assert batch_tokens(cpu, 3) == CPU_BATCH_TOKENS
