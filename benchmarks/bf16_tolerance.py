@@ -19,19 +19,12 @@ import random
 import torch
 
 
-def group_max(engine_lp, trainer_lp, group: int = 4) -> list[float]:
-    """The check's statistic per group of `group` sequences: max |engine - trainer| over its tokens."""
-    gaps = [max(abs(a - b) for a, b in zip(e, t)) for e, t in zip(engine_lp, trainer_lp)]
-    return [max(gaps[i : i + group]) for i in range(0, len(gaps), group)]
+def group_gaps(engine_lp, trainer_lp, group: int = 4) -> tuple[list[float], list[float]]:
+    """Per group of `group` sequences, what the check computes (precision.logprob_gaps): (means, maxes)."""
+    from spectool.precision import logprob_gaps
 
-
-def group_mean(engine_lp, trainer_lp, group: int = 4) -> list[float]:
-    """Mean |engine - trainer| over the tokens of each group of `group` sequences."""
-    out = []
-    for i in range(0, len(engine_lp), group):
-        g = token_gaps(engine_lp[i : i + group], trainer_lp[i : i + group])
-        out.append(float(g.mean()))
-    return out
+    both = [logprob_gaps(engine_lp[i : i + group], trainer_lp[i : i + group]) for i in range(0, len(engine_lp), group)]
+    return [m for m, _ in both], [x for _, x in both]
 
 
 def token_gaps(engine_lp, trainer_lp) -> torch.Tensor:
@@ -39,7 +32,7 @@ def token_gaps(engine_lp, trainer_lp) -> torch.Tensor:
 
 
 def describe(name: str, engine_lp, trainer_lp, tol: float) -> None:
-    tokens, groups, means = token_gaps(engine_lp, trainer_lp), group_max(engine_lp, trainer_lp), group_mean(engine_lp, trainer_lp)
+    tokens, (means, groups) = token_gaps(engine_lp, trainer_lp), group_gaps(engine_lp, trainer_lp)
     q = torch.quantile(tokens, torch.tensor([0.5, 0.99]))
     fail = sum(m > tol for m in means)
     print(f"{name:<46} tokens: median {q[0]:.4f} p99 {q[1]:.4f} max {tokens.max():.4f} | group max: "

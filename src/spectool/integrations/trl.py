@@ -191,7 +191,7 @@ def _check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_b
     else:
         path, config = getattr(model, "name_or_path", None), model.config
         param_bytes = next(model.parameters()).element_size()
-    sharded = bool(args.deepspeed or args.fsdp)
+    sharded, world = bool(args.deepspeed or args.fsdp), int(os.environ.get("WORLD_SIZE", "1"))
     peft = trainer_kwargs.get("peft_config") is not None
     mtp = spec.draft == MTP
     draft = 0
@@ -201,14 +201,14 @@ def _check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_b
     plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
                     total_bytes=total_bytes or torch.cuda.get_device_properties(0).total_memory,
                     micro_tokens=args.per_device_train_batch_size * (prompt + args.max_completion_length),
-                    ref_model=args.beta != 0, shards=int(os.environ.get("WORLD_SIZE", "1")) if sharded else 1,
+                    ref_model=args.beta != 0, shards=world if sharded else 1,
                     trainable_fraction=0.0 if peft else 1.0, checkpointing=bool(args.gradient_checkpointing),
                     draft_params=draft, draft_embedding=not mtp)
     plan.notes.append(f"activations: the longest of the first {PROMPTS_MEASURED} prompts ({prompt} tokens) + "
                       "max_completion_length" if prompt else "activations count completions only (no prompts read)")
     if peft:
         plan.notes.append("PEFT: the adapters' gradients and AdamW are not counted")
-    if sharded or peft or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if sharded or peft or world > 1:
         plan.notes.append("not enforced: DeepSpeed/FSDP, PEFT or several processes change the arithmetic")
         print(plan.text())
         return
