@@ -36,7 +36,7 @@ from spectool.config import InitDraftConfig
 from spectool.draft.online import Features, OnlineDraft, RefreshReport
 from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
-from spectool.hidden import hook_input, to_store
+from spectool.hidden import aux_sites, decoder, hook_input, to_store
 
 DEAD_P = 1e-3  # a drafter whose acceptance would reach 0 with less than this probability is dead
 
@@ -144,8 +144,6 @@ class DraftRefresher:
     # --- capture ------------------------------------------------------------------------------
 
     def _attach(self) -> None:
-        from spectool.hidden import aux_sites, decoder
-
         base = decoder(self.policy)
         for i, where in aux_sites(base, self.draft.config.aux_layer_ids).items():
             self._hooks.append(where.register_forward_pre_hook(self._aux_hook(i), with_kwargs=True))
