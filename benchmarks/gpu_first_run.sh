@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The first GPU run issue 21 asks for, in parts that each fit one 10-minute device call (engine
+# The first GPU run issue 21 asks for, in five parts that each fit one 10-minute device call (engine
 # starts take about a minute there). Work folders live under /tmp/gpu-run, which survives between
 # calls on the same machine; each part copies its outputs and logs to OUT (the device's $OUT).
-#   checks    pytest -m gpu, test_compat, the memory plan against a real update
-#             (benchmarks/memory_plan.py), the bfloat16 check tolerance (benchmarks/bf16_tolerance.py)
+#   tests     pytest of the GPU pipeline test, test_compat, and the engine tests that run as they
+#             would on a GPU: the engine core in its own process (vLLM 0.26's policy and draft
+#             reloads, float32) and the bfloat16 paths (rollout, chunked policy sync, draft push)
+#   measure   the memory plan against a real update (benchmarks/memory_plan.py), the bfloat16
+#             check tolerance (benchmarks/bf16_tolerance.py)
 #   pipe-a    gpu_pipeline.sh: init-draft, export, rollout --compare at T=0 and T=1, verify (greedy)
 #   pipe-b    gpu_pipeline.sh: train-rl (policy sync + draft refresh, logprob checks), verify
 #             (probabilistic), the quality preset and its engine-measured acceptance (needs pipe-a)
@@ -11,7 +14,7 @@
 # Usage (bundle installed): . /tmp/site/env.sh && bash benchmarks/gpu_first_run.sh PART [OUT]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?checks | pipe-a | pipe-b | what-if}
+PART=${1:?tests | measure | pipe-a | pipe-b | what-if}
 OUT=${2:-${OUT:-runs/gpu-first-run}}
 PY=${PYTHON:-python3}
 WORK=/tmp/gpu-run
@@ -26,8 +29,10 @@ run() {  # run NAME CMD...: time it, keep stdout+stderr under OUT
   printf '%s\t%ss\texit %s\n' "$name" $((SECONDS - t0)) "$rc" | tee -a "$OUT/parts.tsv"
 }
 case $PART in
-  checks)
-    run pytest-gpu $PY -m pytest -q tests/test_gpu.py tests/test_compat.py  # test_gpu: the gpu-marked tests
+  tests)
+    run pytest-gpu $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_compat.py \
+      tests/test_engine_process.py tests/test_bf16_engine.py ;;
+  measure)
     run memory-plan $PY benchmarks/memory_plan.py
     run bf16-tolerance $PY benchmarks/bf16_tolerance.py --prompts 32 --samples 4 --lrs 1e-6,3e-6,1e-5 ;;
   pipe-a)
@@ -43,6 +48,6 @@ case $PART in
     run forecast $PY -m spectool.cli forecast --sweep "$WORK/sweep-qwen3-8b" --acceptance-rates 0.89,0.79,0.64 \
       --generation-share 0.66 --batch 512 --max-concurrency 256 --out "$WORK/forecast-qwen3-8b"
     cp -r "$WORK/sweep-qwen3-8b" "$WORK/forecast-qwen3-8b" "$OUT"/ 2>/dev/null ;;
-  *) echo "unknown part $PART: checks | pipe-a | pipe-b | what-if" >&2; exit 2 ;;
+  *) echo "unknown part $PART: tests | measure | pipe-a | pipe-b | what-if" >&2; exit 2 ;;
 esac
 cat "$OUT/parts.tsv"

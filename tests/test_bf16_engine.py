@@ -41,7 +41,9 @@ def test_bf16_speculative_rollout_is_the_policys(setup):
     from spectool.precision import LOGPROB_TOLERANCE
 
     policy, _, engine = setup
-    assert engine.dtype == "bfloat16" and engine.sampler_fix == "applied"
+    from spectool.engine.compat import is_cpu_build
+
+    assert engine.dtype == "bfloat16" and engine.sampler_fix == ("applied" if is_cpu_build() else "not-needed")
     outs, stats = engine.generate([[1, 7, 42, 99], [1, 8, 9, 10, 11]], Sampling(n=2, max_tokens=16, temperature=1.0, seed=3))
     assert stats.num_drafts > 0
     for c in (o for prompt in outs for o in prompt):  # the engine check's statistic: the mean gap
