@@ -41,6 +41,16 @@ def make_tokenizer(folder: Path, vocab_size: int = 512):
     return fast
 
 
+def transformers_logprobs(policy, prompt: list[int], resp: list[int]):
+    """The policy's logprob of each response token after its prompt (a float32 transformers forward)."""
+    import torch
+
+    ids = torch.tensor([prompt + resp])
+    with torch.no_grad():
+        lp = torch.log_softmax(policy(ids).logits[0].float(), -1)
+    return lp[len(prompt) - 1 : -1].gather(-1, ids[0, len(prompt):, None])[:, 0]  # [len(resp)]
+
+
 def make_policy(folder: Path, layers: int = 4, hidden: int = 128, seed: int = 0, tie: bool = False) -> Path:
     """A random tiny Llama (4 layers, hidden 128, head_dim 32: a size vLLM's CPU attention takes)."""
     import torch

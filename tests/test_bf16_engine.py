@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import transformers_logprobs
 
 pytestmark = pytest.mark.engine
 
@@ -29,13 +30,6 @@ def setup(tiny_policy, tmp_path_factory):
     return policy, folder, engine
 
 
-def _logprobs(policy, prompt, resp):
-    ids = torch.tensor([prompt + resp])
-    with torch.no_grad():
-        lp = torch.log_softmax(policy(ids).logits[0].float(), -1)
-    return lp[len(prompt) - 1 : -1].gather(-1, ids[0, len(prompt):, None])[:, 0]
-
-
 def test_bf16_speculative_rollout_is_the_policys(setup):
     from spectool.engine.engine import Sampling
     from spectool.precision import LOGPROB_TOLERANCE
@@ -47,7 +41,7 @@ def test_bf16_speculative_rollout_is_the_policys(setup):
     outs, stats = engine.generate([[1, 7, 42, 99], [1, 8, 9, 10, 11]], Sampling(n=2, max_tokens=16, temperature=1.0, seed=3))
     assert stats.num_drafts > 0
     for c in (o for prompt in outs for o in prompt):  # the engine check's statistic: the mean gap
-        gap = (torch.tensor(c.logprobs) - _logprobs(policy, c.prompt_ids, c.response_ids)).abs().mean()
+        gap = (torch.tensor(c.logprobs) - transformers_logprobs(policy, c.prompt_ids, c.response_ids)).abs().mean()
         assert gap < LOGPROB_TOLERANCE["bfloat16"], gap
 
 
@@ -74,8 +68,8 @@ def test_bf16_policy_sync_reaches_the_engine(setup, tiny_policy, monkeypatch):
     prompt, resp = [1, 7, 42, 99, 100, 5], [17, 300, 12, 40, 41]
     got = torch.tensor(engine.sequence_logprobs([prompt], [resp])[0])
     tol = LOGPROB_TOLERANCE["bfloat16"]
-    assert (got - _logprobs(new, prompt, resp)).abs().mean() < tol
-    assert (got - _logprobs(policy, prompt, resp)).abs().mean() > tol
+    assert (got - transformers_logprobs(new, prompt, resp)).abs().mean() < tol
+    assert (got - transformers_logprobs(policy, prompt, resp)).abs().mean() > tol
     engine.update_policy({k: v.to(torch.bfloat16) for k, v in policy.state_dict().items()})  # back, for the others
 
 

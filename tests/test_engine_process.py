@@ -13,15 +13,9 @@ import copy
 
 import pytest
 import torch
+from conftest import transformers_logprobs
 
 pytestmark = pytest.mark.engine
-
-
-def _logprobs(policy, prompt, resp):
-    ids = torch.tensor([prompt + resp])
-    with torch.no_grad():
-        lp = torch.log_softmax(policy(ids).logits[0].float(), -1)
-    return lp[len(prompt) - 1 : -1].gather(-1, ids[0, len(prompt):, None])[:, 0]
 
 
 def test_engine_core_in_its_own_process(tiny_policy, tmp_path, monkeypatch):
@@ -51,7 +45,7 @@ def test_engine_core_in_its_own_process(tiny_policy, tmp_path, monkeypatch):
     outs, stats = engine.generate([[1, 7, 42, 99], [1, 8, 9, 10, 11]], Sampling(n=2, max_tokens=16, seed=3))
     assert stats.num_drafts > 0
     for c in (o for per_prompt in outs for o in per_prompt):
-        assert (torch.tensor(c.logprobs) - _logprobs(policy, c.prompt_ids, c.response_ids)).abs().max() < 1e-3
+        assert (torch.tensor(c.logprobs) - transformers_logprobs(policy, c.prompt_ids, c.response_ids)).abs().max() < 1e-3
 
     new = copy.deepcopy(policy)
     with torch.no_grad():
@@ -60,8 +54,8 @@ def test_engine_core_in_its_own_process(tiny_policy, tmp_path, monkeypatch):
     engine.update_policy(new.state_dict().items())  # files in /dev/shm, read by the worker process
     prompt, resp = [1, 7, 42, 99, 100, 5], [17, 300, 12, 40, 41]
     got = torch.tensor(engine.sequence_logprobs([prompt], [resp])[0])
-    assert (got - _logprobs(new, prompt, resp)).abs().max() < 1e-3
-    assert (got - _logprobs(policy, prompt, resp)).abs().mean() > 1e-2
+    assert (got - transformers_logprobs(new, prompt, resp)).abs().max() < 1e-3
+    assert (got - transformers_logprobs(policy, prompt, resp)).abs().mean() > 1e-2
 
     new.train()
     r = DraftRefresher.from_folder(tmp_path / "draft", new, RefreshSettings(lr=3e-3, warmup_steps=0, batch_size=4))

@@ -87,6 +87,13 @@ def draft_bytes(draft_params: int, config, embedding_copy: bool = True) -> int:
     return 16 * draft_params + (4 * config.vocab_size * config.hidden_size if embedding_copy else 0)
 
 
+def draft_params(folder, mtp: bool) -> int:
+    """Parameters a refreshed draft trains: an EAGLE-3 folder's tensors, or a model folder's MTP layers."""
+    from spectool.draft.mtp import PREFIX
+
+    return safetensors_params(folder, PREFIX + "." if mtp else "")
+
+
 def safetensors_params(folder, prefix: str = "") -> int:
     """Parameters stored in a folder's safetensors files (headers only), names starting with `prefix`."""
     from pathlib import Path

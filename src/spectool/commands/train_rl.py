@@ -81,15 +81,14 @@ def _check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, tot
     """Print the one-GPU memory plan and refuse one that cannot fit (memory.py)."""
     from transformers import AutoConfig
 
-    from spectool.memory import check_train_rl, safetensors_params, train_rl_plan
+    from spectool.memory import check_train_rl, draft_params, train_rl_plan
 
     config, mtp = AutoConfig.from_pretrained(model_path), spec.method == "mtp"
     online = spec.draft_path is not None and cfg.draft_refresh.mode == "online"
-    draft_params = (safetensors_params(spec.draft_path, "model.mtp_layers." if mtp else "") if online else 0)
     plan = train_rl_plan(config, engine_share=cfg.engine.gpu_memory_utilization, total_bytes=total_bytes,
                          micro_tokens=cfg.policy.micro_batch_size * (longest_prompt + cfg.rollout.max_tokens),
                          kl_beta=cfg.policy.kl_beta, autocast_bf16=engine_dtype(cfg.engine.dtype) == "bfloat16",
-                         draft_params=draft_params, draft_embedding=not mtp)
+                         draft_params=draft_params(spec.draft_path, mtp) if online else 0, draft_embedding=not mtp)
     check_train_rl(plan, config, cfg.engine.gpu_memory_utilization)
     print(plan.text())
 

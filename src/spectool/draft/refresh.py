@@ -81,8 +81,10 @@ class _Capture:
     ids: torch.Tensor | None = None  # [B, T]
     mask: torch.Tensor | None = None  # [B, T]
     labels: torch.Tensor | None = None  # [B, T] or None
-    aux: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [B, T, H] (hidden.to_store)
-    last: torch.Tensor | None = None  # [B, T, H] (hidden.to_store)
+    # detached references to the forward's own tensors (autograd keeps them for backward anyway):
+    # no copy and no device sync inside the forward; _features stores them half-size (hidden.to_store)
+    aux: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [B, T, H]
+    last: torch.Tensor | None = None  # [B, T, H]
 
 
 class DraftRefresher:
@@ -180,13 +182,13 @@ class DraftRefresher:
     def _aux_hook(self, i: int):
         def hook(_module, args, kwargs):
             if self._cap is not None and i not in self._cap.aux:
-                self._cap.aux[i] = to_store(hook_input(args, kwargs))
+                self._cap.aux[i] = hook_input(args, kwargs).detach()
 
         return hook
 
     def _last_hook(self, _module, _args, output) -> None:
         if self._cap is not None and self._cap.last is None:
-            self._cap.last = to_store(output[0] if isinstance(output, tuple) else output.last_hidden_state)
+            self._cap.last = (output[0] if isinstance(output, tuple) else output.last_hidden_state).detach()
 
     def _end(self, _module, _args, _output) -> None:
         cap, self._cap = self._cap, None
@@ -196,8 +198,8 @@ class DraftRefresher:
 
     def _features(self, cap: _Capture) -> list[Features]:
         ids, mask = cap.ids.cpu(), cap.mask.cpu().bool()  # [B, T]
-        aux = torch.cat([cap.aux[i] for i in self.draft.config.aux_layer_ids], -1).cpu()  # [B, T, n_aux * H]
-        last = cap.last.cpu()  # [B, T, H]
+        aux = to_store(torch.cat([cap.aux[i] for i in self.draft.config.aux_layer_ids], -1)).cpu()  # [B, T, n_aux * H]
+        last = to_store(cap.last).cpu()  # [B, T, H]
         labels = cap.labels.cpu() if cap.labels is not None else None
         feats = []
         for r in range(ids.shape[0]):

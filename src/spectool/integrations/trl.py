@@ -178,7 +178,7 @@ def _check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_b
 
     from transformers import AutoConfig
 
-    from spectool.memory import safetensors_params, trl_plan
+    from spectool.memory import draft_params, trl_plan
     from spectool.models import resolve_config, resolve_model
 
     model = trainer_kwargs.get("model")
@@ -196,7 +196,7 @@ def _check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_b
     mtp = spec.draft == MTP
     draft = 0
     if spec.draft and spec.refresh_every:  # a refreshed draft trains beside the policy
-        draft = safetensors_params(path, "model.mtp_layers.") if mtp else safetensors_params(spec.draft)
+        draft = draft_params(path if mtp else spec.draft, mtp)
     prompt = _longest_prompt(trainer_kwargs, path)
     plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
                     total_bytes=total_bytes or torch.cuda.get_device_properties(0).total_memory,
@@ -236,15 +236,10 @@ def _longest_prompt(trainer_kwargs: dict, path: str | None) -> int:
             tok = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError):  # a folder with a config alone
             return 0
-    longest = 0
-    for p in data.select(range(min(PROMPTS_MEASURED, len(data))))["prompt"]:
-        if isinstance(p, list):  # conversational: a list of messages
-            n = len(tok(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False),
-                        add_special_tokens=False)["input_ids"])
-        else:
-            n = len(tok(p)["input_ids"])
-        longest = max(longest, n)
-    return longest
+    from spectool.prompts import encode_messages
+
+    prompts = data.select(range(min(PROMPTS_MEASURED, len(data))))["prompt"]  # conversational: lists of messages
+    return max(len(encode_messages(tok, p) if isinstance(p, list) else tok(p)["input_ids"]) for p in prompts)
 
 
 @contextlib.contextmanager
