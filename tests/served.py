@@ -7,8 +7,9 @@ import torch
 
 
 def served_vs_trained(engine, policy, draft_dir, tmp_path) -> None:
-    """The running drafter's first proposal round (k=2 steps) equals `Eagle3Draft.unroll`, the
-    function drafts are trained through: step 0 at the last prompt position, step 1 on its chain."""
+    """The running drafter's first proposal round (k=2 steps) equals the draft's `unroll`, the
+    function drafts are trained through: step 0 at the last prompt position, step 1 on its chain
+    (EAGLE-3: two draft forwards) or in the same block (P-EAGLE, DFlash: one forward, 2 rows)."""
     from safetensors.torch import load_file
 
     from spectool.draft.checkpoint import load_draft
@@ -22,10 +23,11 @@ def served_vs_trained(engine, policy, draft_dir, tmp_path) -> None:
     outs, _ = engine.generate([prompt], Sampling(n=1, max_tokens=4, temperature=0.0))
     path = tmp_path / "served.safetensors"
     assert engine.rpc("spectool_capture_draft_outputs", str(path))[0] >= 2
-    served = load_file(path)  # call j: [1, H] draft step j of the first round (one sequence)
+    served = load_file(path)  # chain: call j = [1, H], draft step j; parallel: call0 = [k, H], every step
+    rows = served["call0"] if served["call0"].shape[0] >= 2 else torch.cat([served["call0"], served["call1"]])
     draft, _ = load_draft(draft_dir, policy)
     with torch.no_grad():
-        served0, served1 = draft.lm_head(served["call0"][0]), draft.lm_head(served["call1"][0])  # [Vd] each
+        served0, served1 = draft.lm_head(rows[0]), draft.lm_head(rows[1])  # [Vd] each
         proposal = int(draft.draft_to_target_ids()[served0.argmax()])  # the greedy draft's first token
         ids = torch.tensor([prompt + [outs[0][0].response_ids[0], proposal]])  # [1, P + 2]
         aux, _ = policy_features(policy, ids, draft.config.aux_layer_ids)

@@ -1,5 +1,6 @@
-"""Draft folders: vLLM-loadable as they are (config.json + model.safetensors), plus spectool's
-own `draft.json` (DraftConfig and the policy identity it was trained for)."""
+"""Draft folders: vLLM-loadable as they are (config.json + model.safetensors, and a DFlash draft's
+mask_embedding.pt), plus spectool's own `draft.json` (the draft's config with its family, and the
+policy identity it was trained for). Families: draft/families.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from spectool.draft.dflash import MASK_EMBEDDING, DFlashConfig, DFlashDraft
 from spectool.draft.model import DraftConfig, Eagle3Draft
 from spectool.errors import SpectoolError
 from spectool.runs import atomic_write_bytes, atomic_write_json
@@ -16,16 +18,43 @@ DRAFT_JSON = "draft.json"
 WEIGHTS = "model.safetensors"
 
 
-def new_draft(policy, target_ids: torch.Tensor, aux_layer_ids: list[int], num_layers: int = 1) -> Eagle3Draft:
-    """A fresh draft of `num_layers` decoder layers for `policy` (a transformers causal LM):
-    embedding and lm_head rows copied from the policy for the draft vocabulary `target_ids` [Vd]."""
+def slot_token(target_ids: torch.Tensor, vocab_size: int) -> int:
+    """The token id a parallel drafter's masked slots carry (P-EAGLE's ptd_token_id, DFlash's
+    mask_token_id): the largest id outside the draft vocabulary `target_ids`, so the draft never
+    proposes it and the policy's responses (where the vocabulary comes from) almost never hold it;
+    vLLM swaps DFlash's trained mask embedding in wherever that id appears."""
+    taken = torch.zeros(vocab_size, dtype=torch.bool)
+    taken[target_ids.cpu()] = True
+    free = (~taken).nonzero().flatten()
+    return int(free[-1]) if len(free) else vocab_size - 1
+
+
+def draft_class(cfg):
+    return DFlashDraft if isinstance(cfg, DFlashConfig) else Eagle3Draft
+
+
+def config_from_dict(d: dict):
+    """A draft config from draft.json's "config" (its `family` picks the class)."""
+    return DFlashConfig(**d) if d.get("family") == "dflash" else DraftConfig(**d)
+
+
+def new_draft(policy, target_ids: torch.Tensor, aux_layer_ids: list[int], num_layers: int = 1,
+              family: str = "eagle3"):
+    """A fresh draft of `family` (eagle3 | peagle | dflash) with `num_layers` decoder layers for
+    `policy` (a transformers causal LM): embedding and lm_head rows copied from the policy for the
+    draft vocabulary `target_ids` [Vd]."""
     import dataclasses
 
     from spectool.draft.vocab import d2t_from_ids
 
-    cfg = dataclasses.replace(DraftConfig.from_policy(policy.config, len(target_ids), aux_layer_ids),
-                              num_hidden_layers=num_layers)
-    draft = Eagle3Draft(cfg)
+    token = slot_token(target_ids, policy.config.vocab_size)
+    if family == "dflash":
+        cfg = DFlashConfig.from_policy(policy.config, len(target_ids), aux_layer_ids, token, num_layers)
+    else:
+        cfg = dataclasses.replace(DraftConfig.from_policy(policy.config, len(target_ids), aux_layer_ids),
+                                  num_hidden_layers=num_layers, family=family,
+                                  ptd_token_id=token if family == "peagle" else None)
+    draft = draft_class(cfg)(cfg)
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
         draft.lm_head.weight.copy_(policy.get_output_embeddings().weight[target_ids])
@@ -44,7 +73,7 @@ def remap_vocab(draft: Eagle3Draft, target_ids: torch.Tensor, policy) -> tuple[E
     from spectool.draft.vocab import d2t_from_ids
 
     c = dataclasses.replace(draft.config, draft_vocab_size=len(target_ids))
-    new = Eagle3Draft(c).to(draft.lm_head.weight.device)
+    new = draft_class(c)(c).to(draft.lm_head.weight.device)
     sd = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t")}
     new.load_state_dict(sd, strict=False)
     slot = torch.full((c.vocab_size,), -1, dtype=torch.int64)  # [V] old draft row of each target id
@@ -61,13 +90,19 @@ def remap_vocab(draft: Eagle3Draft, target_ids: torch.Tensor, policy) -> tuple[E
     return new, kept
 
 
-def save_draft(draft: Eagle3Draft, out: Path, extra: dict | None = None) -> None:
+def save_draft(draft, out: Path, extra: dict | None = None) -> None:
     """Write a vLLM-loadable draft folder (files written atomically)."""
+    import io
+
     from safetensors.torch import save
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / WEIGHTS, save(draft.export_state_dict()))
+    if isinstance(draft, DFlashDraft):
+        buf = io.BytesIO()
+        torch.save(draft.mask_embedding_file(), buf)
+        atomic_write_bytes(out / MASK_EMBEDDING, buf.getvalue())
     atomic_write_json(out / "config.json", draft.config.vllm_config())
     atomic_write_json(out / DRAFT_JSON, {"config": draft.config.to_dict(), **(extra or {})})
 
@@ -82,7 +117,7 @@ def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
     meta_path = path / DRAFT_JSON
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        cfg = DraftConfig(**meta["config"])
+        cfg = config_from_dict(meta["config"])
     elif (path / "config.json").exists():
         meta = {}
         cfg = _config_from_vllm(json.loads((path / "config.json").read_text()), policy)
@@ -97,15 +132,18 @@ def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
             sd.update(load_file(f))
     except Exception as e:  # noqa: BLE001 - safetensors raises several types on bad files
         raise SpectoolError(f"could not read draft weights in {path}: {e} (the file is corrupt)") from None
-    draft = Eagle3Draft(cfg)
+    draft = draft_class(cfg)(cfg)
     if "d2t" not in sd:
         sd["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
     sd.pop("t2d", None)
+    if isinstance(draft, DFlashDraft):
+        sd["mask_embedding"] = _mask_embedding(path, cfg)
     has_embed = "embed_tokens.weight" in sd
     missing, unexpected = draft.load_state_dict(sd, strict=False)
     missing = [m for m in missing if m != "embed_tokens.weight"]
     if missing or unexpected:
-        raise SpectoolError(f"draft weights in {path} do not fit an EAGLE-3 draft: missing {missing}, unexpected {unexpected}")
+        raise SpectoolError(f"draft weights in {path} do not fit a {cfg.family} draft: missing {missing}, "
+                            f"unexpected {unexpected}")
     if policy is not None:
         check_fits(cfg, policy_shape(policy.config), path)
         if not has_embed:
@@ -114,7 +152,22 @@ def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
     return draft, meta
 
 
-def check_fits(cfg: DraftConfig, policy: dict, where: Path) -> None:
+def _mask_embedding(path: Path, cfg: DFlashConfig) -> torch.Tensor:
+    """A DFlash folder's trained mask embedding [H] (mask_embedding.pt, as vLLM reads it)."""
+    f = path / MASK_EMBEDDING
+    if not f.exists():
+        raise SpectoolError(f"DFlash draft {path} has no {MASK_EMBEDDING}: vLLM would embed its masked slots with the "
+                            f"policy's token {cfg.mask_token_id}, not the trained mask; re-export it with spectool")
+    state = torch.load(f, weights_only=True)
+    if isinstance(state, dict):
+        if state.get("mask_token_id", cfg.mask_token_id) != cfg.mask_token_id:
+            raise SpectoolError(f"{f} is for mask_token_id {state.get('mask_token_id')}, the config says "
+                                f"{cfg.mask_token_id}")
+        state = state["embedding"]
+    return state.reshape(-1).float()
+
+
+def check_fits(cfg, policy: dict, where: Path) -> None:
     """Refuse a draft whose shapes do not fit the policy. `policy`: a model fingerprint
     (models.FINGERPRINT_FIELDS: hidden_size, vocab_size, num_hidden_layers are read)."""
     problems = []
@@ -153,7 +206,7 @@ def check_draft(draft: str, model, k: int, flag: str = "--draft", k_flag: str = 
         raise SpectoolError(f"{flag} {d} was trained for another policy ({meta.get('policy')}) than {model.name}: "
                             + "; ".join(f"{x} (draft's policy vs this one)" for x in diff))
     if "config" in meta:
-        check_fits(DraftConfig(**meta["config"]), model.fingerprint, d)
+        check_fits(config_from_dict(meta["config"]), model.fingerprint, d)
     ttt = meta.get("ttt_steps")
     if ttt and k > ttt:
         raise SpectoolError(f"{k_flag} {k} exceeds the {ttt} positions the draft {d} was trained for; "
@@ -167,24 +220,45 @@ def policy_shape(config) -> dict:
             "num_hidden_layers": config.num_hidden_layers}
 
 
-def _config_from_vllm(c: dict, policy) -> DraftConfig:
-    ids = c.get("eagle_aux_hidden_state_layer_ids") or (c.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+def _config_from_vllm(c: dict, policy):
+    """The config of a public draft folder (no draft.json): EAGLE-3, P-EAGLE or DFlash."""
+    from spectool.draft.families import PARALLEL_TOKEN_KEYS, family_of_config
+
+    fam = family_of_config(c)
+    if fam not in ("eagle3", "peagle", "dflash"):
+        raise SpectoolError(f"draft config.json ({(c.get('architectures') or ['?'])[0]}) is not an EAGLE-3, P-EAGLE or "
+                            "DFlash draft spectool can load")
+    dflash = c.get("dflash_config") or {}
+    if fam == "dflash":
+        ids = [i + 1 for i in dflash.get("target_layer_ids") or []] or None  # DFlash counts layer outputs
+    else:
+        ids = c.get("eagle_aux_hidden_state_layer_ids") or (c.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if ids is None:
         if policy is None:
-            raise SpectoolError("draft config.json has no eagle_aux_hidden_state_layer_ids; pass the policy")
+            raise SpectoolError("draft config.json names no aux layers (eagle_aux_hidden_state_layer_ids / "
+                                "dflash_config.target_layer_ids); pass the policy")
         from spectool.hidden import default_aux_layer_ids
 
         ids = default_aux_layer_ids(policy.config.num_hidden_layers)
     rope = c.get("rope_parameters") or {}
-    return DraftConfig(
+    common = dict(
         hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
         num_attention_heads=c["num_attention_heads"], num_key_value_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
         head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], vocab_size=c["vocab_size"],
         draft_vocab_size=c.get("draft_vocab_size") or c["vocab_size"],
         target_hidden_size=c.get("target_hidden_size") or c["hidden_size"], aux_layer_ids=list(ids),
         rms_norm_eps=c.get("rms_norm_eps", 1e-5), rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-        max_position_embeddings=c.get("max_position_embeddings", 4096),
+        max_position_embeddings=c.get("max_position_embeddings", 4096), num_hidden_layers=c.get("num_hidden_layers", 1),
     )
+    if fam == "dflash":
+        if dflash.get("mask_token_id") is None:
+            raise SpectoolError("DFlash draft config.json has no dflash_config.mask_token_id: vLLM cannot feed its masked "
+                                "slots; add the id the draft was trained with")
+        causal = dflash.get("causal")
+        return DFlashConfig(**common, mask_token_id=int(dflash["mask_token_id"]),
+                            causal=bool(causal) if causal is not None else False)
+    token = next((c[k] for k in PARALLEL_TOKEN_KEYS if k in c), None)
+    return DraftConfig(**common, family=fam, ptd_token_id=token)
 
 
 DUMMY_DRAFT_VOCAB = 32000  # the draft vocabulary size of public EAGLE-3 drafts for 150k-token policies

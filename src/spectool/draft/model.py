@@ -42,6 +42,11 @@ class DraftConfig:
     max_position_embeddings: int = 4096
     target_num_layers: int = 0
     num_hidden_layers: int = 1  # decoder layers of the draft (vLLM's EAGLE-3 Llama loads any number)
+    # P-EAGLE (family "peagle"): all k positions in one forward; positions 2..k read `ptd_token_id`
+    # and the hidden state fc(mask_hidden) (vLLM: llama_eagle3.py mask_hidden, llm_base_proposer.py
+    # parallel drafting)
+    family: str = "eagle3"
+    ptd_token_id: int | None = None
 
     @classmethod
     def from_policy(cls, pc, draft_vocab_size: int, aux_layer_ids: list[int]) -> "DraftConfig":
@@ -79,7 +84,12 @@ class DraftConfig:
             "torch_dtype": "float32",
             "eagle_aux_hidden_state_layer_ids": self.aux_layer_ids,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": self.aux_layer_ids, "use_aux_hidden_state": True},
+            **({"ptd_token_id": self.ptd_token_id} if self.parallel else {}),
         }
+
+    @property
+    def parallel(self) -> bool:
+        return self.family == "peagle"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -164,15 +174,19 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("inv_freq", inverse_frequencies(c.head_dim, c.rope_theta), persistent=False)
+        if c.parallel:  # P-EAGLE: the aux hidden states masked positions read, [n_aux * H_t]
+            self.mask_hidden = nn.Parameter(torch.zeros(len(c.aux_layer_ids) * c.target_hidden_size))
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
+        if c.parallel:
+            nn.init.normal_(self.mask_hidden, std=0.02)
 
     # --- weights as vLLM sees them -----------------------------------------------------------------
 
     def export_state_dict(self) -> dict[str, torch.Tensor]:
-        """Checkpoint tensors in vLLM's names; d2t only when the draft vocab is smaller (vLLM 0.32
-        has no d2t parameter otherwise and refuses one)."""
+        """Checkpoint tensors in vLLM's names (P-EAGLE's mask_hidden included); d2t only when the
+        draft vocab is smaller (vLLM 0.32 has no d2t parameter otherwise and refuses one)."""
         sd = {k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items() if k != "embed_tokens.weight"}
         if self.config.draft_vocab_size == self.config.vocab_size:
             sd.pop("d2t")
@@ -225,6 +239,8 @@ class Eagle3Draft(nn.Module):
         Returns j -> logits [B, T - start, draft_vocab] for anchors start..T-1, predicting x[t+j+2].
         `start` skips anchors whose outputs no loss reads (the prompt): keys still cover them.
         Positions past the end read token 0; callers mask.
+        P-EAGLE (config.parallel): step j > 0 reads `ptd_token_id` and fc(mask_hidden) instead of
+        x[t+j+1] and step j-1's output, as vLLM's one parallel forward does (same positions, same keys).
         """
         B, T, _ = aux.shape
         layers = [self.midlayer, *self.layers.values()]
@@ -235,6 +251,9 @@ class Eagle3Draft(nn.Module):
         for j in range(steps):
             first = start if j else 0
             ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)[:, first:]  # x[t+j+1], [B, n]
+            if j and self.config.parallel:  # a masked slot: fixed token and hidden state
+                ids = torch.full_like(ids, self.config.ptd_token_id)
+                h = self.fc(self.mask_hidden).expand(B, T - first, -1)
             pos = torch.arange(first, T, device=aux.device) + j  # [n]
             mask = causal[first:]  # [n, T]
             resid = h

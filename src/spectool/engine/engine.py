@@ -33,8 +33,8 @@ class EngineConfig:
     model_path: str
     draft_path: str | None = None  # plain EAGLE-3 folder (config.json + model.safetensors)
     k: int = DEFAULT_K  # num_speculative_tokens (the largest k when k_schedule is set)
-    # "eagle3" | "draft_model" (draft_path: a causal LM; plain decoding when None) | "ngram" |
-    # "mtp" (the model's own MTP layers; no draft_path)
+    # a drafter family (draft/families.py: "eagle3" | "peagle" | "dflash" | "dspark" with draft_path,
+    # "mtp" without) | "draft_model" (draft_path: a causal LM; plain decoding when None) | "ngram"
     method: str = "eagle3"
     # eagle3 proposals: "greedy" (the draft's argmax; accepted with probability p(token)) or
     # "probabilistic" (sampled from the draft's q at the request's temperature; accepted with
@@ -190,7 +190,10 @@ class Engine:
     @property
     def has_draft(self) -> bool:
         """Whether a trained drafter runs (an EAGLE-3 draft or the model's MTP layers)."""
-        return self.cfg.method == "mtp" or (self.cfg.method == "eagle3" and bool(self.cfg.draft_path))
+        from spectool.draft.families import FAMILIES
+
+        fam = FAMILIES.get(self.cfg.method)
+        return fam is not None and (not fam.folder or bool(self.cfg.draft_path))
 
     def draft_probe(self) -> dict[str, float]:
         """The running drafter's probe sums in the engine's dtype (engine/probe.py)."""
@@ -276,11 +279,14 @@ def prepare_environment(cfg: EngineConfig) -> bool:
 
 def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
     """vLLM's speculative_config for the configured method, or None for plain decoding."""
+    from spectool.draft.families import FAMILIES
+
+    fam = FAMILIES.get(cfg.method)
     if cfg.method == "ngram":
         spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": cfg.k,
                                 "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-    elif cfg.method == "mtp":  # the model's own MTP layers, from its own checkpoint
-        spec = {"method": "mtp", "num_speculative_tokens": cfg.k}
+    elif fam is not None and (cfg.draft_path or not fam.folder):  # a trained drafter (MTP: the model's own layers)
+        spec = {**fam.speculative_entries(cfg.draft_path), "num_speculative_tokens": cfg.k}
         if cfg.draft_sampling != "greedy":
             spec["draft_sample_method"] = cfg.draft_sampling
     elif cfg.draft_path:

