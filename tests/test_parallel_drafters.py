@@ -46,3 +46,55 @@ def test_served_parallel_draft_equals_its_training_unroll(family, tiny_policy, t
     with Engine(EngineConfig(model_path=str(tiny_policy), method="eagle3", kv_cache_gib=1)) as plain:
         ref, _ = plain.generate(prompts, Sampling(max_tokens=12, temperature=0.0))
     assert [c[0].response_ids for c in spec] == [c[0].response_ids for c in ref]
+
+
+DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+
+
+@pytest.fixture(scope="module")
+def harvest_run(tiny_policy, tmp_path_factory):
+    from clirun import spectool
+
+    run = tmp_path_factory.mktemp("harvest") / "h"
+    spectool("harvest", "--out", str(run), "--model", str(tiny_policy), "--data", DATA, "--n-prompts", "16",
+             "--max-tokens", "24", "--samples", "2", "--hidden-states")
+    return run
+
+
+@pytest.mark.parametrize("family", ["peagle", "dflash"])
+def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_run, tmp_path):
+    """init-draft --method F -> export (loaded and measured on vLLM) -> rollout --compare -> verify
+    LOSSLESS with the lossy control rejected, as a user runs them."""
+    import json
+
+    from clirun import spectool
+
+    draft = tmp_path / "draft"
+    spectool("init-draft", "--model", str(tiny_policy), "--data", str(harvest_run), "--out", str(draft),
+             "--method", family, "--draft-vocab-size", "256", "--ttt-steps", "3", "--epochs", "1", "--batch-size", "8")
+    from spectool.draft.families import folder_family
+
+    assert folder_family(draft) == family
+    assert json.loads((draft / "manifest.json").read_text())["family"] == family
+    out = tmp_path / "export"
+    r = spectool("export", "--draft", str(draft), "--out", str(out), "--k", "3", "--min-acceptance", "1.0",
+                 "--for", "verl")
+    assert "verified on vLLM" in r.stdout
+    assert json.loads((out / "manifest.json").read_text())["family"] == family
+    snippet = (out / "verl.yaml").read_text()
+    assert ("dflash" in snippet) if family == "dflash" else ("parallel_drafting: true" in snippet)
+    r = spectool("rollout", "--model", str(tiny_policy), "--data", DATA, "--draft", str(out), "--method", family,
+                 "--k", "3", "--n-prompts", "4", "--max-tokens", "16", "--compare", "--out", str(tmp_path / "ro"))
+    assert "speedup" in r.stdout
+    assert json.loads((tmp_path / "ro" / "manifest.json").read_text())["summary"]["acceptance"]["num_drafts"] > 0
+    r = spectool("verify", "--model", str(tiny_policy), "--draft", str(out), "--method", family, "--data", "chat",
+                 "--n-prompts", "3", "--samples", "150", "--positions", "5", "--k", "3", "--out", str(tmp_path / "v"))
+    assert "verdict: LOSSLESS" in r.stdout, r.stdout[-3000:]
+    v = json.loads((tmp_path / "v" / "verify.json").read_text())
+    assert any(x.startswith("lossy control rejected: ") for x in v["reasons"])
+    # the wrong family, and k above the trained block, are refused before an engine starts
+    other = "dflash" if family == "peagle" else "peagle"
+    r = spectool("rollout", "--model", str(tiny_policy), "--draft", str(out), "--method", other, check=False)
+    assert r.returncode == 2 and f"is a {family} draft" in r.stderr and f"--method {family}" in r.stderr
+    r = spectool("rollout", "--model", str(tiny_policy), "--draft", str(out), "--method", family, "--k", "5", check=False)
+    assert r.returncode == 2 and "trained block size" in r.stderr

@@ -15,9 +15,12 @@ from spectool.errors import SpectoolError
 DEFAULT_MODEL = "smollm2-135m"
 # Two-term one-digit sums: SmolLM2-135M scores ~0.4 here, a real RL signal (measured).
 DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
-METHODS = ("eagle3", "ngram", "draft_model", "mtp")  # sweep-k's speculative methods
-# What drafts for rollout, verify and init-draft: an EAGLE-3 draft folder, or the model's own MTP layers.
-DRAFTERS = ("eagle3", "mtp")
+# The drafter families (draft/families.py): a draft folder (eagle3, peagle, dflash, dspark) or the
+# model's own MTP layers (mtp). What rollout, verify and train-rl draft with; init-draft trains all
+# but dspark; dspark is served by GPU builds of vLLM only.
+DRAFTERS = ("eagle3", "peagle", "dflash", "mtp", "dspark")
+TRAINABLE = ("eagle3", "peagle", "dflash", "mtp")
+METHODS = (*DRAFTERS, "ngram", "draft_model")  # sweep-k's speculative methods
 CONTROLS = ("auto", "unpatched", "truncated", "none")  # verify's lossy controls
 # How an EAGLE-3 draft proposes (vLLM's draft_sample_method): its argmax, or a sample from it.
 DRAFT_SAMPLING = ("greedy", "probabilistic")
@@ -67,7 +70,7 @@ def check_gpu_memory(value: float, flag: str = "--gpu-memory-utilization") -> No
 
 
 def check_drafter(method: str, draft: str | None, flag: str = "--method", draft_flag: str = "--draft") -> None:
-    """eagle3 needs a draft folder; mtp (the model's own MTP layers) takes none."""
+    """A draft-folder family needs a draft folder; mtp (the model's own MTP layers) takes none."""
     check(method in DRAFTERS, flag, method, f"must be one of {', '.join(DRAFTERS)}")
     check(method != "mtp" or draft is None, draft_flag, draft, f"is refused with {flag} mtp: the model's own MTP "
           "layers draft (its checkpoint holds them); drop it, or use an EAGLE-3 draft without mtp")
@@ -142,8 +145,10 @@ class InitDraftConfig:
     data: str = DEFAULT_DATA
     """A harvest run directory, or a data source to harvest first."""
     method: str = "eagle3"
-    """eagle3: train a new EAGLE-3 draft | mtp: fine-tune the model's own MTP layers (trunk frozen); --out is then
-    a model folder, the policy with its new MTP tensors."""
+    """eagle3: a new EAGLE-3 draft (a chain) | peagle: P-EAGLE, all k positions in one forward | dflash: a DFlash
+    block drafter (one forward, the policy's hidden states as context) | mtp: fine-tune the model's own MTP layers
+    (trunk frozen; --out is then a model folder, the policy with its new MTP tensors). For peagle and dflash
+    --ttt-steps is the trained block size: the largest k the draft serves."""
     init_from: str | None = None
     """Warm-start from an EAGLE-3 draft folder."""
     remap_vocab: bool = False
@@ -191,7 +196,8 @@ class InitDraftConfig:
         check(self.preset is None or self.preset in INIT_DRAFT_PRESETS, "--preset", self.preset,
               f"must be one of {', '.join(INIT_DRAFT_PRESETS)}")
         check(1 <= self.draft_layers <= 4, "--draft-layers", self.draft_layers, "must be in [1, 4]")
-        check(self.method in DRAFTERS, "--method", self.method, f"must be one of {', '.join(DRAFTERS)}")
+        check(self.method in TRAINABLE, "--method", self.method, f"must be one of {', '.join(TRAINABLE)}"
+              + (" (DSpark is trained by speculators on a GPU and served by GPU builds of vLLM)" if self.method == "dspark" else ""))
         check(self.method != "mtp" or self.init_from is None, "--init-from", self.init_from,
               "is refused with --method mtp: training starts from the model's own MTP layers")
         check(self.disk_budget_gb is None or self.disk_budget_gb > 0, "--disk-budget-gb", self.disk_budget_gb,
@@ -282,9 +288,10 @@ class RolloutConfig:
     answer_col: str = "answer"
     """Answer column of a file source."""
     draft: str | None = None
-    """EAGLE-3 draft folder: speculative rollouts."""
+    """Draft folder (init-draft or export output): speculative rollouts."""
     method: str = "eagle3"
-    """eagle3 (with --draft) | mtp: the model's own MTP layers draft (no --draft)."""
+    """The draft's family: eagle3 | peagle | dflash | dspark (GPU builds) with --draft | mtp: the model's own MTP
+    layers draft (no --draft)."""
     draft_model: str | None = None
     """Instead of --draft: a smaller causal LM with the policy's tokenizer (vLLM's draft-model speculation);
     'policy' drafts with the policy itself, the oracle whose T=1 greedy acceptance bounds every greedy draft's."""
@@ -336,7 +343,10 @@ class SweepConfig:
     out: str = ""
     """Run directory (a killed sweep resumes there)."""
     draft: str | None = None
-    """EAGLE-3 draft folder (needed for eagle3 unless --dummy-weights)."""
+    """Draft folder (needed for eagle3 unless --dummy-weights)."""
+    drafts: list[str] = field(default_factory=list)
+    """Draft folders of several families, comma-separated (each folder's family is read from its config.json):
+    one per family in --methods, e.g. --methods eagle3,peagle,dflash --drafts E,P,D."""
     model: str = DEFAULT_MODEL
     """Policy: local HF folder, hub id, 'smollm2-135m' (embedded); with --dummy-weights a config.json folder or a
     templates/models name."""
@@ -349,7 +359,7 @@ class SweepConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
     """Concurrent sequences, comma-separated."""
     methods: list[str] = field(default_factory=lambda: ["eagle3"])
-    """eagle3,ngram,draft_model,mtp (comma-separated; mtp: the model's own MTP layers)."""
+    """eagle3,peagle,dflash,ngram,draft_model,mtp (comma-separated; mtp: the model's own MTP layers)."""
     draft_model: str | None = None
     """For --methods draft_model: a smaller causal LM with the policy's tokenizer, or 'policy' (the policy drafts
     for itself: the greedy-drafting oracle); with --dummy-weights a config.json folder or a templates/models name
@@ -402,8 +412,11 @@ class SweepConfig:
               self.batch_sizes, "must be a non-empty list of integers >= 1")
         check(len(self.methods) > 0 and all(m in METHODS for m in self.methods), "--methods", self.methods,
               f"must be a list of {', '.join(METHODS)}")
-        if "eagle3" in self.methods and self.draft is None and not self.dummy_weights:
+        if "eagle3" in self.methods and self.draft is None and not self.drafts and not self.dummy_weights:
             raise SpectoolError("--draft is required for method eagle3 (or use --methods ngram)")
+        folder_methods = [m for m in self.methods if m in ("peagle", "dflash", "dspark")]
+        check(not folder_methods or bool(self.drafts or self.draft), "--drafts", self.drafts,
+              f"must name the draft folders of {', '.join(folder_methods)} (one per family)")
         check(("draft_model" in self.methods) == (self.draft_model is not None), "--draft-model", self.draft_model,
               "goes with --methods draft_model, and that method needs it")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
@@ -436,9 +449,10 @@ class SweepConfig:
 @dataclass
 class VerifyConfig:
     draft: str | None = None
-    """EAGLE-3 draft folder (init-draft or export output)."""
+    """Draft folder (init-draft or export output) of the family --method names."""
     method: str = "eagle3"
-    """eagle3 (with --draft) | mtp: verify the model's own MTP layers (no --draft)."""
+    """The draft's family: eagle3 | peagle | dflash (with --draft) | mtp: verify the model's own MTP layers
+    (no --draft)."""
     model: str = DEFAULT_MODEL
     """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA

@@ -32,10 +32,17 @@ class Snippet:
     note: str  # what the framework then does with the draft
 
 
-def check_target(target: str, aux_layer_ids: list[int], num_layers: int) -> None:
+def check_target(target: str, aux_layer_ids: list[int], num_layers: int, family: str = "eagle3") -> None:
     """Refuse, before anything is written, a target that cannot run this draft."""
     if target not in TARGETS:
         raise SpectoolError(f"--for {target!r}: one of {', '.join(TARGETS)}")
+    if family != "eagle3" and target in ("nemo-rl", "skyrl"):
+        raise SpectoolError(
+            f"--for {target}: a {family} draft. NeMo RL's policy.draft trains an EAGLE-3 Megatron copy of the draft "
+            "(megatron/train.py), and its DFlash/DSpark co-training (Automodel) starts from a hub model_name, not a "
+            "spectool folder; SkyRL reloads the policy's weights into any drafter after each sync. Neither is "
+            "checked to serve this family: use --for vllm, verl or trl-serve (they pass speculative_config to vLLM "
+            "as is, and vLLM serves it: export's own load proves it)")
     if target == "skyrl":
         raise SpectoolError(
             "--for skyrl: SkyRL (0.3.0 and main) loads the policy's weights into the drafter after every weight sync "
@@ -57,8 +64,10 @@ def vllm_default_aux_ids(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def snippet(target: str, draft_dir: str, k: int, policy: str) -> Snippet:
-    spec = {"method": "eagle3", "model": draft_dir, "num_speculative_tokens": k}
+def snippet(target: str, draft_dir: str, k: int, policy: str, family: str = "eagle3") -> Snippet:
+    from spectool.draft.families import family as drafter_family
+
+    spec = {**drafter_family(family).speculative_entries(draft_dir), "num_speculative_tokens": k}
     if target == "vllm":
         return Snippet("vllm.json", json.dumps({"speculative_config": spec}, indent=2) + "\n",
                        "vLLM: pass speculative_config to LLM(...) or `vllm serve --speculative-config`; frozen.")

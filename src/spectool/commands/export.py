@@ -58,6 +58,7 @@ def speculators_config(vllm_cfg: dict, k: int, verifier: str) -> dict:
 
 def run(cfg: ExportConfig) -> ExportResult:
     from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS
+    from spectool.draft.dflash import MASK_EMBEDDING
     from spectool.models import resolve_model
     from spectool.draft.checkpoint import check_draft
     from spectool.runs import MANIFEST, atomic_dir, atomic_write_json, claim, make_manifest, read_json
@@ -72,17 +73,25 @@ def run(cfg: ExportConfig) -> ExportResult:
         raise SpectoolError("the draft does not record its policy; pass --model")
     model = resolve_model(model_name)
     check_draft(str(src), model, cfg.k)
-    _check_weights(src / WEIGHTS, model.path)
+    from spectool.draft.families import folder_family
+
+    family = folder_family(src)
+    _check_weights(src / WEIGHTS, model.path, family)
+    if family != "eagle3" and cfg.format != "vllm":
+        raise SpectoolError(f"--format {cfg.format}: spectool writes the speculators format for EAGLE-3 drafts only; a "
+                            f"{family} draft folder is already what vLLM loads: use --format vllm")
     from spectool.frameworks import check_target, snippet
 
     check_target(cfg.target, read_json(src / "config.json").get("eagle_aux_hidden_state_layer_ids") or [],
-                 model.fingerprint["num_hidden_layers"])
-    snip = snippet(cfg.target, str(Path(cfg.out).resolve()), cfg.k, _portable_name(model_name))
+                 model.fingerprint["num_hidden_layers"], family)
+    snip = snippet(cfg.target, str(Path(cfg.out).resolve()), cfg.k, _portable_name(model_name), family)
     claim(Path(cfg.out), "export", cfg, saved_as=EXPORT_CONFIG, replace=True)  # replaced whole, never a foreign folder
 
     with atomic_dir(Path(cfg.out)) as tmp:  # loaded and verified before it is moved into place
         if cfg.format == "vllm":
             shutil.copy2(src / WEIGHTS, tmp / WEIGHTS)
+            if (src / MASK_EMBEDDING).exists():  # DFlash's trained mask embedding, read by vLLM beside the weights
+                shutil.copy2(src / MASK_EMBEDDING, tmp / MASK_EMBEDDING)
         else:
             _speculators_weights(src / WEIGHTS, tmp / WEIGHTS, read_json(src / "config.json")["vocab_size"])
         vcfg = read_json(src / "config.json")
@@ -91,7 +100,7 @@ def run(cfg: ExportConfig) -> ExportResult:
         if meta:  # the draft's metadata travels with it: every draft check applies to the export too
             atomic_write_json(tmp / DRAFT_JSON, {**meta, "export_format": cfg.format})
         verify_data = _draft_data(src) or "chat"  # held-out prompts of the data the draft was trained on
-        acc = _verify(tmp, model.path, verify_data, cfg) if cfg.verify else None
+        acc = _verify(tmp, model.path, verify_data, cfg, family) if cfg.verify else None
         if acc is not None and acc < cfg.min_acceptance_length:
             raise SpectoolError(
                 f"export refused: mean acceptance length {acc:.2f} < floor {cfg.min_acceptance_length} "
@@ -101,7 +110,7 @@ def run(cfg: ExportConfig) -> ExportResult:
         atomic_write_json(tmp / EXPORT_CONFIG, asdict(cfg))  # the resolved settings, next to the artifact
         atomic_write_json(tmp / MANIFEST, make_manifest(
             "export", format=cfg.format, target=cfg.target, snippet=snip.filename, model=model_name,
-            model_identity=model.identity, k=cfg.k, source=str(src), verified_mean_acceptance_length=acc))
+            model_identity=model.identity, k=cfg.k, source=str(src), family=family, verified_mean_acceptance_length=acc))
     return ExportResult(out=cfg.out, format=cfg.format, mean_acceptance_length=acc, target=cfg.target,
                         snippet_file=str(Path(cfg.out) / snip.filename), snippet=snip.text, note=snip.note)
 
@@ -145,25 +154,44 @@ def _draft_data(src: Path) -> str | None:
     return data if not is_file or Path(data).exists() else None
 
 
-def _check_weights(path: Path, model_path: str) -> None:
-    """Key names and shapes against what vLLM's Eagle3LlamaForCausalLM loads (checked, vllm 0.32)."""
+# Tensors vLLM's loader needs, per family (llama_eagle3.py, qwen3_dflash.py; vllm 0.32)
+NEEDED = {"eagle3": {"fc.weight", "norm.weight", "lm_head.weight", "midlayer.hidden_norm.weight"},
+          "peagle": {"fc.weight", "norm.weight", "lm_head.weight", "midlayer.hidden_norm.weight", "mask_hidden"},
+          "dflash": {"fc.weight", "norm.weight", "lm_head.weight", "hidden_norm.weight"}}
+
+
+def _check_weights(path: Path, model_path: str, family: str | None) -> None:
+    """Key names and shapes against what vLLM's drafter of this family loads (checked, vllm 0.32)."""
     from safetensors import safe_open
 
+    from spectool.draft.dflash import MASK_EMBEDDING
+
+    if family not in NEEDED:
+        raise SpectoolError(f"{path.parent}: a {family or 'unknown'} draft (config.json); export takes "
+                            f"{', '.join(NEEDED)} draft folders")
     try:
         with safe_open(str(path), "pt") as f:
             keys = set(f.keys())
     except Exception as e:  # noqa: BLE001
         raise SpectoolError(f"{path} is not a readable safetensors file ({e}); re-run init-draft") from None
-    need = {"fc.weight", "norm.weight", "lm_head.weight", "midlayer.hidden_norm.weight"}
+    need = NEEDED[family]
     if need - keys:
-        raise SpectoolError(f"{path} lacks EAGLE-3 tensors {sorted(need - keys)}")
+        why = " (P-EAGLE's masked positions read it: vLLM refuses the folder without it)" if "mask_hidden" in need - keys else ""
+        raise SpectoolError(f"{path} lacks {family} tensors {sorted(need - keys)}{why}")
     cfg = json.loads((path.parent / "config.json").read_text())
+    if family == "dflash":
+        if (cfg.get("dflash_config") or {}).get("mask_token_id") is None:
+            raise SpectoolError(f"{path.parent}/config.json has no dflash_config.mask_token_id: vLLM cannot feed the "
+                                "draft's masked slots; re-run init-draft --method dflash")
+        if not (path.parent / MASK_EMBEDDING).exists():
+            raise SpectoolError(f"{path.parent} has no {MASK_EMBEDDING}: vLLM would embed the masked slots with an "
+                                "untrained token; re-run init-draft --method dflash")
     vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
     if cfg.get("draft_vocab_size", vocab) < vocab and "d2t" not in keys:
         raise SpectoolError(f"{path} has a reduced vocabulary but no d2t map: vLLM would load it and accept nothing")
 
 
-def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig) -> float:
+def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family: str) -> float:
     from transformers import AutoTokenizer
 
     from spectool.data import load_source
@@ -171,7 +199,7 @@ def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig) -> floa
     from spectool.prompts import encode_prompt
 
     draft_arg = str(folder)
-    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft_arg, k=cfg.k, kv_cache_gib=1,
+    engine = Engine(EngineConfig(model_path=model_path, draft_path=draft_arg, k=cfg.k, kv_cache_gib=1, method=family,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization))
     tok = AutoTokenizer.from_pretrained(model_path)
     tasks = load_source(data).tasks("eval", 8)

@@ -1,5 +1,7 @@
-"""`spectool init-draft`: train an EAGLE-3 draft on the policy's own in-domain rollouts, or
-(`--method mtp`) fine-tune the policy's own MTP layers on them, trunk frozen (draft/mtp.py).
+"""`spectool init-draft`: train a draft on the policy's own in-domain rollouts: EAGLE-3 (a chain),
+P-EAGLE or DFlash (`--method peagle | dflash`: parallel drafters, every block position trained at
+every anchor; draft/families.py), or (`--method mtp`) fine-tune the policy's own MTP layers on
+them, trunk frozen (draft/mtp.py). Every family trains through the same unroll contract and loss.
 
 Workflow (`run`, phase by phase):
  1. data: a harvest run dir, or a data source that is harvested first (the draft must learn the
@@ -117,7 +119,7 @@ def _setup(cfg: InitDraftConfig):
 
         if not Path(cfg.init_from).exists():
             raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
-        check_draft(cfg.init_from, model, 1, flag="--init-from")
+        check_draft(cfg.init_from, model, 1, flag="--init-from", method=cfg.method)
         warm, _ = load_draft(Path(cfg.init_from))
         if warm.config.num_hidden_layers != cfg.draft_layers:
             raise SpectoolError(f"--init-from {cfg.init_from} has {warm.config.num_hidden_layers} decoder layer(s); "
@@ -249,7 +251,7 @@ def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
         target_ids, coverage = build_vocab(responses, policy.config.vocab_size, vsize)
         torch.manual_seed(cfg.seed)
         layers = default_aux_layer_ids(policy.config.num_hidden_layers)
-        return new_draft(policy, target_ids, layers, cfg.draft_layers), target_ids, coverage
+        return new_draft(policy, target_ids, layers, cfg.draft_layers, family=cfg.method), target_ids, coverage
     warm, _ = load_draft(Path(cfg.init_from), policy)
     if not cfg.remap_vocab:  # keep the warm start's vocabulary map
         target_ids = ids_from_d2t(warm.d2t)
@@ -371,7 +373,8 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         else:
             save_draft(tr.unwrapped, out, extra=meta)
         atomic_write_json(out / MANIFEST, make_manifest(
-            "mtp-model" if cfg.method == "mtp" else "draft", model=model.name, model_identity=model.identity, harvest=str(data.run_dir),
+            "mtp-model" if cfg.method == "mtp" else "draft", model=model.name, model_identity=model.identity,
+            family=cfg.method, harvest=str(data.run_dir),
             harvest_data=data.manifest.get("data"), records=len(data.records), train_records=len(data.train),
             eval_records=len(data.heldout), ttt_steps=cfg.ttt_steps, result=result,
             acceptance_lengths={"heldout": result.acceptance_lengths(), "train": result.acceptance_lengths("train")}))

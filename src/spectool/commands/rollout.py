@@ -61,7 +61,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     tokenizer = AutoTokenizer.from_pretrained(model.path)
     schedule, draft = read_schedule(cfg.sweep, cfg.draft, cfg.draft_sampling) if cfg.k == "auto" else (None, cfg.draft)
     max_k = max(k for _, _, k in schedule) if schedule else cfg.k
-    draft_path = check_draft(draft, model, max(max_k, 1)) if draft else None
+    draft_path = check_draft(draft, model, max(max_k, 1), method=cfg.method) if draft else None
     method = cfg.method
     if method == "mtp":
         from spectool.draft.mtp import check_mtp

@@ -43,7 +43,8 @@ def _real_inputs(cfg: SweepConfig):
     from spectool.prompts import encode_prompt
 
     model = resolve_model(cfg.model)
-    drafts = {"eagle3": check_draft(cfg.draft, model, max(cfg.ks))} if "eagle3" in cfg.methods else {}
+    drafts = {m: check_draft(folder, model, max(cfg.ks), flag="--drafts", method=m)
+              for m, folder in _family_drafts(cfg).items()}
     if cfg.draft_model:
         drafts["draft_model"] = draft_model_path(cfg.draft_model, model)
     _check_mtp(cfg, model.path)
@@ -74,6 +75,29 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     n = max(cfg.batch_sizes + [cfg.min_seqs])
     prompts = [[rng.randrange(100, target.vocab_size - 100) for _ in range(cfg.prompt_len)] for _ in range(n)]
     return model, drafts, prompts, output_lengths(cfg.lengths or "fixed", n, cfg.max_tokens, cfg.seed)
+
+
+def _family_drafts(cfg: SweepConfig) -> dict[str, str]:
+    """--draft and --drafts by family (read from each folder's config.json), for the drafter
+    families in --methods; a family asked for without a folder, or two folders of one, is refused."""
+    from spectool.draft.families import FAMILIES, folder_family
+
+    folders = ([cfg.draft] if cfg.draft else []) + list(cfg.drafts)
+    found: dict[str, str] = {}
+    for folder in folders:
+        fam = folder_family(folder)
+        if fam is None:
+            raise SpectoolError(f"--drafts {folder}: not a draft folder of a known family (no config.json, or one that "
+                                f"is no {', '.join(n for n, f in FAMILIES.items() if f.folder)} draft)")
+        if fam in found:
+            raise SpectoolError(f"--drafts: {found[fam]} and {folder} are both {fam} drafts; give one per family")
+        found[fam] = folder
+    wanted = [m for m in cfg.methods if m in FAMILIES and FAMILIES[m].folder]
+    missing = [m for m in wanted if m not in found]
+    if missing:
+        raise SpectoolError(f"--methods {','.join(cfg.methods)}: no draft folder of {', '.join(missing)} among --draft/"
+                            f"--drafts ({', '.join(f'{f}: {d}' for f, d in found.items()) or 'none'}); add one per family")
+    return {m: found[m] for m in wanted}
 
 
 def _check_mtp(cfg: SweepConfig, model_path: str) -> None:
@@ -163,6 +187,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
     result = {"rows": rows, "recommendation": {str(b): v for b, v in rec.items()},
               "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft,
+              "drafts": {m: d for m, d in drafts.items() if m != "draft_model"},
               "draft_model": drafts.get("draft_model"), "model": model.name, "max_k": max(cfg.ks), "draft_sampling": cfg.draft_sampling,
               "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights}
     atomic_write_json(out / "sweep.json", result)
@@ -208,7 +233,7 @@ def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
         for m in cfg.methods:
             pts = sorted((r["k"], r["speedup"]) for r in rows if r["batch"] == b and r["method"] == m)
             if pts:
-                ax.plot(*zip(*pts), marker="o", color=f"C{i}", ls="-" if m == "eagle3" else "--", label=f"{m}, batch {b}")
+                ax.plot(*zip(*pts), marker="o", color=f"C{i}", ls=_STYLES.get(m, ":"), label=f"{m}, batch {b}")
     ax.axhline(1.0, color="grey", lw=1)
     ax.set_xticks(cfg.ks)
     ax.set_xlabel("k (draft tokens per step)")
@@ -226,6 +251,9 @@ def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
     ax.set_ylim(0, 1)
     ax.set_title(f"eagle3 acceptance by position (batch {cfg.batch_sizes[0]})")
     save(fig, out / "acceptance_by_position.png", ax)
+
+
+_STYLES = {"eagle3": "-", "peagle": "-.", "dflash": "--", "mtp": (0, (5, 1, 1, 1))}  # line style per method
 
 
 def render(result: dict, out: str) -> None:

@@ -175,7 +175,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
         note = check_mtp(model.path, cfg.k)
         if note:
             progress(note)
-    draft = check_draft(cfg.draft, model, cfg.k) if cfg.draft else None
+    draft = check_draft(cfg.draft, model, cfg.k, method=cfg.method) if cfg.draft else None
     spec_arm = {"draft": draft, "method": cfg.method}
     control = cfg.control if cfg.control != "auto" else ("unpatched" if is_cpu_build() else "truncated")
     if control == "unpatched" and not is_cpu_build():

@@ -182,11 +182,14 @@ def check_fits(cfg, policy: dict, where: Path) -> None:
         raise SpectoolError(f"draft {where} does not fit this policy: " + "; ".join(problems))
 
 
-def check_draft(draft: str, model, k: int, flag: str = "--draft", k_flag: str = "--k") -> str:
+def check_draft(draft: str, model, k: int, flag: str = "--draft", k_flag: str = "--k", method: str | None = None,
+                method_flag: str = "--method") -> str:
     """The draft guard: refuse a draft folder (init-draft output or export) made for another
-    policy, or asked for more positions than it was trained on (`model`: a resolved ModelRef). A
-    mismatch names the field and both values; `flag` and `k_flag` are the settings as the caller's
-    user spells them (--draft / speculation.draft / draft=). Returns the folder as a string."""
+    policy, of another family than `method` (when given), one the installed engine cannot serve,
+    or asked for more positions than it was trained on (`model`: a resolved ModelRef). A mismatch
+    names the field and both values; `flag` and `k_flag` are the settings as the caller's user
+    spells them (--draft / speculation.draft / draft=). Returns the folder as a string."""
+    from spectool.draft.families import check_folder_family, check_served, folder_family
     from spectool.models import fingerprint_mismatch
     from spectool.runs import MANIFEST, read_json
 
@@ -200,6 +203,13 @@ def check_draft(draft: str, model, k: int, flag: str = "--draft", k_flag: str = 
                             "export (export --out)")
     if not (d / "config.json").exists():
         raise SpectoolError(f"{flag} {d} is not a draft folder (no config.json); make one with init-draft/export")
+    if method is not None:
+        check_folder_family(d, method, flag, method_flag)
+    found = folder_family(d)
+    if found in ("dspark",):
+        from spectool.engine.compat import is_cpu_build
+
+        check_served(found, is_cpu_build(), flag)
     meta = read_json(d / DRAFT_JSON) if (d / DRAFT_JSON).exists() else {}
     diff = fingerprint_mismatch(meta.get("policy_fingerprint", {}), model.fingerprint)
     if diff:
@@ -209,7 +219,8 @@ def check_draft(draft: str, model, k: int, flag: str = "--draft", k_flag: str = 
         check_fits(config_from_dict(meta["config"]), model.fingerprint, d)
     ttt = meta.get("ttt_steps")
     if ttt and k > ttt:
-        raise SpectoolError(f"{k_flag} {k} exceeds the {ttt} positions the draft {d} was trained for; "
+        block = " (its trained block size)" if found in ("peagle", "dflash") else ""
+        raise SpectoolError(f"{k_flag} {k} exceeds the {ttt} positions the draft {d} was trained for{block}; "
                             f"use {k_flag} <= {ttt} or retrain with init-draft --ttt-steps {k}")
     return str(d)
 
