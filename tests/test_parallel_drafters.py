@@ -98,3 +98,31 @@ def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_run, tm
     assert r.returncode == 2 and f"is a {family} draft" in r.stderr and f"--method {family}" in r.stderr
     r = spectool("rollout", "--model", str(tiny_policy), "--draft", str(out), "--method", family, "--k", "5", check=False)
     assert r.returncode == 2 and "trained block size" in r.stderr
+
+
+@pytest.mark.parametrize("family", ["peagle", "dflash"])
+def test_refreshed_parallel_draft_is_pushed_and_served(family, tiny_policy, tmp_path_factory, tmp_path):
+    """The online refresher's push: new weights into the running drafter (P-EAGLE's masked-slot
+    hidden state recomputed, DFlash's fused context projection rebuilt), the probe check passes
+    with power, and the engine then computes the refreshed draft's unroll."""
+    from served import served_vs_trained
+
+    from spectool.draft.checkpoint import save_draft
+    from spectool.draft.refresh import DraftRefresher
+    from spectool.engine.engine import Engine, EngineConfig
+
+    policy, folder = _draft(tiny_policy, tmp_path_factory, family)
+    refresher = DraftRefresher.from_folder(folder, policy)
+    with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), method=family, k=2,
+                             kv_cache_gib=1)) as engine:
+        first = refresher.push(engine)
+        assert first.modules > 5
+        with torch.no_grad():  # a refresh's change, in every trained tensor
+            for p in refresher.draft.parameters():
+                if p.requires_grad:
+                    p.add_(0.05 * torch.randn_like(p))
+        report = refresher.push(engine)
+        assert report.has_power  # the check could tell the old draft from the new one
+        pushed = tmp_path / "pushed"
+        save_draft(refresher.draft, pushed)
+        served_vs_trained(engine, policy, pushed, tmp_path)

@@ -198,11 +198,13 @@ class Eagle3Draft(nn.Module):
         """The sums vLLM's drafter reports for these weights in `dtype` (engine/probe.py), keyed
         by vLLM's module names: the decoder layers under model.layers.i (q,k,v and gate,up fused as
         vLLM fuses them), fc and norm under model., the lm_head at the top."""
-        from spectool.engine.probe import linear_expected, param_expected
+        from spectool.engine.probe import linear_expected, output_expected, param_expected
 
         out = {"model.fc": linear_expected([self.fc.weight], dtype),
                "lm_head": linear_expected([self.lm_head.weight], dtype),
                "model.norm.weight": param_expected(self.norm.weight, dtype)}
+        if self.config.parallel:  # P-EAGLE: the hidden state its masked slots read, fc(mask_hidden)
+            out["parallel_drafting_hidden"] = output_expected(self.fc.weight, self.mask_hidden, dtype)
         layers = [self.midlayer, *self.layers.values()]
         for i, layer in enumerate(layers):
             pre, a, m = f"model.layers.{i}.", layer.self_attn, layer.mlp

@@ -56,6 +56,8 @@ class OnlineDraft:
         self.steps = 0
         self.rng = random.Random(seed)
         self.target_ids = ids_from_d2t(draft.d2t).to(self.device)  # [Vd] policy id of each draft id
+        if hasattr(draft, "mask_embedding"):  # DFlash: vLLM re-reads it from the folder's mask_embedding.pt at
+            draft.mask_embedding.requires_grad_(False)  # every reload, so online it stays as exported
         params = [p for p in draft.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(warmup_steps, 1)))

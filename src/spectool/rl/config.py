@@ -35,7 +35,9 @@ class SpeculationSection:
     k: int | str = DEFAULT_K
     sweep: str | None = None
     draft_sampling: str = "greedy"  # or "probabilistic": proposals sampled from the draft (both exact)
-    method: str = "eagle3"  # eagle3 (speculation.draft) | mtp: the policy's own MTP layers draft (no draft folder)
+    # the draft's family (draft/families.py): eagle3 | peagle | dflash (speculation.draft) | mtp: the policy's
+    # own MTP layers draft (no draft folder)
+    method: str = "eagle3"
 
 
 @dataclass
@@ -108,7 +110,9 @@ class RLConfig:
         _need(p.logprob_tolerance >= 0, "policy.logprob_tolerance", p.logprob_tolerance, ">= 0 (0: by engine dtype)")
         _need(d.mode != "off", "draft_refresh.mode", d.mode,
               "frozen or online; speculation is switched off by speculation.enabled: false")
-        _need(s.method in ("eagle3", "mtp"), "speculation.method", s.method, "eagle3 or mtp")
+        _need(s.method in ("eagle3", "peagle", "dflash", "mtp"), "speculation.method", s.method,
+              "eagle3, peagle, dflash or mtp" + (" (dspark: GPU builds of vLLM serve it, and spectool does not train it)"
+                                                 if s.method == "dspark" else ""))
         _need(s.method != "mtp" or (s.draft is None and s.k != "auto"), "speculation.method", s.method,
               "mtp drafts with the policy's own MTP layers: unset speculation.draft and give a fixed speculation.k")
         _need(not s.enabled or s.draft is not None or s.k == "auto" or s.method == "mtp", "speculation.draft", s.draft,

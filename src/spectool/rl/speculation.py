@@ -16,7 +16,7 @@ class Speculation:
     draft_dir: str | None  # the draft folder as configured or named by the sweep (None: plain decoding)
     draft_path: str | None  # the same, checked against the policy
     k: int  # the largest k the engine uses (0: plain decoding)
-    method: str = "eagle3"  # or "mtp": the policy's own MTP layers (draft_dir/draft_path: the policy's folder)
+    method: str = "eagle3"  # a drafter family; "mtp": the policy's own MTP layers (draft_dir/draft_path: its folder)
 
 
 def resolve(cfg: RLConfig, model) -> Speculation:
@@ -41,7 +41,8 @@ def resolve(cfg: RLConfig, model) -> Speculation:
         schedule, draft_dir = read_schedule(s.sweep, s.draft, s.draft_sampling, flag="speculation.")
     k = max(k for _, _, k in schedule) if schedule else s.k
     return Speculation(schedule, draft_dir, check_draft(draft_dir, model, max(k, 1), flag="speculation.draft",
-                                                      k_flag="speculation.k"), k)
+                                                      k_flag="speculation.k", method=s.method,
+                                                      method_flag="speculation.method:"), k, s.method)
 
 
 def refresh_settings(cfg: RLConfig):
