@@ -126,3 +126,29 @@ def test_refreshed_parallel_draft_is_pushed_and_served(family, tiny_policy, tmp_
         pushed = tmp_path / "pushed"
         save_draft(refresher.draft, pushed)
         served_vs_trained(engine, policy, pushed, tmp_path)
+
+
+@pytest.mark.parametrize("family", ["peagle", "dflash"])
+def test_train_rl_refreshes_a_parallel_draft(family, tiny_policy, tmp_path_factory, tmp_path):
+    """train-rl with speculation.method peagle | dflash: speculative GRPO steps whose draft is
+    refreshed from the trainer's own forward and pushed into the running drafter (checked there,
+    with power), the engine's logprobs the trainer's after every sync."""
+    import json
+
+    from clirun import spectool
+    from conftest import sums_with_answer
+    from test_train_rl_e2e import _args
+
+    _, folder = _draft(tiny_policy, tmp_path_factory, family)
+    out = tmp_path / "rl"
+    spectool(*_args(tiny_policy, folder, sums_with_answer(tmp_path, "8"), out, steps=2,
+                    extra=[f"speculation.method={family}"]))
+    m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in m] == [1, 2]
+    assert all(r["logprob_check_max_diff"] < 1e-3 and len(r["acceptance_per_pos"]) == 2 for r in m)
+    refreshed = [r for r in m if "draft_check_excess" in r]
+    assert [r["step"] for r in refreshed] == [2]
+    assert refreshed[0]["draft_check_excess"] <= 1 and refreshed[0]["draft_check_power"]
+    r = spectool(*_args(tiny_policy, folder, sums_with_answer(tmp_path, "8"), tmp_path / "rl2", steps=2,
+                        extra=["speculation.method=eagle3"]), check=False)
+    assert r.returncode == 2 and f"is a {family} draft" in r.stderr and "speculation.method:" in r.stderr
