@@ -54,7 +54,7 @@ def test_flags_parse_into_the_settings():
     renamed flag, a boolean pair, nested sampling flags and a linked hidden field."""
     from spectool.cli import _build
 
-    kw = {p: _default(SweepConfig, p) for p in ("out", "draft", "model", "data", "split", "draft_model", "max_tokens",
+    kw = {p: _default(SweepConfig, p) for p in ("out", "draft", "drafts", "model", "data", "split", "draft_model", "max_tokens",
                                                  "temperature", "min_seqs", "min_gain", "seed", "draft_sampling",
                                                  "gpu_memory_utilization", "dummy_weights", "acceptance_length",
                                                  "lengths", "prompt_len")}

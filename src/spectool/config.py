@@ -323,8 +323,8 @@ class RolloutConfig:
             check(self.draft is None and self.k != "auto" and self.method == "eagle3", "--draft-model", self.draft_model,
                   "is refused with --draft, --method mtp or --k auto (one draft per rollout; a fixed --k)")
         check_drafter(self.method, self.draft)
-        check(self.method != "mtp" or self.k != "auto", "--k", self.k, "auto reads an EAGLE-3 schedule; give a "
-              "fixed --k with --method mtp")
+        check(self.method != "mtp" or self.k != "auto", "--k", self.k, "auto reads a sweep's schedule for a draft "
+              "folder (eagle3, peagle, dflash); give a fixed --k with --method mtp")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         if self.k == "auto":
             if self.sweep is None:
@@ -415,7 +415,7 @@ class SweepConfig:
         if "eagle3" in self.methods and self.draft is None and not self.drafts and not self.dummy_weights:
             raise SpectoolError("--draft is required for method eagle3 (or use --methods ngram)")
         folder_methods = [m for m in self.methods if m in ("peagle", "dflash", "dspark")]
-        check(not folder_methods or bool(self.drafts or self.draft), "--drafts", self.drafts,
+        check(not folder_methods or bool(self.drafts or self.draft) or self.dummy_weights, "--drafts", self.drafts,
               f"must name the draft folders of {', '.join(folder_methods)} (one per family)")
         check(("draft_model" in self.methods) == (self.draft_model is not None), "--draft-model", self.draft_model,
               "goes with --methods draft_model, and that method needs it")
@@ -439,8 +439,9 @@ class SweepConfig:
             check(1 <= a <= max(self.ks) + 1, "--acceptance-length", a, f"must be in [1, {max(self.ks) + 1}] (1 + the "
                   "largest --k)")
         if self.synthetic:
-            check(set(self.methods) <= {"eagle3", "draft_model", "mtp"}, "--methods", self.methods,
-                  "must be eagle3, draft_model or mtp with synthetic acceptance (ngram proposes from the text itself)")
+            check(set(self.methods) <= {"eagle3", "peagle", "dflash", "dspark", "draft_model", "mtp"}, "--methods",
+                  self.methods, "must be drafter families or draft_model with synthetic acceptance (ngram proposes "
+                  "from the text itself)")
         check(self.prompt_len >= 1, "--prompt-len", self.prompt_len, "must be >= 1")
         if self.lengths is not None:
             check_lengths(self.lengths)
@@ -505,7 +506,8 @@ class ForecastConfig:
     sweep: str = ""
     """sweep-k run (real, or --dummy-weights with synthetic acceptance) to fit the cost model on."""
     method: str = "eagle3"
-    """The sweep's speculation method to forecast: eagle3 | draft_model | mtp (schedule.json: eagle3 only)."""
+    """The sweep's speculation method to forecast: eagle3 | peagle | dflash | dspark | draft_model | mtp (the cost model
+    charges a parallel drafter one draft forward per verify step; schedule.json: draft-folder families)."""
     out: str | None = None
     """Folder for forecast.json/.csv/.png and schedule.json."""
     acceptance_rates: list[float] | None = None
@@ -531,7 +533,8 @@ class ForecastConfig:
 
     def validate(self) -> None:
         check(bool(self.sweep), "--sweep", self.sweep, "must name a sweep-k run")
-        check(self.method in ("eagle3", "draft_model", "mtp"), "--method", self.method, "must be eagle3, draft_model or mtp")
+        check(self.method in ("eagle3", "peagle", "dflash", "dspark", "draft_model", "mtp"), "--method", self.method,
+              "must be eagle3, peagle, dflash, dspark, draft_model or mtp")
         check(self.generation_share is None or 0 < self.generation_share < 1, "--generation-share",
               self.generation_share, "must be a fraction in (0, 1)")
         check(self.generation_share is None or self.rl_run is None, "--rl-run", self.rl_run,

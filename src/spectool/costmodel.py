@@ -2,8 +2,12 @@
 
 Step time of a decode step over B live sequences, k drafted positions, mean context C:
 
-    tau(k, B, C) = a0 + a1 * B * (k + 1) + a2 * B * C  +  [k > 0] * (a5 + a6 * B)  +  k * (a3 + a4 * B)
-                   \\-- target: tokens verified, context --/   \\-- speculating at all --/   \\-- k draft passes --/
+    tau(k, B, C) = a0 + a1 * B * (k + 1) + a2 * B * C  +  [k > 0] * (a5 + a6 * B)  +  n(k) * a3 + k * a4 * B
+                   \\-- target: tokens verified, context --/   \\-- speculating at all --/   \\-- draft passes, tokens --/
+
+n(k), the draft forwards per verify step, is k for a chain (EAGLE-3, MTP) and 1 for a parallel
+drafter (P-EAGLE, DFlash: draft/families.py), whose one forward grows only with the k tokens it
+proposes; its a3 is then indistinguishable from a5 and folded into it.
 
 (k = 0 is plain decoding). The [k > 0] terms are what any speculative step pays whatever k: the
 draft's catch-up pass over the accepted tokens, the rejection sampler, the proposer's bookkeeping
@@ -29,6 +33,7 @@ class CostModel:
     a4: float  # s per drafted token
     a5: float = 0.0  # s per speculative step, whatever k
     a6: float = 0.0  # s per sequence of a speculative step, whatever k
+    parallel: bool = False  # a parallel drafter: one draft forward per verify step (n(k) = 1)
     context_fitted: bool = False
     context: float = 0.0  # the sweep's mean context (used when none is given)
     rel_rmse: float = float("nan")  # fit quality on the sweep's own rows
@@ -37,7 +42,8 @@ class CostModel:
     def step_time(self, k: int, batch: float, context: float | None = None) -> float:
         c = self.context if context is None else context
         spec = (self.a5 + self.a6 * batch) if k > 0 else 0.0
-        return self.a0 + self.a1 * batch * (k + 1) + self.a2 * batch * c + spec + k * (self.a3 + self.a4 * batch)
+        passes = min(k, 1) if self.parallel else k
+        return self.a0 + self.a1 * batch * (k + 1) + self.a2 * batch * c + spec + passes * self.a3 + k * self.a4 * batch
 
     def tokens_per_s(self, k: int, batch: float, rates: list[float], context: float | None = None) -> float:
         return batch * acceptance_length(rates, k) / self.step_time(k, batch, context)
@@ -77,9 +83,9 @@ def rates_from_length(length: float, k: int) -> list[float]:
     return [lo ** (j + 1) for j in range(k)]
 
 
-def fit(rows: list[dict]) -> CostModel:
+def fit(rows: list[dict], parallel: bool = False) -> CostModel:
     """Fit on sweep rows: each needs k (0 for plain), batch, tokens_per_s, mean_acceptance_length
-    (None for plain) and mean_context."""
+    (None for plain) and mean_context. `parallel`: the rows are a parallel drafter's (n(k) = 1)."""
     import torch
 
     pts = [(r["k"], r["batch"], r.get("mean_context") or 0.0,
@@ -94,6 +100,8 @@ def fit(rows: list[dict]) -> CostModel:
             lambda k, b, c: float(k > 0), lambda k, b, c: float(k > 0) * b]
     ks = {k for k, _, _, _ in pts if k > 0}
     active = [0, 1, 3, 4] + ([2] if varies else []) + ([5, 6] if len(ks) >= 2 else [])  # [k>0] needs two k
+    if parallel and len(ks) >= 2:  # one pass whatever k: a3 is a5
+        active.remove(3)
     while True:  # least squares on relative error; drop a coefficient that comes out negative
         X = torch.tensor([[cols[j](k, b, c) / t for j in active] for k, b, c, t in pts], dtype=torch.float64)
         y = torch.ones(len(pts), 1, dtype=torch.float64)
@@ -105,7 +113,7 @@ def fit(rows: list[dict]) -> CostModel:
     values = [0.0] * len(cols)
     for a, v in zip(active, coef):
         values[a] = v
-    model = CostModel(*values, context_fitted=varies and 2 in active, context=mean_c)
+    model = CostModel(*values, parallel=parallel, context_fitted=varies and 2 in active, context=mean_c)
     if len(ks) < 2:
         model.notes.append("one speculative k in the sweep: the fixed cost of speculating and the cost per draft pass "
                            "cannot be told apart (sweep two or more k)")

@@ -12,13 +12,22 @@ SCHEDULE = "schedule.json"
 
 
 def write_schedule(run_dir: Path, schedule: list[tuple[int, int, int]], kind: str, draft: str | None,
-                   draft_sampling: str) -> None:
-    """kind "sweep": measured with `draft` and `draft_sampling`, which a run must then use;
-    kind "forecast": predicted for an acceptance, usable with any draft."""
+                   draft_sampling: str, method: str = "eagle3") -> None:
+    """kind "sweep": measured with `draft` (a drafter family `method`) and `draft_sampling`, which
+    a run must then use; kind "forecast": predicted for an acceptance, usable with any draft of
+    that family."""
     from spectool.runs import atomic_write_json
 
-    atomic_write_json(Path(run_dir) / SCHEDULE, {"kind": kind, "eagle3_schedule": [list(r) for r in schedule],
+    atomic_write_json(Path(run_dir) / SCHEDULE, {"kind": kind, "method": method, "schedule": [list(r) for r in schedule],
                                                  "draft": draft, "draft_sampling": draft_sampling})
+
+
+def schedule_method(run_dir: str) -> str:
+    """The drafter family a schedule was made for (eagle3 for files written before families)."""
+    from spectool.runs import read_json
+
+    path = Path(run_dir) / SCHEDULE
+    return read_json(path).get("method", "eagle3") if path.exists() else "eagle3"
 
 
 def read_schedule(run_dir: str, draft: str | None, draft_sampling: str,
@@ -33,9 +42,11 @@ def read_schedule(run_dir: str, draft: str | None, draft_sampling: str,
         raise SpectoolError(f"{flag}sweep {run_dir} has no {SCHEDULE}; run spectool sweep-k (or forecast) --out "
                             f"{run_dir} first")
     s = read_json(path) if path.exists() else {"kind": "sweep", **read_json(legacy)}
-    if not s.get("eagle3_schedule"):
-        raise SpectoolError(f"{flag}sweep {run_dir} measured no eagle3 arms; sweep with --methods eagle3")
-    schedule = [tuple(r) for r in s["eagle3_schedule"]]
+    rows = s.get("schedule") or s.get("eagle3_schedule")  # the key before drafter families: eagle3_schedule
+    if not rows:
+        raise SpectoolError(f"{flag}sweep {run_dir} measured no draft-folder arms (eagle3, peagle, dflash); sweep "
+                            "with one of them in --methods")
+    schedule = [tuple(r) for r in rows]
     if s["kind"] == "forecast":
         if draft is None:
             raise SpectoolError(f"{flag}sweep {run_dir} is a forecast; give the draft to run with {flag}draft")

@@ -74,7 +74,10 @@ def run(cfg: ForecastConfig) -> dict:
 
         claim(Path(cfg.out), "forecast", cfg)
     try:
-        model = fit([{**r, "k": r["k"] if r["method"] == cfg.method else 0} for r in rows])
+        from spectool.draft.families import FAMILIES
+
+        parallel = cfg.method in FAMILIES and FAMILIES[cfg.method].parallel
+        model = fit([{**r, "k": r["k"] if r["method"] == cfg.method else 0} for r in rows], parallel=parallel)
     except ValueError as e:
         raise SpectoolError(f"--sweep {cfg.sweep}: {e}; sweep more batch sizes") from None
     rates = cfg.acceptance_rates or measured_rates(rows, cfg.method)
@@ -104,7 +107,8 @@ def run(cfg: ForecastConfig) -> dict:
         "cost_model": model.as_dict(), "acceptance_rates": rates,
         "acceptance_source": "given" if cfg.acceptance_rates else f"measured by sweep {cfg.sweep}",
         "per_batch": per_batch, "schedule": schedule, "draft_sampling": sweep.get("draft_sampling", "greedy"),
-        "draft": sweep.get("draft") if cfg.method == "eagle3" else sweep.get("draft_model"),
+        "draft": (sweep.get("drafts") or {}).get(cfg.method, sweep.get("draft") if cfg.method == "eagle3" else None)
+        if cfg.method != "draft_model" else sweep.get("draft_model"),
         "rl_batch": {"sequences": cfg.batch, "max_concurrency": cfg.max_concurrency, "lengths": cfg.lengths,
                      "mean_length": sum(lengths) / len(lengths), "max_length": max(lengths),
                      "plain_s": plain["seconds"], "speculative_s": spec["seconds"], "speedup": rollout_speedup,
@@ -125,8 +129,8 @@ def _write(out: Path, result: dict, cfg: ForecastConfig, trace: list[tuple[int, 
     from spectool.schedule import write_schedule
 
     atomic_write_json(out / "forecast.json", result)
-    if result["method"] == "eagle3":  # rollout --k auto runs EAGLE-3 drafts
-        write_schedule(out, result["schedule"], "forecast", None, result["draft_sampling"])
+    if result["method"] in ("eagle3", "peagle", "dflash"):  # rollout --k auto runs draft folders of that family
+        write_schedule(out, result["schedule"], "forecast", None, result["draft_sampling"], result["method"])
     ks = list(result["per_batch"][0]["speedup_by_k"])
     lines = ["batch,plain_tokens_per_s," + ",".join(f"speedup_k{k}" for k in ks) + ",best_k,best_speedup"]
     for p in result["per_batch"]:

@@ -44,7 +44,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     from spectool.models import resolve_model
     from spectool.generation import rollout_tasks
     from spectool.records import write_shard
-    from spectool.schedule import read_schedule
+    from spectool.schedule import read_schedule, schedule_method
     from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 
     cfg.validate()
@@ -60,9 +60,12 @@ def run(cfg: RolloutConfig) -> RolloutResult:
               f"{len(tasks)}: using {len(tasks)} (more data, or --split train, gives more)", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(model.path)
     schedule, draft = read_schedule(cfg.sweep, cfg.draft, cfg.draft_sampling) if cfg.k == "auto" else (None, cfg.draft)
+    method = schedule_method(cfg.sweep) if cfg.k == "auto" else cfg.method  # --k auto: the family the sweep chose
+    if cfg.k == "auto" and cfg.method not in ("eagle3", method):  # eagle3: the default, not a choice
+        raise SpectoolError(f"--method {cfg.method}: --sweep {cfg.sweep} chose {method} drafts for --k auto; drop "
+                            f"--method or pass --method {method}")
     max_k = max(k for _, _, k in schedule) if schedule else cfg.k
-    draft_path = check_draft(draft, model, max(max_k, 1), method=cfg.method) if draft else None
-    method = cfg.method
+    draft_path = check_draft(draft, model, max(max_k, 1), method=method) if draft else None
     if method == "mtp":
         from spectool.draft.mtp import check_mtp
 

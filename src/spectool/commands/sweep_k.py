@@ -70,6 +70,9 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     drafts = {"draft_model": _dummy_draft_model(cfg.draft_model, target)} if cfg.draft_model else {}
     if "eagle3" in cfg.methods:
         drafts["eagle3"] = _dummy_eagle3(cfg.draft, model.path, out)
+    for fam in ("peagle", "dflash", "dspark"):  # built from the target's config in the run folder
+        if fam in cfg.methods:
+            drafts[fam] = str(out / f"{DUMMY_DRAFT}-{fam}")
     _check_mtp(cfg, model.path)
     rng = random.Random(cfg.seed)
     n = max(cfg.batch_sizes + [cfg.min_seqs])
@@ -85,7 +88,7 @@ def _family_drafts(cfg: SweepConfig) -> dict[str, str]:
     folders = ([cfg.draft] if cfg.draft else []) + list(cfg.drafts)
     found: dict[str, str] = {}
     for folder in folders:
-        fam = folder_family(folder)
+        fam = folder_family(folder) or ("eagle3" if folder == cfg.draft else None)  # --draft: eagle3 unless it says
         if fam is None:
             raise SpectoolError(f"--drafts {folder}: not a draft folder of a known family (no config.json, or one that "
                                 f"is no {', '.join(n for n, f in FAMILIES.items() if f.folder)} draft)")
@@ -126,13 +129,21 @@ def _dummy_eagle3(draft: str | None, model_path: str, out: Path) -> str:
     return str(out / DUMMY_DRAFT)
 
 
-def _write_dummy_draft(out: Path, model_path: str) -> None:
+def _write_dummy_draft(out: Path, model_path: str, family: str = "eagle3") -> None:
     from transformers import AutoConfig
 
     from spectool.draft.checkpoint import dummy_draft_config
     from spectool.runs import atomic_write_json
 
-    atomic_write_json(out / DUMMY_DRAFT / "config.json", dummy_draft_config(AutoConfig.from_pretrained(model_path)))
+    folder = out / (DUMMY_DRAFT if family == "eagle3" else f"{DUMMY_DRAFT}-{family}")
+    if family == "dspark":
+        from spectool.draft.families import check_served
+        from spectool.engine.compat import is_cpu_build
+
+        check_served("dspark", is_cpu_build(), "--methods")
+        raise SpectoolError("--methods dspark with --dummy-weights: spectool builds no DSpark config (its Markov head's "
+                            "settings are the draft's own); pass a DSpark draft folder with --drafts")
+    atomic_write_json(folder / "config.json", dummy_draft_config(AutoConfig.from_pretrained(model_path), family))
 
 
 def _dummy_draft_model(name: str, target) -> str:
@@ -159,6 +170,9 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     claim(out, "sweep", cfg, may_change={"ks", "batch_sizes", "methods", "min_gain"}, defaults=SweepConfig(out=""))
     if drafts.get("eagle3") == str(out / DUMMY_DRAFT):
         _write_dummy_draft(out, model.path)
+    for fam in ("peagle", "dflash", "dspark"):
+        if drafts.get(fam) == str(out / f"{DUMMY_DRAFT}-{fam}"):
+            _write_dummy_draft(out, model.path, fam)
     draft = drafts.get("eagle3")
     if not cfg.dummy_weights and cfg.synthetic:
         progress("synthetic acceptance on the real model: timing only (its samples are not the policy's)")
@@ -185,20 +199,41 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     rows = _with_ratios([r for r in done if r["batch"] in cfg.batch_sizes and (r["method"], r["k"]) in _arms(cfg)])
     rec = recommend(rows, cfg.batch_sizes, cfg.min_gain)
     eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
+    family, family_rec = _schedule_family(rows, cfg)
+    draft = drafts.get(family, draft)
     result = {"rows": rows, "recommendation": {str(b): v for b, v in rec.items()},
               "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft,
+              "schedule_method": family, "schedule": k_schedule(family_rec) if family_rec else None,
               "drafts": {m: d for m, d in drafts.items() if m != "draft_model"},
               "draft_model": drafts.get("draft_model"), "model": model.name, "max_k": max(cfg.ks), "draft_sampling": cfg.draft_sampling,
               "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights}
     atomic_write_json(out / "sweep.json", result)
-    if result["eagle3_schedule"]:
-        write_schedule(out, result["eagle3_schedule"], "sweep", draft, cfg.draft_sampling)
+    if result["schedule"]:
+        write_schedule(out, result["schedule"], "sweep", draft, cfg.draft_sampling, family)
     _write_csv(out / "sweep.csv", rows)
     _plots(out, rows, cfg)
     atomic_write_json(out / MANIFEST, make_manifest("sweep", model=model.name, model_identity=model.identity,
                                                     draft=draft, data=None if cfg.dummy_weights else cfg.data,
                                                     synthetic=cfg.synthetic, rows=len(rows)))
     return result
+
+
+def _schedule_family(rows: list[dict], cfg: SweepConfig) -> tuple[str | None, dict | None]:
+    """The drafter family `rollout --k auto` and train-rl's k: auto follow (one family per engine:
+    vLLM's dynamic speculation changes k, not the drafter): of the draft-folder families swept, the
+    one whose per-batch-size best k gains most, summed over the batch sizes. (family, its per-batch
+    recommendation), or (None, None) when none was swept."""
+    from spectool.draft.families import FAMILIES
+
+    best = None
+    for m in cfg.methods:
+        if m not in FAMILIES or not FAMILIES[m].folder:
+            continue
+        rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method=m)
+        gain = sum(v["speedup"] - 1 for v in rec.values())
+        if best is None or gain > best[0]:
+            best = (gain, m, rec)
+    return (best[1], best[2]) if best else (None, None)
 
 
 def _with_ratios(rows: list[dict]) -> list[dict]:
@@ -273,6 +308,7 @@ def render(result: dict, out: str) -> None:
     for b, v in result["recommendation"].items():
         what = "no speculation" if v["method"] == "none" else f"{v['method']} k={v['k']} ({v['speedup']:.2f}x)"
         c.print(f"batch {b}: recommend {what}", highlight=False)
-    if result["eagle3_schedule"]:
-        c.print(f"eagle3 schedule for rollout --k auto: {result['eagle3_schedule']}", highlight=False)
+    if result.get("schedule"):
+        c.print(f"schedule for rollout --k auto: {result['schedule_method']} drafts, k per batch size "
+                f"{result['schedule']}", highlight=False)
     c.print(f"table, plots and rows in {out}", highlight=False)

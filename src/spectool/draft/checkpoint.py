@@ -275,14 +275,23 @@ def _config_from_vllm(c: dict, policy):
 DUMMY_DRAFT_VOCAB = 32000  # the draft vocabulary size of public EAGLE-3 drafts for 150k-token policies
 
 
-def dummy_draft_config(target_config) -> dict:
-    """config.json of an EAGLE-3 draft for a policy known by its transformers config alone: one
-    decoder layer of the policy's width, a 32k draft vocabulary (capped at the policy's), aux
-    layers at vLLM's defaults. With dummy weights its d2t is zeros, which maps into the vocabulary."""
+def dummy_draft_config(target_config, family: str = "eagle3") -> dict:
+    """config.json of a draft of `family` (eagle3 | peagle | dflash) for a policy known by its
+    transformers config alone: one decoder layer of the policy's width, a 32k draft vocabulary
+    (capped at the policy's), aux layers at vLLM's defaults. With dummy weights its d2t is zeros,
+    which maps into the vocabulary. (Public DFlash drafts are deeper: a what-if with this one
+    charges one layer's cost.)"""
+    import dataclasses
+
     from spectool.hidden import default_aux_layer_ids
 
-    cfg = DraftConfig.from_policy(target_config, min(DUMMY_DRAFT_VOCAB, target_config.vocab_size),
-                                  default_aux_layer_ids(target_config.num_hidden_layers))
+    vocab = min(DUMMY_DRAFT_VOCAB, target_config.vocab_size)
+    ids = default_aux_layer_ids(target_config.num_hidden_layers)
+    if family == "dflash":
+        return DFlashConfig.from_policy(target_config, vocab, ids, target_config.vocab_size - 1).vllm_config()
+    cfg = DraftConfig.from_policy(target_config, vocab, ids)
+    if family == "peagle":
+        cfg = dataclasses.replace(cfg, family="peagle", ptd_token_id=target_config.vocab_size - 1)
     return cfg.vllm_config()
 
 

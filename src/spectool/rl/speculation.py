@@ -34,15 +34,16 @@ def resolve(cfg: RLConfig, model) -> Speculation:
         if note:
             print(f"train-rl: {note}")
         return Speculation(None, model.path, model.path, s.k, "mtp")
-    schedule, draft_dir = None, s.draft
+    schedule, draft_dir, method = None, s.draft, s.method
     if s.k == "auto":
-        from spectool.schedule import read_schedule
+        from spectool.schedule import read_schedule, schedule_method
 
         schedule, draft_dir = read_schedule(s.sweep, s.draft, s.draft_sampling, flag="speculation.")
+        method = schedule_method(s.sweep)  # the family the sweep chose (its draft folder's)
     k = max(k for _, _, k in schedule) if schedule else s.k
     return Speculation(schedule, draft_dir, check_draft(draft_dir, model, max(k, 1), flag="speculation.draft",
-                                                      k_flag="speculation.k", method=s.method,
-                                                      method_flag="speculation.method:"), k, s.method)
+                                                      k_flag="speculation.k", method=method,
+                                                      method_flag="speculation.method:"), k, method)
 
 
 def refresh_settings(cfg: RLConfig):
