@@ -94,8 +94,10 @@ def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_run, tm
     assert any(x.startswith("lossy control rejected: ") for x in v["reasons"])
     # the wrong family, and k above the trained block, are refused before an engine starts
     other = "dflash" if family == "peagle" else "peagle"
-    r = spectool("rollout", "--model", str(tiny_policy), "--draft", str(out), "--method", other, check=False)
+    r = spectool("rollout", "--model", str(tiny_policy), "--draft", str(out), "--method", other,
+                 "--out", str(tmp_path / "refused"), check=False)
     assert r.returncode == 2 and f"is a {family} draft" in r.stderr and f"--method {family}" in r.stderr
+    assert not (tmp_path / "refused").exists()  # refused before anything is written
     r = spectool("rollout", "--model", str(tiny_policy), "--draft", str(out), "--method", family, "--k", "5", check=False)
     assert r.returncode == 2 and "trained block size" in r.stderr
 

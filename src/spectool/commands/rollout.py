@@ -48,8 +48,6 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 
     cfg.validate()
-    if cfg.out:
-        claim(Path(cfg.out), "rollout", cfg)
     model = resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
@@ -78,6 +76,8 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         from spectool.models import draft_model_path
 
         draft_path, method = draft_model_path(cfg.draft_model, model), "draft_model"
+    if cfg.out:  # after every check of the draft: a refused run writes nothing
+        claim(Path(cfg.out), "rollout", cfg)
     log_path = str(Path(cfg.out) / "engine.log") if cfg.out else None
     plain_tps = None
     if cfg.compare:

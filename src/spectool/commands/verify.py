@@ -166,8 +166,6 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 
     cfg.validate()
-    if cfg.out:
-        claim(Path(cfg.out), "verify", cfg)
     model = resolve_model(cfg.model)
     if cfg.method == "mtp":
         from spectool.draft.mtp import check_mtp
@@ -176,6 +174,8 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
         if note:
             progress(note)
     draft = check_draft(cfg.draft, model, cfg.k, method=cfg.method) if cfg.draft else None
+    if cfg.out:  # after the draft's checks: a refused run writes nothing
+        claim(Path(cfg.out), "verify", cfg)
     spec_arm = {"draft": draft, "method": cfg.method}
     control = cfg.control if cfg.control != "auto" else ("unpatched" if is_cpu_build() else "truncated")
     if control == "unpatched" and not is_cpu_build():
