@@ -192,3 +192,21 @@ def test_sweep_schedule_follows_the_family_that_gains_most():
 
     overall = recommend(rows, [1, 8], 0.03)  # per batch size, across families
     assert overall[1]["method"] == "dflash" and overall[8]["method"] == "eagle3"
+
+
+@pytest.mark.parametrize("method", ["fly", "synthetic", "some-new-method"])
+def test_lossy_verification_is_refused_outside_what_if(method):
+    """A lossy rejection_sample_method, set by spectool or passed through by a user (EngineConfig.extra,
+    TRL), is refused before an engine starts; synthetic only in what-if timing runs."""
+    from spectool.engine.engine import Engine, EngineConfig, check_exact_verification
+
+    spec = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3, "rejection_sample_method": method}
+    with pytest.raises(SpectoolError, match=f"rejection_sample_method='{method}'"):
+        check_exact_verification(spec)
+    with pytest.raises(SpectoolError, match="rejection_sample_method"):  # passed through: refused before vLLM starts
+        Engine(EngineConfig(model_path="/nonexistent", extra={"speculative_config": spec}))
+    if method == "synthetic":
+        check_exact_verification(spec, what_if=True)
+    for exact in ("standard", "block"):
+        check_exact_verification({**spec, "rejection_sample_method": exact})
+    check_exact_verification(None)

@@ -69,6 +69,9 @@ def family(name: str) -> Family:
 def family_of_config(c: dict) -> str | None:
     """The family of a draft folder's config.json (None: not a draft this module knows)."""
     arch = (c.get("architectures") or [""])[0]
+    speculators = {"eagle3": "eagle3", "peagle": "peagle", "dflash": "dflash", "dspark": "dspark"}
+    if c.get("speculators_model_type") in speculators:  # a speculators-format folder (vLLM converts it)
+        return speculators[c["speculators_model_type"]]
     if arch == "DFlashDraftModel" or "dflash_config" in c:
         return "dflash"
     if "DSpark" in arch or "markov_rank" in c:

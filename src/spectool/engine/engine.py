@@ -104,6 +104,9 @@ class Engine:
         from spectool.engine.logs import route
         from spectool.precision import engine_dtype
 
+        # the speculative_config vLLM will get (the user's, passed through in `extra`, replaces spectool's)
+        check_exact_verification(cfg.extra.get("speculative_config") or speculative_config(cfg),
+                                 what_if=bool(cfg.synthetic_acceptance))
         quiet = route(cfg.log_path) is not None  # before vLLM is imported: its logging reads the stream then
         self.cfg = cfg
         cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
@@ -262,6 +265,27 @@ def spectool_kwargs(cfg: EngineConfig, cpu: bool) -> dict[str, Any]:
     if spec:
         kwargs["speculative_config"] = spec
     return kwargs
+
+
+# vLLM's verification methods that keep the output the policy's (config/speculative.py, vllm 0.32):
+# standard rejection sampling, and block verification (Sun et al.; GPU model runner). Anything else
+# ("synthetic": accepted at chosen rates, a timing instrument; "fly": lossy by design; a method a
+# later vLLM adds) is refused wherever spectool claims exact rollouts.
+EXACT_VERIFICATION = ("standard", "block")
+
+
+def check_exact_verification(spec: dict | None, what_if: bool = False, where: str = "the engine's") -> None:
+    """Refuse a lossy `rejection_sample_method` in a speculative_config (set by spectool or passed
+    through by the user) unless this is a what-if timing run, where synthetic acceptance is the point."""
+    method = (spec or {}).get("rejection_sample_method", "standard")
+    if method in EXACT_VERIFICATION or (method == "synthetic" and what_if):
+        return
+    why = ("a what-if timing instrument: drafted tokens are accepted at chosen rates, so the samples are the draft's, "
+           "not the policy's; it runs only in sweep-k --acceptance-rates/--acceptance-length and rollout "
+           "--acceptance-length (no records)" if method == "synthetic"
+           else "not an exact verification: the output would not be the policy's distribution")
+    raise SpectoolError(f"{where} speculative_config sets rejection_sample_method={method!r}, {why}. Remove it, or use "
+                        f"one of {', '.join(EXACT_VERIFICATION)} (both lossless)")
 
 
 def prepare_environment(cfg: EngineConfig) -> bool:

@@ -248,7 +248,8 @@ def _speculative_llm(spec: SpectoolSpeculation):
     """While the trainer is built: TRL's `LLM` name points at a wrapper adding spectool's kwargs."""
     import trl.generation.vllm_generation as vg
 
-    from spectool.engine.engine import EngineConfig, default_max_len, prepare_environment, spectool_kwargs
+    from spectool.engine.engine import (EngineConfig, check_exact_verification, default_max_len, prepare_environment,
+                                        spectool_kwargs)
 
     real = vg.LLM
 
@@ -263,6 +264,7 @@ def _speculative_llm(spec: SpectoolSpeculation):
                             enforce_eager=spec.enforce_eager)
         cpu = prepare_environment(ecfg)
         kwargs.update(spectool_kwargs(ecfg, cpu))
+        check_exact_verification(kwargs.get("speculative_config"), where="TRL's engine:")
         if kwargs.get("max_model_len") is None:  # GRPOConfig.vllm_max_model_length unset: TRL's 4096-token
             kwargs["max_model_len"] = default_max_len(ecfg.model_path)  # batches must hold a whole prompt
         return real(*args, **kwargs)
