@@ -102,11 +102,13 @@ def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_run, tm
     assert r.returncode == 2 and "trained block size" in r.stderr
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", ["peagle", "dflash"])
-def test_refreshed_parallel_draft_is_pushed_and_served(family, tiny_policy, tmp_path_factory, tmp_path):
+def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, tiny_policy, tmp_path_factory, tmp_path):
     """The online refresher's push: new weights into the running drafter (P-EAGLE's masked-slot
     hidden state recomputed, DFlash's fused context projection rebuilt), the probe check passes
-    with power, and the engine then computes the refreshed draft's unroll."""
+    with power in the engine's dtype, and the engine then computes the refreshed draft's unroll
+    (float32: to 1e-3; bfloat16, as a GPU serves: it drafts on)."""
     from served import served_vs_trained
 
     from spectool.draft.checkpoint import save_draft
@@ -116,8 +118,9 @@ def test_refreshed_parallel_draft_is_pushed_and_served(family, tiny_policy, tmp_
     policy, folder = _draft(tiny_policy, tmp_path_factory, family)
     refresher = DraftRefresher.from_folder(folder, policy)
     with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), method=family, k=2,
-                             kv_cache_gib=1)) as engine:
+                             kv_cache_gib=1, dtype=dtype)) as engine:
         first = refresher.push(engine)
+        assert first.dtype == dtype
         assert first.modules > 5
         with torch.no_grad():  # a refresh's change, in every trained tensor
             for p in refresher.draft.parameters():
@@ -125,9 +128,15 @@ def test_refreshed_parallel_draft_is_pushed_and_served(family, tiny_policy, tmp_
                     p.add_(0.05 * torch.randn_like(p))
         report = refresher.push(engine)
         assert report.has_power  # the check could tell the old draft from the new one
-        pushed = tmp_path / "pushed"
-        save_draft(refresher.draft, pushed)
-        served_vs_trained(engine, policy, pushed, tmp_path)
+        if dtype == "float32":
+            pushed = tmp_path / "pushed"
+            save_draft(refresher.draft, pushed)
+            served_vs_trained(engine, policy, pushed, tmp_path)
+        else:
+            from spectool.engine.engine import Sampling
+
+            _, stats = engine.generate([[1, 7, 42, 99, 100]], Sampling(max_tokens=12, temperature=0.0))
+            assert stats.num_drafts > 0
 
 
 @pytest.mark.parametrize("family", ["peagle", "dflash"])

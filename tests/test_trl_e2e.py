@@ -191,14 +191,21 @@ def test_grpo_with_the_policys_own_mtp_layer_refreshed(tiny_policy, sums, tmp_pa
     """SpectoolSpeculation("mtp"): TRL's engine drafts with the policy's MTP layer, which the
     refresher trains from TRL's own loss forward (trunk detached) and pushes after every step."""
     from spectool.draft.mtp import add_mtp_layers
+
+    mimo = add_mtp_layers(tiny_policy, tmp_path / "mimo")
+    _two_refreshed_steps("mtp", mimo, sums, tmp_path)
+
+
+def _two_refreshed_steps(draft: str, model, sums, tmp_path):
+    """Two GRPO steps with the draft refreshed after each: acceptance per position logged, the
+    logprob check after the sync, every refresh in the engine's drafter with power. The trainer."""
     from spectool.draft.refresh import RefreshSettings
     from spectool.integrations.trl import SpectoolSpeculation, task_data
 
-    mimo = add_mtp_layers(tiny_policy, tmp_path / "mimo")
     ds, reward = task_data(str(sums), 64)
-    spec = SpectoolSpeculation("mtp", k=2, refresh_every=1, refresh_steps=3, enforce_eager=True,
+    spec = SpectoolSpeculation(draft, k=2, refresh_every=1, refresh_steps=3, enforce_eager=True,
                                refresh=RefreshSettings(lr=3e-3, warmup_steps=0, batch_size=4))
-    trainer = spec.grpo_trainer(model=str(mimo), reward_funcs=reward, args=_args(tmp_path / "trl", max_steps=2),
+    trainer = spec.grpo_trainer(model=str(model), reward_funcs=reward, args=_args(tmp_path / "trl", max_steps=2),
                                 train_dataset=ds)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
@@ -206,6 +213,7 @@ def test_grpo_with_the_policys_own_mtp_layer_refreshed(tiny_policy, sums, tmp_pa
     assert logs[1]["spectool/logprob_check_max_diff"] < 1e-3
     assert [r["step"] for r in trainer.spectool.history] == [1, 2]
     assert all(r["check_excess"] <= 1 and r["has_power"] for r in trainer.spectool.history)
+    return trainer
 
 
 @pytest.mark.engine
@@ -217,25 +225,13 @@ def test_grpo_with_a_refreshed_parallel_draft(family, tiny_policy, sums, tmp_pat
     from transformers import AutoModelForCausalLM
 
     from spectool.draft.checkpoint import draft_metadata, new_draft, save_draft
-    from spectool.draft.refresh import RefreshSettings
     from spectool.hidden import default_aux_layer_ids
-    from spectool.integrations.trl import SpectoolSpeculation, task_data
     from spectool.models import resolve_model
 
     policy = AutoModelForCausalLM.from_pretrained(tiny_policy)
     torch.manual_seed(0)
     draft = new_draft(policy, torch.arange(0, policy.config.vocab_size - 10, 2), default_aux_layer_ids(4), family=family)
     save_draft(draft, tmp_path / "draft", extra=draft_metadata(resolve_model(str(tiny_policy)), 3))
-    ds, reward = task_data(str(sums), 64)
-    spec = SpectoolSpeculation(str(tmp_path / "draft"), k=2, refresh_every=1, refresh_steps=3, enforce_eager=True,
-                               refresh=RefreshSettings(lr=3e-3, warmup_steps=0, batch_size=4))
-    trainer = spec.grpo_trainer(model=str(tiny_policy), reward_funcs=reward, args=_args(tmp_path / "trl", max_steps=2),
-                                train_dataset=ds)
-    trainer.train()
-    logs = [h for h in trainer.state.log_history if "loss" in h]
-    assert len(logs) == 2 and all("spectool/acceptance_pos2" in h for h in logs)
-    assert logs[1]["spectool/logprob_check_max_diff"] < 1e-3
-    assert [r["step"] for r in trainer.spectool.history] == [1, 2]
-    assert all(r["check_excess"] <= 1 and r["has_power"] for r in trainer.spectool.history)
+    trainer = _two_refreshed_steps(str(tmp_path / "draft"), tiny_policy, sums, tmp_path)
     assert trainer.spectool.vg.llm.llm_engine.vllm_config.speculative_config.method == (
         "dflash" if family == "dflash" else "eagle3")

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spectool.draft.model import MLP, RMSNorm, inverse_frequencies, rope
+from spectool.draft.model import MLP, DraftBase, RMSNorm, inverse_frequencies, layer_probe, rope, shape_fields
 
 MASK_EMBEDDING = "mask_embedding.pt"  # vLLM's name for a shipped mask embedding (qwen3_dflash.py)
 
@@ -67,20 +67,9 @@ class DFlashConfig:
         return {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "num_hidden_layers": self.num_hidden_layers,
+            **shape_fields(self),
             "layer_types": ["full_attention"] * self.num_hidden_layers,
-            "hidden_act": "silu",
             "attention_bias": False,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "max_position_embeddings": self.max_position_embeddings,
-            "vocab_size": self.vocab_size,
-            "draft_vocab_size": self.draft_vocab_size,
             "target_hidden_size": self.target_hidden_size,
             "tie_word_embeddings": False,
             "torch_dtype": "float32",
@@ -145,7 +134,7 @@ class BlockLayer(nn.Module):
         self.mlp = MLP(c)
 
 
-class DFlashDraft(nn.Module):
+class DFlashDraft(DraftBase):
     def __init__(self, c: DFlashConfig):
         super().__init__()
         self.config = c
@@ -192,29 +181,11 @@ class DFlashDraft(nn.Module):
                "model.hidden_norm.weight": param_expected(self.hidden_norm.weight, dtype),
                "model.mask_embedding": param_expected(self.mask_embedding, dtype)}
         for i, layer in enumerate(self.layers):
-            pre, a, m = f"model.layers.{i}.", layer.self_attn, layer.mlp
-            out[pre + "self_attn.qkv_proj"] = linear_expected([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], dtype)
-            out[pre + "self_attn.o_proj"] = linear_expected([a.o_proj.weight], dtype)
-            out[pre + "mlp.gate_up_proj"] = linear_expected([m.gate_proj.weight, m.up_proj.weight], dtype)
-            out[pre + "mlp.down_proj"] = linear_expected([m.down_proj.weight], dtype)
-            for norm in ("input_layernorm", "post_attention_layernorm"):
-                out[pre + norm + ".weight"] = param_expected(getattr(layer, norm).weight, dtype)
-            for norm in ("q_norm", "k_norm"):
-                out[pre + f"self_attn.{norm}.weight"] = param_expected(getattr(a, norm).weight, dtype)
+            out.update(layer_probe(f"model.layers.{i}.", layer, dtype, ("input_layernorm", "post_attention_layernorm",
+                                                                        "self_attn.q_norm", "self_attn.k_norm")))
         return out
 
-    def draft_to_target_ids(self) -> torch.Tensor:
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
-
-    def follow(self, policy) -> None:
-        """Read tokens with the policy's current embedding, as vLLM's drafter shares the target's."""
-        with torch.no_grad():
-            self.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
-
     # --- the block, at every anchor ----------------------------------------------------------------
-
-    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
-        return self.unroll(aux, input_ids, steps, start)
 
     def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
         """aux: [B, T, n_aux * H_t]; input_ids: [B, T]. Returns j -> logits [B, T - start, Vd] for

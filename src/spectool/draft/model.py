@@ -66,18 +66,7 @@ class DraftConfig:
         return {
             "architectures": ["LlamaForCausalLMEagle3"],
             "model_type": "llama",
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "num_hidden_layers": self.num_hidden_layers,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "max_position_embeddings": self.max_position_embeddings,
-            "vocab_size": self.vocab_size,
-            "draft_vocab_size": self.draft_vocab_size,
+            **shape_fields(self),
             "target_hidden_size": self.target_hidden_size,
             "tie_word_embeddings": False,
             "norm_before_residual": False,
@@ -150,6 +139,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-b, a], dim=-1)
 
 
+def shape_fields(c) -> dict:
+    """The config.json size fields every draft config writes (c: DraftConfig or DFlashConfig)."""
+    return {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim, "num_hidden_layers": c.num_hidden_layers, "hidden_act": "silu",
+            "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+            "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
+            "draft_vocab_size": c.draft_vocab_size}
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of x [B, heads, n, hd] at positions [n]; inv_freq [hd/2]."""
     freqs = positions[..., None].float() * inv_freq  # [n, hd/2]
@@ -161,7 +160,40 @@ def inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
 
 
-class Eagle3Draft(nn.Module):
+class DraftBase(nn.Module):
+    """What every draft with a d2t map and the policy's shared embedding has (EAGLE-3, P-EAGLE,
+    DFlash): subclasses define `unroll(aux, input_ids, steps, start)`, the training contract."""
+
+    def draft_to_target_ids(self) -> torch.Tensor:
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def follow(self, policy) -> None:
+        """Read tokens with the policy's current embedding, as vLLM's drafter shares the target's."""
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
+
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
+        return self.unroll(aux, input_ids, steps, start)
+
+
+def layer_probe(pre: str, layer: nn.Module, dtype, norms: tuple[str, ...]) -> dict:
+    """The probe sums of one decoder layer as vLLM names and fuses it (q,k,v and gate,up stacked):
+    `pre` is vLLM's prefix ("model.layers.i."); `norms` the layer's norm modules, by path."""
+    from spectool.engine.probe import linear_expected, param_expected
+
+    a, m = layer.self_attn, layer.mlp
+    out = {pre + "self_attn.qkv_proj": linear_expected([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], dtype),
+           pre + "self_attn.o_proj": linear_expected([a.o_proj.weight], dtype),
+           pre + "mlp.gate_up_proj": linear_expected([m.gate_proj.weight, m.up_proj.weight], dtype),
+           pre + "mlp.down_proj": linear_expected([m.down_proj.weight], dtype)}
+    for norm in norms:
+        owner = layer.get_submodule(norm) if hasattr(layer, norm.split(".")[0]) else None
+        if owner is not None:
+            out[pre + norm + ".weight"] = param_expected(owner.weight, dtype)
+    return out
+
+
+class Eagle3Draft(DraftBase):
     def __init__(self, c: DraftConfig):
         super().__init__()
         self.config = c
@@ -205,30 +237,12 @@ class Eagle3Draft(nn.Module):
                "model.norm.weight": param_expected(self.norm.weight, dtype)}
         if self.config.parallel:  # P-EAGLE: the hidden state its masked slots read, fc(mask_hidden)
             out["parallel_drafting_hidden"] = output_expected(self.fc.weight, self.mask_hidden, dtype)
-        layers = [self.midlayer, *self.layers.values()]
-        for i, layer in enumerate(layers):
-            pre, a, m = f"model.layers.{i}.", layer.self_attn, layer.mlp
-            out[pre + "self_attn.qkv_proj"] = linear_expected([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], dtype)
-            out[pre + "self_attn.o_proj"] = linear_expected([a.o_proj.weight], dtype)
-            out[pre + "mlp.gate_up_proj"] = linear_expected([m.gate_proj.weight, m.up_proj.weight], dtype)
-            out[pre + "mlp.down_proj"] = linear_expected([m.down_proj.weight], dtype)
-            for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
-                if hasattr(layer, norm):
-                    out[pre + norm + ".weight"] = param_expected(getattr(layer, norm).weight, dtype)
+        for i, layer in enumerate([self.midlayer, *self.layers.values()]):
+            out.update(layer_probe(f"model.layers.{i}.", layer, dtype,
+                                   ("input_layernorm", "hidden_norm", "post_attention_layernorm")))
         return out
 
-    def draft_to_target_ids(self) -> torch.Tensor:
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
-
-    def follow(self, policy) -> None:
-        """Read tokens with the policy's current embedding, as vLLM's drafter shares the target's."""
-        with torch.no_grad():
-            self.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
-
     # --- training-time-test unroll -----------------------------------------------------------------
-
-    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
-        return self.unroll(aux, input_ids, steps, start)
 
     def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
         """Run `steps` draft steps at every anchor position >= `start`, as vLLM drafts at serving time.
