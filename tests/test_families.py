@@ -126,26 +126,25 @@ def test_export_refuses_incomplete_parallel_folders(tmp_path):
     refused before an engine starts, naming what is missing."""
     from safetensors.torch import load_file, save_file
 
-    from spectool.commands.export import _check_weights
-    from spectool.draft.checkpoint import save_draft
+    from spectool.draft.checkpoint import check_tensors, save_draft
 
     policy = tmp_path / "policy"
     policy.mkdir()
     (policy / "config.json").write_text(json.dumps({"vocab_size": 64}))
     save_draft(_draft("peagle"), tmp_path / "p")
-    _check_weights(tmp_path / "p" / "model.safetensors", str(policy), "peagle")
+    check_tensors(tmp_path / "p", str(policy), "peagle")
     sd = load_file(tmp_path / "p" / "model.safetensors")
     sd.pop("mask_hidden")
     save_file(sd, tmp_path / "p" / "model.safetensors")
     with pytest.raises(SpectoolError, match="mask_hidden"):
-        _check_weights(tmp_path / "p" / "model.safetensors", str(policy), "peagle")
+        check_tensors(tmp_path / "p", str(policy), "peagle")
     save_draft(_draft("dflash"), tmp_path / "f")
-    _check_weights(tmp_path / "f" / "model.safetensors", str(policy), "dflash")
+    check_tensors(tmp_path / "f", str(policy), "dflash")
     cfg = json.loads((tmp_path / "f" / "config.json").read_text())
     del cfg["dflash_config"]["mask_token_id"]
     (tmp_path / "f" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SpectoolError, match="mask_token_id"):
-        _check_weights(tmp_path / "f" / "model.safetensors", str(policy), "dflash")
+        check_tensors(tmp_path / "f", str(policy), "dflash")
 
 
 def test_init_draft_refuses_dspark():

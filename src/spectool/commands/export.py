@@ -60,7 +60,7 @@ def run(cfg: ExportConfig) -> ExportResult:
     from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS
     from spectool.draft.dflash import MASK_EMBEDDING
     from spectool.models import resolve_model
-    from spectool.draft.checkpoint import check_draft
+    from spectool.draft.checkpoint import check_draft, check_tensors
     from spectool.runs import MANIFEST, atomic_dir, atomic_write_json, claim, make_manifest, read_json
 
     cfg.validate()
@@ -76,7 +76,7 @@ def run(cfg: ExportConfig) -> ExportResult:
     from spectool.draft.families import folder_family
 
     family = folder_family(src)
-    _check_weights(src / WEIGHTS, model.path, family)
+    check_tensors(src, model.path, family)
     if family != "eagle3" and cfg.format != "vllm":
         raise SpectoolError(f"--format {cfg.format}: spectool writes the speculators format for EAGLE-3 drafts only; a "
                             f"{family} draft folder is already what vLLM loads: use --format vllm")
@@ -152,43 +152,6 @@ def _draft_data(src: Path) -> str | None:
         return None
     is_file = data.endswith((".jsonl", ".parquet"))
     return data if not is_file or Path(data).exists() else None
-
-
-# Tensors vLLM's loader needs, per family (llama_eagle3.py, qwen3_dflash.py; vllm 0.32)
-NEEDED = {"eagle3": {"fc.weight", "norm.weight", "lm_head.weight", "midlayer.hidden_norm.weight"},
-          "peagle": {"fc.weight", "norm.weight", "lm_head.weight", "midlayer.hidden_norm.weight", "mask_hidden"},
-          "dflash": {"fc.weight", "norm.weight", "lm_head.weight", "hidden_norm.weight"}}
-
-
-def _check_weights(path: Path, model_path: str, family: str | None) -> None:
-    """Key names and shapes against what vLLM's drafter of this family loads (checked, vllm 0.32)."""
-    from safetensors import safe_open
-
-    from spectool.draft.dflash import MASK_EMBEDDING
-
-    if family not in NEEDED:
-        raise SpectoolError(f"{path.parent}: a {family or 'unknown'} draft (config.json); export takes "
-                            f"{', '.join(NEEDED)} draft folders")
-    try:
-        with safe_open(str(path), "pt") as f:
-            keys = set(f.keys())
-    except Exception as e:  # noqa: BLE001
-        raise SpectoolError(f"{path} is not a readable safetensors file ({e}); re-run init-draft") from None
-    need = NEEDED[family]
-    if need - keys:
-        why = " (P-EAGLE's masked positions read it: vLLM refuses the folder without it)" if "mask_hidden" in need - keys else ""
-        raise SpectoolError(f"{path} lacks {family} tensors {sorted(need - keys)}{why}")
-    cfg = json.loads((path.parent / "config.json").read_text())
-    if family == "dflash":
-        if (cfg.get("dflash_config") or {}).get("mask_token_id") is None:
-            raise SpectoolError(f"{path.parent}/config.json has no dflash_config.mask_token_id: vLLM cannot feed the "
-                                "draft's masked slots; re-run init-draft --method dflash")
-        if not (path.parent / MASK_EMBEDDING).exists():
-            raise SpectoolError(f"{path.parent} has no {MASK_EMBEDDING}: vLLM would embed the masked slots with an "
-                                "untrained token; re-run init-draft --method dflash")
-    vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
-    if cfg.get("draft_vocab_size", vocab) < vocab and "d2t" not in keys:
-        raise SpectoolError(f"{path} has a reduced vocabulary but no d2t map: vLLM would load it and accept nothing")
 
 
 def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family: str) -> float:

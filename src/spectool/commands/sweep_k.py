@@ -70,8 +70,8 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     drafts = {"draft_model": _dummy_draft_model(cfg.draft_model, target)} if cfg.draft_model else {}
     if "eagle3" in cfg.methods:
         drafts["eagle3"] = _dummy_eagle3(cfg.draft, model.path, out)
-    for fam in ("peagle", "dflash", "dspark"):  # built from the target's config in the run folder
-        if fam in cfg.methods:
+    for fam in _parallel_methods(cfg):  # built from the target's config in the run folder
+        if fam not in drafts:
             drafts[fam] = str(out / f"{DUMMY_DRAFT}-{fam}")
     _check_mtp(cfg, model.path)
     rng = random.Random(cfg.seed)
@@ -101,6 +101,12 @@ def _family_drafts(cfg: SweepConfig) -> dict[str, str]:
         raise SpectoolError(f"--methods {','.join(cfg.methods)}: no draft folder of {', '.join(missing)} among --draft/"
                             f"--drafts ({', '.join(f'{f}: {d}' for f, d in found.items()) or 'none'}); add one per family")
     return {m: found[m] for m in wanted}
+
+
+def _parallel_methods(cfg: SweepConfig) -> list[str]:
+    from spectool.draft.families import FAMILIES
+
+    return [m for m in cfg.methods if m in FAMILIES and FAMILIES[m].parallel]
 
 
 def _check_mtp(cfg: SweepConfig, model_path: str) -> None:
@@ -170,7 +176,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     claim(out, "sweep", cfg, may_change={"ks", "batch_sizes", "methods", "min_gain"}, defaults=SweepConfig(out=""))
     if drafts.get("eagle3") == str(out / DUMMY_DRAFT):
         _write_dummy_draft(out, model.path)
-    for fam in ("peagle", "dflash", "dspark"):
+    for fam in _parallel_methods(cfg):
         if drafts.get(fam) == str(out / f"{DUMMY_DRAFT}-{fam}"):
             _write_dummy_draft(out, model.path, fam)
     draft = drafts.get("eagle3")

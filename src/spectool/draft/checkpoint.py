@@ -225,6 +225,40 @@ def check_draft(draft: str, model, k: int, flag: str = "--draft", k_flag: str = 
     return str(d)
 
 
+def check_tensors(folder: Path, model_path: str, family: str | None) -> None:
+    """A draft folder's weights against what vLLM's drafter of `family` loads (vllm 0.32): the
+    family's tensors (families.Family.tensors), DFlash's mask token and embedding, d2t with a
+    reduced vocabulary. Refused before an engine starts, naming what is missing."""
+    from safetensors import safe_open
+
+    from spectool.draft.families import FAMILIES
+
+    path = Path(folder) / WEIGHTS
+    if family not in FAMILIES or not FAMILIES[family].tensors:
+        raise SpectoolError(f"{folder}: a {family or 'unknown'} draft (config.json); spectool exports "
+                            f"{', '.join(n for n, f in FAMILIES.items() if f.tensors)} draft folders")
+    try:
+        with safe_open(str(path), "pt") as f:
+            keys = set(f.keys())
+    except Exception as e:  # noqa: BLE001
+        raise SpectoolError(f"{path} is not a readable safetensors file ({e}); re-run init-draft") from None
+    missing = FAMILIES[family].tensors - keys
+    if missing:
+        why = " (P-EAGLE's masked positions read it: vLLM refuses the folder without it)" if "mask_hidden" in missing else ""
+        raise SpectoolError(f"{path} lacks {family} tensors {sorted(missing)}{why}")
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    if family == "dflash":
+        if (cfg.get("dflash_config") or {}).get("mask_token_id") is None:
+            raise SpectoolError(f"{folder}/config.json has no dflash_config.mask_token_id: vLLM cannot feed the "
+                                "draft's masked slots; re-run init-draft --method dflash")
+        if not (Path(folder) / MASK_EMBEDDING).exists():
+            raise SpectoolError(f"{folder} has no {MASK_EMBEDDING}: vLLM would embed the masked slots with an "
+                                "untrained token; re-run init-draft --method dflash")
+    vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
+    if cfg.get("draft_vocab_size", vocab) < vocab and "d2t" not in keys:
+        raise SpectoolError(f"{path} has a reduced vocabulary but no d2t map: vLLM would load it and accept nothing")
+
+
 def policy_shape(config) -> dict:
     """The fingerprint fields check_fits reads, from a transformers config."""
     return {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size,

