@@ -103,6 +103,7 @@ def test_a_folder_says_its_family(tmp_path):
     assert family_of_config({"architectures": ["LlamaForCausalLMEagle"]}) == "eagle"
     assert family_of_config({"architectures": ["Qwen3DSparkModel"], "markov_rank": 4}) == "dspark"
     assert family_of_config({"architectures": ["LlamaForCausalLM"]}) is None
+    assert family_of_config({"architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash"}) == "dflash"
 
 
 def test_wrong_family_eagle_and_dspark_are_refused(tmp_path):
