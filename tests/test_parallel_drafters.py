@@ -163,3 +163,32 @@ def test_train_rl_refreshes_a_parallel_draft(family, tiny_policy, tmp_path_facto
     r = spectool(*_args(tiny_policy, folder, sums_with_answer(tmp_path, "8"), tmp_path / "rl2", steps=2,
                         extra=["speculation.method=eagle3"]), check=False)
     assert r.returncode == 2 and f"is a {family} draft" in r.stderr and "speculation.method:" in r.stderr
+
+
+def test_sweep_over_families_recommends_a_family_and_writes_its_schedule(tiny_policy, random_draft,
+                                                                         tmp_path_factory, tmp_path):
+    """sweep-k --methods eagle3,peagle,dflash --drafts E,P,D: every family measured beside plain
+    decoding on the real engine, a (family, k) recommended per batch size, and the schedule file
+    names the family rollout --k auto then runs."""
+    import json
+
+    from clirun import spectool
+
+    from spectool.schedule import schedule_method
+
+    _, peagle = _draft(tiny_policy, tmp_path_factory, "peagle")
+    _, dflash = _draft(tiny_policy, tmp_path_factory, "dflash")
+    out = tmp_path / "sweep"
+    spectool("sweep-k", "--model", str(tiny_policy), "--data", DATA, "--methods", "eagle3,peagle,dflash",
+             "--drafts", f"{random_draft},{peagle},{dflash}", "--k", "2", "--batch-sizes", "1", "--min-seqs", "2",
+             "--max-tokens", "8", "--min-gain", "0", "--out", str(out))
+    s = json.loads((out / "sweep.json").read_text())
+    assert {(r["method"], r["k"]) for r in s["rows"]} == {("none", 0), ("eagle3", 2), ("peagle", 2), ("dflash", 2)}
+    assert s["drafts"] == {"eagle3": str(random_draft), "peagle": str(peagle), "dflash": str(dflash)}
+    best = max((r for r in s["rows"] if r["method"] != "none"), key=lambda r: r["speedup"])
+    rec = s["recommendation"]["1"]
+    assert (rec["method"], rec["k"]) == ((best["method"], 2) if best["speedup"] >= 1 else ("none", 0))
+    assert schedule_method(str(out)) == s["schedule_method"] and s["draft"] == s["drafts"][s["schedule_method"]]
+    r = spectool("sweep-k", "--model", str(tiny_policy), "--methods", "eagle3,dflash", "--drafts", str(random_draft),
+                 "--out", str(tmp_path / "no"), check=False)
+    assert r.returncode == 2 and "no draft folder of dflash" in r.stderr
