@@ -63,6 +63,7 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     from transformers import AutoConfig
 
     from spectool.costmodel import output_lengths
+    from spectool.draft.families import folder_family
     from spectool.models import resolve_config
 
     model = resolve_config(cfg.model)
@@ -70,9 +71,17 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     drafts = {"draft_model": _dummy_draft_model(cfg.draft_model, target)} if cfg.draft_model else {}
     if "eagle3" in cfg.methods:
         drafts["eagle3"] = _dummy_eagle3(cfg.draft, model.path, out)
-    for fam in _parallel_methods(cfg):  # built from the target's config in the run folder
-        if fam not in drafts:
-            drafts[fam] = str(out / f"{DUMMY_DRAFT}-{fam}")
+    given = {folder_family(d): d for d in cfg.drafts}  # a parallel family's own folder, else one built from the config
+    for fam in _parallel_methods(cfg):
+        if fam == "dspark":
+            from spectool.draft.families import check_served
+            from spectool.engine.compat import is_cpu_build
+
+            check_served(fam, is_cpu_build(), "--methods")
+        if fam == "dspark" and fam not in given:
+            raise SpectoolError("--methods dspark with --dummy-weights: spectool builds no DSpark config (its Markov "
+                                "head's settings are the draft's own); pass a DSpark draft folder with --drafts")
+        drafts[fam] = given.get(fam) or str(out / f"{DUMMY_DRAFT}-{fam}")
     _check_mtp(cfg, model.path)
     rng = random.Random(cfg.seed)
     n = max(cfg.batch_sizes + [cfg.min_seqs])
@@ -142,13 +151,6 @@ def _write_dummy_draft(out: Path, model_path: str, family: str = "eagle3") -> No
     from spectool.runs import atomic_write_json
 
     folder = out / (DUMMY_DRAFT if family == "eagle3" else f"{DUMMY_DRAFT}-{family}")
-    if family == "dspark":
-        from spectool.draft.families import check_served
-        from spectool.engine.compat import is_cpu_build
-
-        check_served("dspark", is_cpu_build(), "--methods")
-        raise SpectoolError("--methods dspark with --dummy-weights: spectool builds no DSpark config (its Markov head's "
-                            "settings are the draft's own); pass a DSpark draft folder with --drafts")
     atomic_write_json(folder / "config.json", dummy_draft_config(AutoConfig.from_pretrained(model_path), family))
 
 
