@@ -28,39 +28,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spectool.draft.model import MLP, DraftBase, RMSNorm, inverse_frequencies, layer_probe, rope, shape_fields
+from spectool.draft.model import MLP, DraftBase, DraftConfig, RMSNorm, inverse_frequencies, layer_probe, rope, shape_fields
 
 MASK_EMBEDDING = "mask_embedding.pt"  # vLLM's name for a shipped mask embedding (qwen3_dflash.py)
 
 
 @dataclass
-class DFlashConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int  # the target's vocabulary
-    draft_vocab_size: int
-    target_hidden_size: int
-    aux_layer_ids: list[int]  # vLLM aux convention: input of decoder layer i
-    mask_token_id: int  # the id vLLM feeds at masked slots (its embedding is replaced by the trained one)
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 4096
-    target_num_layers: int = 0
-    num_hidden_layers: int = 1
+class DFlashConfig(DraftConfig):
+    """DraftConfig's sizes and aux layers, plus what a DFlash block needs."""
+
+    mask_token_id: int = -1  # the id vLLM feeds at masked slots (its embedding is replaced by the trained one)
     causal: bool = False  # attention inside the block; written explicitly into every export
     family: str = "dflash"
 
     @classmethod
-    def from_policy(cls, pc, draft_vocab_size: int, aux_layer_ids: list[int], mask_token_id: int,
+    def from_policy(cls, pc, draft_vocab_size: int, aux_layer_ids: list[int], mask_token_id: int = -1,
                     num_layers: int = 1) -> "DFlashConfig":
-        from spectool.draft.model import DraftConfig
-
         base = DraftConfig.from_policy(pc, draft_vocab_size, aux_layer_ids)
-        fields = {k: v for k, v in asdict(base).items() if k in cls.__dataclass_fields__ and k != "family"}
-        return cls(**{**fields, "mask_token_id": mask_token_id, "num_hidden_layers": num_layers})
+        return cls(**{**asdict(base), "family": "dflash", "mask_token_id": mask_token_id,
+                      "num_hidden_layers": num_layers})
 
     def vllm_config(self) -> dict:
         """config.json as vLLM's DFlash loader reads it (architectures DFlashDraftModel, Qwen3 sizes)."""
@@ -77,9 +63,6 @@ class DFlashConfig:
             "dflash_config": {"mask_token_id": self.mask_token_id, "causal": self.causal,
                               "target_layer_ids": [i - 1 for i in self.aux_layer_ids]},
         }
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class BlockAttention(nn.Module):
