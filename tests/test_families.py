@@ -230,3 +230,21 @@ def test_weightless_what_ifs_per_family(tmp_path):
         with pytest.raises(SpectoolError, match="dflash with --dummy-weights on the CPU build"):
             run(cfg)
         assert not (tmp_path / "w").exists()
+
+
+def test_init_draft_warns_about_a_context_free_parallel_draft(capsys):
+    from spectool.commands.init_draft import InitDraftResult, render
+
+    def result(family, top1):
+        m = {"top1": top1, "p_accept": top1, "p_accept_sampled": top1, "oracle_greedy": [0.6] * len(top1),
+             "walk_greedy": [1.1] * len(top1), "walk_oracle": [1.5] * len(top1)}
+        return InitDraftResult(out="d", steps=1, coverage=0.9, heldout=m, train=m, train_tokens_per_s=1.0,
+                               draft_to_policy_cost=0.1, feature_cache_bytes=0, seconds=1.0, family=family)
+
+    flat, learned = [0.16, 0.16, 0.16], [0.56, 0.36, 0.27]
+    assert result("dflash", flat).context_free() and not result("dflash", learned).context_free()
+    assert not result("eagle3", flat).context_free()  # a chain is not judged this way
+    render(result("dflash", flat))
+    assert "has not learned to read the policy's context" in capsys.readouterr().err
+    render(result("dflash", learned))
+    assert "warning" not in capsys.readouterr().err

@@ -50,6 +50,16 @@ class InitDraftResult:
     feature_cache_bytes: int  # disk the policy features took (0: a harvest's shards were reused)
     seconds: float
     main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
+    family: str = "eagle3"  # the drafter family trained (draft/families.py)
+
+    def context_free(self) -> bool:
+        """A parallel draft whose held-out agreement is the same at every block position: it proposes
+        a context-free guess (measured: DFlash at 246 steps from scratch, docs/drafters.md), where a
+        draft that reads the policy's state agrees more at position 1 than further out."""
+        from spectool.draft.families import FAMILIES
+
+        top1 = self.heldout["top1"]
+        return FAMILIES[self.family].parallel and len(top1) > 1 and max(top1) - min(top1) < 0.02
 
     def acceptance_lengths(self, which: str = "heldout", k: int | None = None) -> dict[str, float]:
         """Expected acceptance length at k (default: every trained position): T=1 greedy (draft and
@@ -362,7 +372,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         train_tokens_per_s=tokens / seconds if seconds else 0.0,
         draft_to_policy_cost=_cost_ratio(policy, tr.unwrapped, feats[data.train[0]]),
         feature_cache_bytes=cache.stat().st_size if cache.exists() else 0,
-        seconds=time.perf_counter() - t_start, main_process=acc.is_main_process,
+        seconds=time.perf_counter() - t_start, main_process=acc.is_main_process, family=cfg.method,
     )
     if acc.is_main_process:
         meta = draft_metadata(model, cfg.ttt_steps, coverage=coverage)
@@ -443,6 +453,11 @@ def render(r: InitDraftResult) -> None:
     for name in lengths["heldout"][0]:
         m.add_row(f"AL {name}", *(" / ".join(f"{x[name]:.2f}" for x in lengths[w]) for w in ("heldout", "train")))
     Console(width=None if sys.stdout.isatty() else 100).print(m)
+    if r.context_free():
+        Console(stderr=True, soft_wrap=True).print(
+            f"[yellow]warning:[/] this {r.family} draft agrees with the policy equally at every block position "
+            f"({r.heldout['top1'][0]:.2f}): it has not learned to read the policy's context yet and would slow "
+            "rollouts. Train longer (--epochs) or deeper (--draft-layers 2); docs/drafters.md measured both.")
 
 
 def _fmt(xs: list[float]) -> str:
