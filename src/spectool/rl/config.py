@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool.config import DEFAULT_DATA, DEFAULT_K, DEFAULT_MODEL, DRAFT_SAMPLING, InitDraftConfig, check
+from spectool.config import DEFAULT_DATA, DEFAULT_K, DEFAULT_MODEL, DRAFT_SAMPLING, TRAINABLE, InitDraftConfig, check
 from spectool.errors import SpectoolError
 from spectool.precision import ENGINE_DTYPES
 
@@ -110,9 +110,9 @@ class RLConfig:
         _need(p.logprob_tolerance >= 0, "policy.logprob_tolerance", p.logprob_tolerance, ">= 0 (0: by engine dtype)")
         _need(d.mode != "off", "draft_refresh.mode", d.mode,
               "frozen or online; speculation is switched off by speculation.enabled: false")
-        _need(s.method in ("eagle3", "peagle", "dflash", "mtp"), "speculation.method", s.method,
-              "eagle3, peagle, dflash or mtp" + (" (dspark: GPU builds of vLLM serve it, and spectool does not train it)"
-                                                 if s.method == "dspark" else ""))
+        _need(s.method in TRAINABLE, "speculation.method", s.method,
+              ", ".join(TRAINABLE) + (" (dspark: GPU builds of vLLM serve it, and spectool does not train it)"
+                                   if s.method == "dspark" else ""))
         _need(s.method != "mtp" or (s.draft is None and s.k != "auto"), "speculation.method", s.method,
               "mtp drafts with the policy's own MTP layers: unset speculation.draft and give a fixed speculation.k")
         _need(not s.enabled or s.draft is not None or s.k == "auto" or s.method == "mtp", "speculation.draft", s.draft,
