@@ -108,3 +108,31 @@ def _push_without_sending(r, engine):
         return r.push(engine)
     finally:
         colocated.send_weights = real
+
+
+def test_engine_commands_serve_bfloat16_from_the_command_line(setup, tiny_policy, tmp_path):
+    """--dtype bfloat16 through the CLI, as a user runs it: rollout --compare (both arms), export's
+    verification on vLLM and verify (the logprob check then tests the mean gap, precision.py)."""
+    import json
+    import re
+
+    from clirun import spectool
+
+    _, folder, _ = setup
+    data = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+    common = ["--model", str(tiny_policy), "--data", data, "--dtype", "bfloat16"]
+    r = spectool("rollout", *common, "--draft", str(folder), "--k", "2", "--n-prompts", "3", "--max-tokens", "16",
+                 "--compare", "--out", str(tmp_path / "ro"))
+    assert re.search(r"engine precision +│ bfloat16", r.stdout) and "bfloat16)" in r.stdout
+    assert "speculation won: " in r.stdout or "speculation lost: " in r.stdout  # the reason line
+    summary = json.loads((tmp_path / "ro" / "manifest.json").read_text())["summary"]
+    assert summary["dtype"] == "bfloat16" and summary["timed_tokens"] > 0
+    r = spectool("export", "--draft", str(folder), "--out", str(tmp_path / "ex"), "--k", "2", "--min-acceptance", "1.0",
+                 "--model", str(tiny_policy), "--dtype", "bfloat16")
+    assert "verified on vLLM" in r.stdout
+    r = spectool("verify", *common, "--draft", str(folder), "--k", "2", "--n-prompts", "2", "--samples", "40",
+                 "--positions", "3", "--control", "none", "--out", str(tmp_path / "ve"), check=False)
+    v = json.loads((tmp_path / "ve" / "verify.json").read_text())
+    assert v["logprob_tol"] == 0.1 and not any("logprobs differ" in x for x in v["reasons"]), v["reasons"]
+    assert all(a["logprob_mean_abs_diff"] < 0.1 for a in v["arms"])
+    assert all(a["logprob_max_abs_diff"] > 1e-3 for a in v["arms"])  # bfloat16 served: float32's rule would fail

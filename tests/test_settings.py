@@ -57,7 +57,7 @@ def test_flags_parse_into_the_settings():
     kw = {p: _default(SweepConfig, p) for p in ("out", "draft", "drafts", "model", "data", "split", "draft_model", "max_tokens",
                                                  "temperature", "min_seqs", "min_gain", "seed", "draft_sampling",
                                                  "gpu_memory_utilization", "dummy_weights", "acceptance_length",
-                                                 "lengths", "prompt_len")}
+                                                 "lengths", "prompt_len", "dtype")}
     cfg = _build(CLI["sweep-k"], {**kw, "ks": "3,1,3", "batch_sizes": "8", "methods": "eagle3, mtp",
                                   "acceptance_rates": "0.9,0.5"})
     assert cfg.ks == [1, 3] and cfg.methods == ["eagle3", "mtp"] and cfg.acceptance_rates == [0.9, 0.5]
@@ -121,3 +121,20 @@ def test_weights_are_sent_in_layer_aligned_chunks_each_tensor_once():
     assert set(sent) == set(state) and all(torch.equal(sent[k], state[k]) for k in sent)
     files.clear()  # one file: the tied lm_head goes once (safetensors refuses two views of one tensor)
     assert colocated.send_weights(FakeLLM(), "m", state) == len(state) - 1 and len(files) == 1
+
+
+@pytest.mark.parametrize("command", sorted(CLI))
+def test_every_engine_command_takes_the_engine_precision(command):
+    """--dtype auto | float32 | bfloat16 on every command that starts an engine (forecast starts none),
+    refused with the flag named otherwise."""
+    from spectool.errors import SpectoolError
+
+    cls = CLI[command].cls
+    if command == "forecast":
+        assert "dtype" not in field_docs(cls)
+        return
+    assert "dtype" in field_docs(cls)
+    required = {"out": "x", "draft": "d", "sweep": "s"}
+    cfg = cls(**{f: v for f, v in required.items() if f in field_docs(cls)}, dtype="float16")
+    with pytest.raises(SpectoolError, match="--dtype='float16': must be one of auto | float32 | bfloat16"):
+        cfg.validate()

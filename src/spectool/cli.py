@@ -199,9 +199,9 @@ def parse_int_list(text: str, flag: str) -> list[int]:
 
 
 def _fail(e: SpectoolError) -> None:
-    from rich.console import Console
+    from spectool.ui import console
 
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {e}", highlight=False)
+    console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {e}", highlight=False)
     raise typer.Exit(2)
 
 

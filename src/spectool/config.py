@@ -31,6 +31,8 @@ GPU_MEMORY_UTILIZATION = 0.9
 # Draft tokens per verify step wherever a draft runs (rollout, verify, export, train-rl, TRL): 3, the
 # field's measured best for EAGLE-3 in reasoning RL (NeMo RL: 1.77x at k=3 vs 1.44x at 5, 1.21x at 7).
 DEFAULT_K = 3
+# The engine's precision (precision.py: what "auto" picks per device, the logprob tolerance per dtype).
+ENGINE_DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass
@@ -75,6 +77,10 @@ def check_drafter(method: str, draft: str | None, flag: str = "--method", draft_
     check(method in DRAFTERS, flag, method, f"must be one of {', '.join(DRAFTERS)}")
     check(method != "mtp" or draft is None, draft_flag, draft, f"is refused with {flag} mtp: the model's own MTP "
           "layers draft (its checkpoint holds them); drop it, or use an EAGLE-3 draft without mtp")
+
+
+def check_dtype(value: str, flag: str = "--dtype") -> None:
+    check(value in ENGINE_DTYPES, flag, value, f"must be one of {' | '.join(ENGINE_DTYPES)}")
 
 
 def check_draft_sampling(value: str, flag: str = "--draft-sampling") -> None:
@@ -129,8 +135,11 @@ class HarvestConfig:
     """How the policy samples."""
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+    dtype: str = "auto"
+    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
 
     def validate(self) -> None:
+        check_dtype(self.dtype)
         check(bool(self.out), "--out", self.out, "must name the run directory")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         check_gpu_memory(self.gpu_memory_utilization)
@@ -186,6 +195,8 @@ class InitDraftConfig:
     """How the policy is sampled when --data is a data source."""
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the harvest engine's share of GPU memory (it stops before training)."""
+    dtype: str = "auto"
+    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
     disk_budget_gb: float | None = None
     """Most disk (GiB) the policy-feature cache may take; init-draft refuses to start above it.
     Default: the free space where --out lives. A harvest's --hidden-states shards are reused and cost none."""
@@ -193,6 +204,7 @@ class InitDraftConfig:
     """Named settings (see `spectool init-draft --help`); a flag given on the command line overrides them."""
 
     def validate(self) -> None:
+        check_dtype(self.dtype)
         check(bool(self.out), "--out", self.out, "must name the draft folder")
         check(self.preset is None or self.preset in INIT_DRAFT_PRESETS, "--preset", self.preset,
               f"must be one of {', '.join(INIT_DRAFT_PRESETS)}")
@@ -264,8 +276,11 @@ class ExportConfig:
     """Refuse below this mean acceptance length."""
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+    dtype: str = "auto"
+    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
 
     def validate(self) -> None:
+        check_dtype(self.dtype)
         check(bool(self.draft) and bool(self.out), "--draft/--out", (self.draft, self.out), "must both be given")
         check_gpu_memory(self.gpu_memory_utilization)
         check(self.format in ("vllm", "speculators"), "--format", self.format, "must be 'vllm' or 'speculators'")
@@ -308,10 +323,13 @@ class RolloutConfig:
     """How the policy samples."""
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+    dtype: str = "auto"
+    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
     acceptance_length: float | None = None
     """What-if timing: accept drafted tokens synthetically at this mean length (lossy; no --out)."""
 
     def validate(self) -> None:
+        check_dtype(self.dtype)
         check_gpu_memory(self.gpu_memory_utilization)
         if self.acceptance_length is not None:
             check(self.out is None, "--out", self.out, "is refused with --acceptance-length: synthetic acceptance is "
@@ -379,6 +397,8 @@ class SweepConfig:
     """greedy: the draft proposes its argmax | probabilistic: it samples (more accepted at T>0). Both exact."""
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+    dtype: str = "auto"
+    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
     dummy_weights: bool = False
     """What-if: --model is a config.json folder or a templates/models name; random weights, dummy draft."""
     acceptance_rates: list[float] | None = None
@@ -404,6 +424,7 @@ class SweepConfig:
         return None
 
     def validate(self) -> None:
+        check_dtype(self.dtype)
         check(bool(self.out), "--out", self.out, "must name the run directory")
         check_draft_sampling(self.draft_sampling)
         check_gpu_memory(self.gpu_memory_utilization)
@@ -473,8 +494,9 @@ class VerifyConfig:
     """Sampling temperature."""
     alpha: float = 0.01
     """Family-wise significance level (Bonferroni over all tests of one arm)."""
-    logprob_tol: float = 1e-3
-    """Max |engine - policy| logprob (both float32)."""
+    logprob_tol: float | None = None
+    """Largest |engine - policy| logprob that passes: the max over tokens for a float32 engine (default 1e-3), the
+    mean for a bfloat16 one (default 0.1: its rounding gap, precision.py)."""
     control: str = "auto"
     """Lossy control: auto (unpatched on the CPU build, truncated elsewhere) | unpatched | truncated | none."""
     out: str | None = None
@@ -485,8 +507,12 @@ class VerifyConfig:
     """greedy: the draft proposes its argmax | probabilistic: it samples (more accepted at T>0). Both exact."""
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+    dtype: str = "float32"
+    """The engine's precision: float32 (the proof's default on every device: the policy's logprobs are a float32
+    forward) | bfloat16 (the precision GPU rollouts serve) | auto."""
 
     def validate(self) -> None:
+        check_dtype(self.dtype)
         check_drafter(self.method, self.draft)
         check(self.method == "mtp" or bool(self.draft), "--draft", self.draft, "must name a draft folder (or --method mtp)")
         check_draft_sampling(self.draft_sampling)
@@ -498,7 +524,7 @@ class VerifyConfig:
         check(self.positions >= 2, "--positions", self.positions, "must be >= 2 (position 1 is never speculated)")
         check(0 < self.temperature <= 10, "--temperature", self.temperature, "must be in (0, 10]: greedy needs no test")
         check(0 < self.alpha < 0.5, "--alpha", self.alpha, "must be in (0, 0.5)")
-        check(self.logprob_tol > 0, "--logprob-tol", self.logprob_tol, "must be > 0")
+        check(self.logprob_tol is None or self.logprob_tol > 0, "--logprob-tol", self.logprob_tol, "must be > 0")
         check(self.control in CONTROLS, "--control", self.control, f"must be one of {', '.join(CONTROLS)}")
 
 

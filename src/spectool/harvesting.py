@@ -85,7 +85,7 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
                                    torch.cuda.get_device_properties(0).total_memory)
         print(plan.text())
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
-                                 gpu_memory_utilization=share)) if todo else None
+                                 gpu_memory_utilization=share, dtype=cfg.dtype)) if todo else None
     policy = _load_policy(model.path) if cfg.hidden_states and todo else None  # after the engine's start-up check
     n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = 0, 0, 0.0, 0, 0
     with Progress(TextColumn("harvest"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),

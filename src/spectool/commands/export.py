@@ -163,7 +163,7 @@ def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family:
 
     draft_arg = str(folder)
     engine = Engine(EngineConfig(model_path=model_path, draft_path=draft_arg, k=cfg.k, kv_cache_gib=1, method=family,
-                                 gpu_memory_utilization=cfg.gpu_memory_utilization))
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype))
     tok = AutoTokenizer.from_pretrained(model_path)
     tasks = load_source(data).tasks("eval", 8)
     _, stats = engine.generate([encode_prompt(tok, t.prompt) for t in tasks], Sampling(max_tokens=32, temperature=0.0))
@@ -171,10 +171,10 @@ def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family:
 
 
 def render(r: ExportResult) -> None:
-    from rich.console import Console
+    from spectool.ui import console
 
     acc = f", verified on vLLM: mean acceptance length {r.mean_acceptance_length:.2f}" if r.mean_acceptance_length else ""
-    con = Console(soft_wrap=True)
+    con = console(soft_wrap=True)
     con.print(f"[bold]export[/] {r.format} draft -> {r.out}{acc}")
     if r.snippet:
         con.print(f"[bold]{r.target}[/] config ({r.snippet_file}):\n{r.snippet.rstrip()}\n[dim]{r.note}[/]", markup=True,

@@ -160,10 +160,10 @@ def _write(out: Path, result: dict, cfg: ForecastConfig, trace: list[tuple[int, 
 
 
 def render(r: dict, out: str | None) -> None:
-    from rich.console import Console
+    from spectool.ui import console
     from rich.table import Table
 
-    c = Console()
+    c = console()
     ks = list(r["per_batch"][0]["speedup_by_k"])
     t = Table(title=f"forecast for {r['model']}, {r['method']} (cost model fitted on {r['sweep']}, rel. RMSE "
                     f"{r['cost_model']['rel_rmse']:.1%})")

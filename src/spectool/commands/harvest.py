@@ -13,9 +13,9 @@ def run(cfg: HarvestConfig) -> HarvestResult:
 
 
 def render(r: HarvestResult) -> None:
-    from rich.console import Console
+    from spectool.ui import console
 
-    c = Console(soft_wrap=True)
+    c = console(soft_wrap=True)
     c.print(f"[bold]harvest[/] {r.out}: {r.n_records} records ({r.n_new} new), mean reward {r.mean_reward:.3f}, "
             f"{r.tokens_per_s:.1f} generated tokens/s")
     if r.hidden_bytes_per_token:

@@ -93,7 +93,7 @@ def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
 
     run_dir = Path(cfg.out) / "harvest"
     harvest(HarvestConfig(model=cfg.model, data=cfg.data, out=str(run_dir), split="train", sampling=cfg.harvest,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization))
+                          gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype))
     import gc
 
     gc.collect()  # the harvest's engine goes before the policy and the draft take the device
@@ -422,7 +422,7 @@ def _cost_ratio(policy, draft, feat) -> float:
 
 
 def render(r: InitDraftResult) -> None:
-    from rich.console import Console
+    from spectool.ui import console
     from rich.table import Table
 
     if not r.main_process:
@@ -436,7 +436,7 @@ def render(r: InitDraftResult) -> None:
     t.add_row("feature cache", f"{r.feature_cache_bytes / GIB:.2f} GiB" if r.feature_cache_bytes
               else "none (the harvest's --hidden-states shards)")
     t.add_row("wall time", f"{r.seconds:.0f} s")
-    Console(width=None if sys.stdout.isatty() else 100).print(t)
+    console().print(t)
     k = len(r.heldout["top1"])
     ks = sorted({min(3, k), k})  # 3: the default k of rollout and train-rl
     m = Table(title=f"P(accept) by draft position 1..{k}, on the policy's own T=1 paths (T=0 paths accept more)",
@@ -452,9 +452,9 @@ def render(r: InitDraftResult) -> None:
     lengths = {which: [r.acceptance_lengths(which, kk) for kk in ks] for which in ("heldout", "train")}
     for name in lengths["heldout"][0]:
         m.add_row(f"AL {name}", *(" / ".join(f"{x[name]:.2f}" for x in lengths[w]) for w in ("heldout", "train")))
-    Console(width=None if sys.stdout.isatty() else 100).print(m)
+    console().print(m)
     if r.context_free():
-        Console(stderr=True, soft_wrap=True).print(
+        console(stderr=True, soft_wrap=True).print(
             f"[yellow]warning:[/] this {r.family} draft agrees with the policy equally at every block position "
             f"({r.heldout['top1'][0]:.2f}): it has not learned to read the policy's context yet and would slow "
             "rollouts. Train longer (--epochs) or deeper (--draft-layers 2); docs/drafters.md measured both.")

@@ -10,9 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from spectool.config import SamplingConfig
-from spectool.config import RolloutConfig
+from spectool.config import RolloutConfig, SamplingConfig
+from spectool.draft.families import FAMILIES
 from spectool.stats import AcceptanceStats
+
+# --compare times each arm for at least this long (the same prompts and seeds again, records from the
+# first pass only): 13 short greedy answers decode in ~2 s here, too little to time a speedup.
+MIN_TIMED_S = 8.0
 
 
 @dataclass
@@ -29,6 +33,31 @@ class RolloutResult:
     draft_sampling: str = "greedy"
     plain_tokens_per_s: float | None = None  # --compare: plain decoding, same prompts and settings
     n_prompts_asked: int | None = None
+    dtype: str = "float32"  # the precision the engine served
+    parallel: bool = False  # a parallel drafter: one draft forward per verify step
+    timed_tokens: int = 0  # --compare: tokens each arm's timing rests on (passes over the prompts)
+
+    @property
+    def concurrency(self) -> int:
+        return self.n_completions
+
+    def why(self) -> str | None:
+        """One line: why speculation won or lost here, from what was measured (acceptance length, the cost of a
+        speculative step against a plain one, the sequences decoded at once), and where it would pay."""
+        if not self.speedup or not self.acceptance.num_drafts:
+            return None
+        al, s = self.acceptance.mean_acceptance_length, self.speedup
+        step_cost = al / s  # a speculative step's time in plain steps: tokens per step / speedup
+        drafts = "1 draft forward" if self.parallel else (f"{self.k} draft forwards" if isinstance(self.k, int) else "the draft forwards")
+        verify = f"{self.k + 1} tokens" if isinstance(self.k, int) else "k + 1 tokens"
+        head = (f"{'won' if s >= 1 else 'lost'}: each verify step emitted {al:.2f} tokens per sequence and cost "
+                f"{step_cost:.2f} plain decoding steps ({drafts} + the policy on {verify}, {self.concurrency} "
+                f"sequences at once, {self.dtype})")
+        if s >= 1:
+            return head + "."
+        return (head + f": more than the tokens it emitted. Speculation pays where a policy step is memory-bound (a GPU, "
+                "a large policy, few sequences at once) and acceptance is high; `spectool sweep-k` measures k per batch "
+                "size here, `spectool forecast` predicts other batch sizes and acceptance lengths.")
 
     @property
     def speedup(self) -> float | None:
@@ -82,23 +111,27 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     plain_tps = None
     if cfg.compare:
         plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=log_path,
-                                    gpu_memory_utilization=cfg.gpu_memory_utilization))
+                                    gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype))
         rollout_tasks(plain, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
         _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling)
+        n_plain, s_plain = _time_more(plain, tokenizer, source, tasks, cfg.sampling, n_plain, s_plain)
         plain_tps = n_plain / s_plain
         plain.close()  # the speculative arm starts on a free device
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, log_path=log_path,
                                  method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=cfg.draft_sampling,
-                                 gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
     rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
+    timed_tokens, timed_s = (_time_more(engine, tokenizer, source, tasks, cfg.sampling, n_tokens, seconds)
+                             if cfg.compare else (n_tokens, seconds))
     result = RolloutResult(
         n_prompts=len(tasks), n_completions=len(rows),
         mean_reward=sum(r["reward"] for r in rows) / len(rows),
-        mean_response_len=n_tokens / len(rows), tokens_per_s=n_tokens / seconds, seconds=seconds,
+        mean_response_len=n_tokens / len(rows), tokens_per_s=timed_tokens / timed_s, seconds=timed_s,
         acceptance=stats, out=cfg.out, k=cfg.k if draft_path or method == "mtp" else None, draft_sampling=cfg.draft_sampling,
-        plain_tokens_per_s=plain_tps, n_prompts_asked=cfg.sampling.n_prompts,
+        plain_tokens_per_s=plain_tps, n_prompts_asked=cfg.sampling.n_prompts, dtype=engine.dtype,
+        parallel=method in FAMILIES and FAMILIES[method].parallel, timed_tokens=timed_tokens if cfg.compare else 0,
     )
     if cfg.out:
         out = Path(cfg.out)
@@ -112,8 +145,18 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     return result
 
 
+def _time_more(engine, tokenizer, source, tasks, sampling: SamplingConfig, tokens: int, seconds: float) -> tuple[int, float]:
+    """(tokens, seconds) after more timed passes over the same prompts and seeds, until MIN_TIMED_S."""
+    from spectool.generation import rollout_tasks
+
+    while seconds < MIN_TIMED_S:
+        _, _, n, s = rollout_tasks(engine, tokenizer, source, tasks, sampling)
+        tokens, seconds = tokens + n, seconds + s
+    return tokens, seconds
+
+
 def render(r: RolloutResult) -> None:
-    from rich.console import Console
+    from spectool.ui import console
     from rich.table import Table
 
     t = Table(title="rollout", show_header=False)
@@ -121,7 +164,9 @@ def render(r: RolloutResult) -> None:
     t.add_row("prompts x completions", f"{r.n_prompts} x {r.n_completions // max(r.n_prompts, 1)}{short}")
     t.add_row("mean reward", f"{r.mean_reward:.3f}")
     t.add_row("mean response length", f"{r.mean_response_len:.1f} tokens")
-    t.add_row("throughput", f"{r.tokens_per_s:.1f} tokens/s ({r.seconds:.1f} s)")
+    timed = f", {r.timed_tokens} tokens timed" if r.timed_tokens else ""
+    t.add_row("throughput", f"{r.tokens_per_s:.1f} tokens/s ({r.seconds:.1f} s{timed})")
+    t.add_row("engine precision", r.dtype)
     if r.speedup:
         t.add_row("plain decoding (same prompts)", f"{r.plain_tokens_per_s:.1f} tokens/s")
         t.add_row("speedup", f"{r.speedup:.2f}x")
@@ -131,4 +176,7 @@ def render(r: RolloutResult) -> None:
         t.add_row("per-position acceptance", " ".join(f"{x:.2f}" for x in r.acceptance.per_position_rate))
     if r.out:
         t.add_row("records", r.out)
-    Console().print(t)
+    c = console()
+    c.print(t)
+    if r.why():
+        c.print(f"speculation {r.why()}", soft_wrap=True, highlight=False)

@@ -209,7 +209,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             model_path=model.path, method=method, k=k, drafts=drafts, prompts=prompts, batch_sizes=todo,
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
             draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
-            dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths, log_path=str(out / "engine.log")),
+            dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths, log_path=str(out / "engine.log"),
+            dtype=cfg.dtype),
             what=f"the {method} k={k} engine", progress=progress)
         for row in rows:
             append_jsonl(rows_path, row)
@@ -310,7 +311,7 @@ _STYLES = {"eagle3": "-", "peagle": "-.", "dflash": "--", "mtp": (0, (5, 1, 1, 1
 
 
 def render(result: dict, out: str) -> None:
-    from rich.console import Console
+    from spectool.ui import console
     from rich.table import Table
 
     t = Table(title="sweep-k (speedup measured side by side against plain decoding)")
@@ -321,7 +322,7 @@ def render(result: dict, out: str) -> None:
         t.add_row(str(r["batch"]), r["method"], str(r["k"]) if r["k"] else "-", f"{r['tokens_per_s']:.1f}",
                   f"{r['speedup']:.2f}x", f"{r['ceiling']:.2f}x" if r["method"] != "none" else "-",
                   f"{al:.2f}" if al else "-", " ".join(f"{x:.2f}" for x in r["per_position"]))
-    c = Console()
+    c = console()
     c.print(t)
     for b, v in result["recommendation"].items():
         what = "no speculation" if v["method"] == "none" else f"{v['method']} k={v['k']} ({v['speedup']:.2f}x)"

@@ -24,6 +24,7 @@ from pathlib import Path
 from spectool import subproc
 from spectool.config import VerifyConfig
 from spectool.errors import SpectoolError
+from spectool.precision import LOGPROB_TOLERANCE, engine_dtype
 from spectool.lossless import (
     ScoreTest,
     TokenTest,
@@ -43,6 +44,7 @@ class ArmResult:
     tokens: int
     score: ScoreTest
     logprob_max_abs_diff: float
+    logprob_mean_abs_diff: float
     mean_acceptance_length: float
     token_tests: list[TokenTest] = field(default_factory=list)  # vs the plain arm
     vs_plain: ScoreTest | None = None
@@ -115,7 +117,7 @@ def _arm_result(name: str, note: str, arm: dict, scored: list, plain: dict | Non
     diffs = [abs(a - b) for (per, lps) in zip(scored, arm["logprobs"]) for (_, raw), lp in zip(per, lps)
              for a, b in zip(raw, lp)]
     res = ArmResult(name, note, len(flat), score_test(flat), max(diffs, default=float("nan")),
-                    arm["mean_acceptance_length"])
+                    sum(diffs) / len(diffs) if diffs else float("nan"), arm["mean_acceptance_length"])
     if plain is not None:
         for p, (mine, theirs) in enumerate(zip(arm["responses"], plain["responses"])):
             for j in range(positions):
@@ -123,6 +125,14 @@ def _arm_result(name: str, note: str, arm: dict, scored: list, plain: dict | Non
                 b = [r[j] for r in theirs if len(r) > j]
                 res.token_tests.append(token_test(p, j + 1, a, b))
     return res
+
+
+def logprob_rule(cfg: VerifyConfig) -> tuple[str, str, float]:
+    """(statistic, ArmResult field, tolerance) of the logprob check: the max gap for a float32 engine, the mean
+    for a bfloat16 one (a few close-logit tokens carry bfloat16's rounding gap, precision.py)."""
+    if engine_dtype(cfg.dtype) == "float32":
+        return "max", "logprob_max_abs_diff", cfg.logprob_tol or LOGPROB_TOLERANCE["float32"]
+    return "mean", "logprob_mean_abs_diff", cfg.logprob_tol or LOGPROB_TOLERANCE["bfloat16"]
 
 
 def _verdict(results: list[ArmResult], cfg: VerifyConfig) -> tuple[str, list[str], float]:
@@ -134,9 +144,11 @@ def _verdict(results: list[ArmResult], cfg: VerifyConfig) -> tuple[str, list[str
     reasons = []
     for arm in results[:2]:
         reasons += [f"{arm.name}: {r}" for r in arm.rejected(alpha_each)]
-        if not arm.logprob_max_abs_diff <= cfg.logprob_tol:
-            reasons.append(f"{arm.name}: engine logprobs differ from the policy's by {arm.logprob_max_abs_diff:.2e} "
-                           f"> {cfg.logprob_tol:.0e}")
+        stat, gap, tol = logprob_rule(cfg)
+        gap = getattr(arm, gap)
+        if not gap <= tol:
+            reasons.append(f"{arm.name}: engine logprobs differ from the policy's by {gap:.2e} ({stat} over the tokens) "
+                           f"> {tol:.0e} for a {engine_dtype(cfg.dtype)} engine")
     if reasons:
         verdict = "NOT LOSSLESS"
     elif len(results) > 2 and not results[2].rejected(alpha_each):
@@ -187,7 +199,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     prompts = [encode_prompt(tok, t.prompt) for t in tasks]
     common = dict(model_path=model.path, k=cfg.k, prompts=prompts, samples=cfg.samples, positions=cfg.positions,
                   temperature=cfg.temperature, draft_sampling=cfg.draft_sampling,
-                  gpu_memory_utilization=cfg.gpu_memory_utilization,
+                  gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
                   log_path=str(Path(cfg.out) / "engine.log") if cfg.out else None)
 
     progress("sampling: plain decoding")
@@ -225,7 +237,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     result = VerifyResult(
         verdict=verdict, reasons=reasons, alpha_each=alpha_each, arms=results,
         detectable_score_shift=detectable_shift(spec.vs_plain.se, alpha_each),
-        detectable_tv=tvs[len(tvs) // 2] if tvs else float("nan"), logprob_tol=cfg.logprob_tol,
+        detectable_tv=tvs[len(tvs) // 2] if tvs else float("nan"), logprob_tol=logprob_rule(cfg)[2],
     )
     if cfg.out:
         out = Path(cfg.out)
@@ -236,7 +248,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
 
 def render(r: VerifyResult) -> None:
-    from rich.console import Console
+    from spectool.ui import console
     from rich.table import Table
 
     t = Table(title="lossless check: sampled tokens vs the policy's own distribution")
@@ -251,13 +263,14 @@ def render(r: VerifyResult) -> None:
         "difference vs plain (z)": [f"{a.vs_plain.mean:+.4f} ({a.vs_plain.z:+.1f})" if a.vs_plain else "-" for a in r.arms],
         "token tests rejecting": [f"{sum(x.p < r.alpha_each for x in a.token_tests)}/{len(a.token_tests)}"
                                   if a.token_tests else "-" for a in r.arms],
-        "max |engine - policy| logprob": [f"{a.logprob_max_abs_diff:.1e}" for a in r.arms],
+        "|engine - policy| logprob max / mean": [f"{a.logprob_max_abs_diff:.1e} / {a.logprob_mean_abs_diff:.1e}"
+                                                 for a in r.arms],
         "mean acceptance length": [f"{a.mean_acceptance_length:.2f}" if not math.isnan(a.mean_acceptance_length)
                                    else "-" for a in r.arms],
     }
     for name, vals in rows.items():
         t.add_row(name, *vals)
-    c = Console()
+    c = console()
     c.print(t)
     c.print(f"per-test level {r.alpha_each:.1e} (Bonferroni); detectable at 80% power: score shift "
             f"{r.detectable_score_shift:.4f}, total variation {r.detectable_tv:.3f} per (prompt, position)",

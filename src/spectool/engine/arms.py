@@ -17,7 +17,7 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                 batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int,
                 draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                 dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None,
-                log_path: str | None = None) -> list[dict]:
+                log_path: str | None = None, dtype: str = "auto") -> list[dict]:
     """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, decode >= min_seqs sequences in
     waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves. With
     `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
@@ -27,7 +27,7 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                                  method="eagle3" if method == "none" else method,
                                  draft_path=drafts.get(method), draft_sampling=draft_sampling,
                                  gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
-                                 log_path=log_path,
+                                 log_path=log_path, dtype=dtype,
                                  synthetic_acceptance=synthetic if method != "none" else None))
     subproc.report("  engine started; warming up")
     for batch in batch_sizes:  # warm-up at every measured batch size, long enough that speculation's varying
@@ -63,16 +63,16 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
 def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[int]], samples: int,
                positions: int, temperature: float, top_p: float, seed: int, draft_sampling: str = "greedy",
                gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, log_path: str | None = None,
-               method: str = "eagle3") -> dict:
+               method: str = "eagle3", dtype: str = "float32") -> dict:
     """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance
     (plain decoding: eagle3 without a draft; mtp: the model's own MTP layers).
-    float32 on every device: the proof is about the sampling algorithm, and its tests compare
+    float32 by default on every device: the proof is about the sampling algorithm, and its tests compare
     against a float32 transformers forward (a bfloat16 engine differs from it by precision alone)."""
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
     engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, method=method, k=k, seed=seed,
                                  draft_sampling=draft_sampling,
-                                 dtype="float32", gpu_memory_utilization=gpu_memory_utilization, log_path=log_path))
+                                 dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, log_path=log_path))
     outs, stats = engine.generate(prompts, Sampling(n=samples, max_tokens=positions, temperature=temperature, top_p=top_p))
     arm = {
         "responses": [[c.response_ids for c in per] for per in outs],

@@ -101,15 +101,21 @@ class Engine:
     """A running vLLM engine; `generate` returns completions plus the engine's acceptance counters."""
 
     def __init__(self, cfg: EngineConfig):
-        from spectool.engine.logs import route
-        from spectool.precision import engine_dtype
+        from spectool.engine.logs import native_stderr_to_log, route
 
         # the speculative_config vLLM will get (the user's, passed through in `extra`, replaces spectool's)
         check_exact_verification(cfg.extra.get("speculative_config") or speculative_config(cfg),
                                  what_if=bool(cfg.synthetic_acceptance))
-        quiet = route(cfg.log_path) is not None  # before vLLM is imported: its logging reads the stream then
+        log = route(cfg.log_path)  # before vLLM is imported: its logging reads the stream then
+        quiet = log is not None
         self.cfg = cfg
-        cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
+        with native_stderr_to_log(log):
+            cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
+            self.llm = self._start(cfg, cpu, quiet)
+        self.sampler_fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
+
+    def _start(self, cfg: EngineConfig, cpu: bool, quiet: bool):
+        from spectool.precision import engine_dtype
         from vllm import LLM
 
         self.dtype = engine_dtype(cfg.dtype)
@@ -128,10 +134,9 @@ class Engine:
         kwargs.update(spectool_kwargs(cfg, cpu))
         kwargs.update(cfg.extra)
         try:
-            self.llm = LLM(**kwargs)
+            return LLM(**kwargs)
         except Exception as e:  # noqa: BLE001 - translate any start failure into advice
             raise SpectoolError(_start_error_advice(e, cfg, cpu)) from e
-        self.sampler_fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
 
     # --- generation -----------------------------------------------------------------------------
 
@@ -340,6 +345,14 @@ def default_max_len(model_path: str) -> int:
     return min(2048, int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 2048)))
 
 
+def _refused_precision(msg: str) -> bool:
+    """A backend's refusal of the weights' dtype (e.g. vLLM's CPU AMX MLA backend: "expect weight to be
+    bfloat16, float16, int8, fp8_e4m3 or uint8"; "... is not supported for float32")."""
+    low = msg.lower()
+    return ("expect weight to be" in low or "not supported for" in low and "float" in low
+            or "unsupported dtype" in low or "does not support dtype" in low)
+
+
 def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool) -> str:
     msg = " ".join(str(e).split())[:500]
     if "memory" in msg.lower():
@@ -350,6 +363,13 @@ def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool) -> str:
                 f"{cfg.gpu_memory_utilization:.0%} of the GPU: change --gpu-memory-utilization "
                 "(train-rl: engine.gpu_memory_utilization), lower it when another process shares the GPU, or raise "
                 "it when the model and its KV cache do not fit.")
+    if _refused_precision(msg):
+        from spectool.precision import engine_dtype
+
+        served = engine_dtype(cfg.dtype)
+        other = "float32" if served == "bfloat16" else "bfloat16"
+        return (f"vLLM could not start {cfg.model_path} in {served}: the attention or matmul backend refuses that "
+                f"precision ({msg}). Set --dtype {other} (train-rl: engine.dtype; TRL: SpectoolSpeculation(dtype=...)).")
     if cfg.draft_path and ("eagle" in msg.lower() or "draft" in msg.lower() or "shape" in msg.lower()):
         return (
             f"vLLM could not load the draft {cfg.draft_path}: {msg}. "

