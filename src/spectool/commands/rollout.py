@@ -105,6 +105,12 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         from spectool.models import draft_model_path
 
         draft_path, method = draft_model_path(cfg.draft_model, model), "draft_model"
+    if draft_path or method == "mtp":
+        from spectool.draft.preflight import check_run_length
+        from spectool.prompts import encode_prompt
+
+        longest = max(len(encode_prompt(tokenizer, t.prompt)) for t in tasks) + cfg.sampling.max_tokens
+        check_run_length(draft_path, model.path, method, longest, "--max-tokens")
     if cfg.out:  # after every check of the draft: a refused run writes nothing
         claim(Path(cfg.out), "rollout", cfg)
     log_path = str(Path(cfg.out) / "engine.log") if cfg.out else None

@@ -206,6 +206,9 @@ def check_draft(draft: str, model, k: int, flag: str = "--draft", k_flag: str = 
     if method is not None:
         check_folder_family(d, method, flag, method_flag)
     found = folder_family(d)
+    from spectool.draft.preflight import check_folder
+
+    check_folder(d, found, model.fingerprint["num_hidden_layers"], model.fingerprint["vocab_size"])
     if found in ("dspark",):
         from spectool.engine.compat import is_cpu_build
 

@@ -251,7 +251,12 @@ class DraftRefresher:
         llm = getattr(llm, "llm", llm)  # spectool's Engine holds its LLM
         t = time.perf_counter()
         dtype = colocated.served_dtype(llm)
-        colocated.send_weights(llm, "spectool_reload_draft", self.draft.export_state_dict())
+        state = self.draft.export_state_dict()
+        if "d2t" in state:  # the pre-flight check of the map the engine will propose with (draft/preflight.py)
+            from spectool.draft.preflight import check_vocab_map
+
+            check_vocab_map(state["d2t"], self.policy.config.vocab_size, "the refreshed draft")
+        colocated.send_weights(llm, "spectool_reload_draft", state)
         want = self.draft.vllm_probe(dtype)
         check = compare(colocated.draft_probe(llm), want)
         power = self._last_push is None or distinguishes(self._last_push, want)

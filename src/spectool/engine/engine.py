@@ -113,6 +113,12 @@ class Engine:
             cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
             self.llm = self._start(cfg, cpu, quiet)
         self.sampler_fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
+        self.draft_positions = None  # the drafter's position range, checked before each generation
+        if self.has_draft and not cfg.dummy_weights and not cfg.synthetic_acceptance:
+            from spectool.draft.preflight import draft_position_range
+
+            self.draft_positions = draft_position_range(cfg.draft_path, cfg.model_path, cfg.method,
+                                                        cfg.extra.get("hf_overrides"))
 
     def _start(self, cfg: EngineConfig, cpu: bool, quiet: bool):
         from spectool.precision import engine_dtype
@@ -145,6 +151,13 @@ class Engine:
     ) -> tuple[list[list[Completion]], AcceptanceStats]:
         """prompts: token ids per prompt. Returns [prompt][sample] completions and acceptance deltas."""
         from vllm import SamplingParams, TokensPrompt
+
+        from spectool.draft.preflight import check_positions
+
+        longest = max((len(p) + (sampling.max_tokens_each[i] if sampling.max_tokens_each else sampling.max_tokens)
+                       for i, p in enumerate(prompts)), default=0)
+        check_positions(longest, self.draft_positions, self.cfg.draft_path or self.cfg.model_path,
+                        "the max tokens (--max-tokens; train-rl: rollout.max_tokens)")
 
         def params(i: int) -> SamplingParams:  # seeded: prompt i's samples use seeds seed + i*n ... + i*n + n-1
             return SamplingParams(

@@ -127,7 +127,7 @@ class SpectoolSpeculation:
         args = trainer_kwargs.get("args")
         _check_args(args)
         if self.draft is not None:
-            _check_draft(self, trainer_kwargs.get("model"))
+            _check_draft(self, trainer_kwargs.get("model"), args)
         if torch.cuda.is_available():  # before TRL puts the policy or the engine on the GPU
             _check_memory(self, args, trainer_kwargs)
         with _speculative_llm(self):
@@ -153,7 +153,7 @@ def _check_args(args) -> None:
                             "over accelerate processes works: each process has its own engine)")
 
 
-def _check_draft(spec: SpectoolSpeculation, model) -> None:
+def _check_draft(spec: SpectoolSpeculation, model, args) -> None:
     """The draft against the policy TRL will train (draft.checkpoint.check_draft: the policy's fingerprint, the
     positions trained for k), before any engine starts."""
     from spectool.models import resolve_model
@@ -169,6 +169,20 @@ def _check_draft(spec: SpectoolSpeculation, model) -> None:
         load_mtp(resolve_model(path).path, flag='draft="mtp"')
     elif path:
         check_draft(spec.draft, resolve_model(path), k, flag="draft", k_flag="k =")
+    if path:
+        _check_positions(spec, resolve_model(path).path, args)
+
+
+def _check_positions(spec: SpectoolSpeculation, model_path: str, args) -> None:
+    """TRL's longest sequence (max_prompt_length + max_completion_length, where this TRL has the former)
+    against the drafter's position range (draft/preflight.py)."""
+    from spectool.draft.preflight import check_positions, draft_position_range
+
+    mtp = spec.draft == MTP
+    have = draft_position_range(None if mtp else str(spec.draft), model_path, MTP if mtp else "eagle3", None)
+    need = (getattr(args, "max_prompt_length", None) or 0) + (getattr(args, "max_completion_length", None) or 0)
+    check_positions(need, have, "the mtp layers' policy" if mtp else str(spec.draft),
+                    "GRPOConfig's max_prompt_length + max_completion_length")
 
 
 def _check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_bytes: int | None = None) -> None:

@@ -1,0 +1,116 @@
+"""Pre-flight checks of a draft against the policy and the run: what vLLM would load without a word and
+then serve badly (acceptance collapse, verification still paid). Each check names the field and the fix.
+
+- Position range: vLLM clamps a draft's positions to its own range, so past `max_position_embeddings`
+  (times its rope scaling) every proposal is a guess (NeMo RL #3960: a public EAGLE-3 draft shipped
+  2048); an MTP drafter does not inherit rope-scaling overrides given to the policy (vLLM #58080).
+- Aux layer ids: vLLM collects a policy layer's output by id (0: the embeddings, L: the last layer's
+  output; DFlash's `target_layer_ids` count from the first layer's output, so they are aux ids - 1);
+  an id past the policy's layers is never collected.
+- Vocabulary map: vLLM maps a draft token d to policy token d + d2t[d]; a map that lands outside
+  the policy's vocabulary proposes tokens that can never be accepted.
+The method against the folder's architecture is draft/families.py's (check_folder_family).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from spectool.errors import SpectoolError
+
+# rope_scaling types whose factor extends a model's position range (HF / vLLM semantics)
+_EXTENDING_ROPE = ("yarn", "dynamic", "longrope", "linear", "llama3")
+
+
+def position_range(config: dict) -> int:
+    """The positions a model config serves: max_position_embeddings, or original_max_position_embeddings x
+    factor under an extending rope scaling (yarn, dynamic, longrope, linear, llama3)."""
+    native = int(config.get("max_position_embeddings") or 0)
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    kind = rope.get("rope_type") or rope.get("type")
+    if kind in _EXTENDING_ROPE and rope.get("factor"):
+        base = int(rope.get("original_max_position_embeddings") or native)
+        return max(native, int(base * float(rope["factor"])))
+    return native
+
+
+def draft_position_range(draft_path: str | None, model_path: str, method: str, hf_overrides: dict | None) -> int | None:
+    """The positions the drafter serves (None: no drafter or no limit known). A draft folder: its config.json.
+    MTP: the policy's own range, but the native one when rope scaling comes as an override (vLLM #58080:
+    the MTP drafter does not inherit it)."""
+    if draft_path:
+        cfg = json.loads((Path(draft_path) / "config.json").read_text())
+        if "transformer_layer_config" in cfg:  # speculators format: the layer's config holds the range
+            cfg = {**cfg["transformer_layer_config"], **cfg}
+        return position_range(cfg) or None
+    if method == "mtp":
+        policy = json.loads((Path(model_path) / "config.json").read_text())
+        return position_range(policy) or None
+    return None
+
+
+def check_positions(need: int, have: int | None, where: str, setting: str = "the max tokens") -> None:
+    """Refuse sequences longer than the drafter's position range (`need`: the longest prompt + max tokens;
+    `setting`: the caller's name for the length to lower)."""
+    if have is None or need <= have:
+        return
+    raise SpectoolError(
+        f"the draft's position range is {have} tokens ({where}: max_position_embeddings, with its rope scaling), and "
+        f"this run's sequences reach {need} (the longest prompt + the max tokens): past {have} vLLM clamps the draft's "
+        f"positions and acceptance collapses while every verify step is still paid. Lower {setting} so that sequences "
+        f"stay within {have} tokens, or use a draft trained for longer sequences (raising max_position_embeddings in "
+        "its config.json only helps if its rotary embedding extrapolates: check acceptance past the old range)")
+
+
+def check_run_length(draft_path: str | None, model_path: str, method: str, need: int, setting: str) -> None:
+    """check_positions before an engine starts, for a caller that knows its longest sequence."""
+    check_positions(need, draft_position_range(draft_path, model_path, method, None), draft_path or model_path, setting)
+
+
+def check_aux_ids(config: dict, family: str, num_layers: int, where: str) -> None:
+    """A draft config's aux layer ids against the policy's layer count, in the field the config spells."""
+    if family == "dflash":
+        field = "dflash_config.target_layer_ids"
+        ids = (config.get("dflash_config") or {}).get("target_layer_ids") or []
+        lo, hi, note = 0, num_layers - 1, "zero-based layer outputs: aux ids - 1"
+    else:
+        field = "eagle_aux_hidden_state_layer_ids"
+        ids = config.get(field) or (config.get("eagle_config") or {}).get(field) or []
+        lo, hi, note = 0, num_layers, "0: the embeddings, L: the last layer's output"
+    bad = [i for i in ids if not lo <= int(i) <= hi]
+    if bad:
+        raise SpectoolError(f"{where}: {field} {list(ids)} has {bad} outside [{lo}, {hi}] for a policy of {num_layers} "
+                            f"layers ({note}); the draft was made for another policy or with an off-by-one convention: "
+                            "re-export it for this policy")
+    if list(ids) != sorted(set(ids)):
+        raise SpectoolError(f"{where}: {field} {list(ids)} must be distinct and increasing (vLLM concatenates the "
+                            "layers in that order)")
+
+
+def check_vocab_map(d2t: torch.Tensor, vocab_size: int, where: str) -> None:
+    """d2t [D]: draft token d is policy token d + d2t[d], which must lie in [0, vocab_size)."""
+    target = torch.arange(d2t.numel(), dtype=torch.int64) + d2t.reshape(-1).to(torch.int64)
+    bad = ((target < 0) | (target >= vocab_size)).nonzero().reshape(-1)
+    if bad.numel():
+        d = int(bad[0])
+        raise SpectoolError(f"{where}: the vocabulary map d2t sends {bad.numel()} draft tokens outside the policy's "
+                            f"vocabulary [0, {vocab_size}) (e.g. draft token {d} -> {int(target[d])}): those proposals "
+                            "can never be accepted; the draft was made for another tokenizer, re-export it for this policy")
+
+
+def check_folder(folder: Path, family: str | None, num_layers: int, vocab_size: int) -> None:
+    """A draft folder's aux layer ids and vocabulary map against the policy (config.json, model.safetensors)."""
+    from safetensors import safe_open
+
+    cfg = json.loads((folder / "config.json").read_text())
+    if family in ("eagle3", "peagle", "dflash"):
+        check_aux_ids(cfg, family, num_layers, f"{folder}/config.json")
+    weights = folder / "model.safetensors"
+    if not weights.exists():
+        return
+    with safe_open(str(weights), "pt") as f:
+        if "d2t" in f.keys():
+            check_vocab_map(f.get_tensor("d2t"), vocab_size, str(weights))

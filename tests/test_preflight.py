@@ -1,0 +1,163 @@
+"""Pre-flight draft checks (draft/preflight.py), each with a crafted bad folder: what vLLM would load
+without a word and then serve with collapsed acceptance. The refusal names the field and the fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from spectool.errors import SpectoolError
+
+
+@pytest.fixture(scope="module")
+def reduced_draft(tiny_policy, tmp_path_factory):
+    """A draft with a reduced vocabulary (so it ships d2t), for the tiny policy."""
+    from transformers import AutoModelForCausalLM
+
+    from spectool.draft.checkpoint import draft_metadata, new_draft, save_draft
+    from spectool.hidden import default_aux_layer_ids
+    from spectool.models import resolve_model
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_policy)
+    torch.manual_seed(0)
+    d = new_draft(policy, torch.arange(0, policy.config.vocab_size, 2), default_aux_layer_ids(policy.config.num_hidden_layers))
+    out = tmp_path_factory.mktemp("reduced_draft")
+    save_draft(d, out, extra=draft_metadata(resolve_model(str(tiny_policy)), 3))
+    return out
+
+
+def _copy(folder, tmp_path, name="bad"):
+    dst = tmp_path / name
+    shutil.copytree(folder, dst)
+    return dst
+
+
+def _edit_config(folder, **changes):
+    p = folder / "config.json"
+    cfg = json.loads(p.read_text())
+    for key, value in changes.items():
+        target = cfg
+        *path, leaf = key.split("__")
+        for part in path:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    p.write_text(json.dumps(cfg))
+
+
+def _check(folder, tiny_policy, method=None):
+    from spectool.draft.checkpoint import check_draft
+    from spectool.models import resolve_model
+
+    return check_draft(str(folder), resolve_model(str(tiny_policy)), 2, method=method)
+
+
+def test_the_good_folder_passes(reduced_draft, tiny_policy):
+    assert _check(reduced_draft, tiny_policy) == str(reduced_draft)
+
+
+def test_aux_layer_ids_past_the_policy_are_refused(reduced_draft, tiny_policy, tmp_path):
+    bad = _copy(reduced_draft, tmp_path)
+    _edit_config(bad, eagle_aux_hidden_state_layer_ids=[1, 2, 9])  # the tiny policy has 4 layers
+    with pytest.raises(SpectoolError, match=r"eagle_aux_hidden_state_layer_ids \[1, 2, 9\] has \[9\] outside \[0, 4\]"):
+        _check(bad, tiny_policy)
+    _edit_config(bad, eagle_aux_hidden_state_layer_ids=[3, 1, 2])
+    with pytest.raises(SpectoolError, match="distinct and increasing"):
+        _check(bad, tiny_policy)
+
+
+def test_dflash_target_layer_ids_count_layer_outputs(tiny_policy):
+    """DFlash's target_layer_ids are aux ids - 1: the EAGLE-3 spelling (L) is one past the last layer."""
+    from spectool.draft.preflight import check_aux_ids
+
+    check_aux_ids({"dflash_config": {"target_layer_ids": [0, 1, 3]}}, "dflash", 4, "cfg")
+    with pytest.raises(SpectoolError, match=r"dflash_config.target_layer_ids \[1, 2, 4\] has \[4\] outside \[0, 3\]"):
+        check_aux_ids({"dflash_config": {"target_layer_ids": [1, 2, 4]}}, "dflash", 4, "cfg")
+
+
+def test_a_vocabulary_map_out_of_range_is_refused(reduced_draft, tiny_policy, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    bad = _copy(reduced_draft, tmp_path)
+    sd = load_file(str(bad / "model.safetensors"))
+    sd["d2t"] = sd["d2t"] + 300  # draft token 255 -> 255 + 255 + 300, past the 512-token vocabulary
+    save_file(sd, str(bad / "model.safetensors"))
+    with pytest.raises(SpectoolError, match=r"d2t sends \d+ draft tokens outside the policy's vocabulary \[0, 512\)"):
+        _check(bad, tiny_policy)
+
+
+def test_the_wrong_method_is_refused(reduced_draft, tiny_policy, tmp_path):
+    with pytest.raises(SpectoolError, match="eagle3"):
+        _check(reduced_draft, tiny_policy, method="dflash")
+    bad = _copy(reduced_draft, tmp_path)
+    _edit_config(bad, architectures=["LlamaForCausalLMEagle"])  # an EAGLE-1/2 folder
+    with pytest.raises(SpectoolError, match="EAGLE-1/2"):
+        _check(bad, tiny_policy, method="eagle3")
+
+
+def test_position_range_reads_rope_scaling():
+    from spectool.draft.preflight import check_positions, position_range
+
+    assert position_range({"max_position_embeddings": 2048}) == 2048
+    yarn = {"max_position_embeddings": 32768, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                               "original_max_position_embeddings": 32768}}
+    assert position_range(yarn) == 131072
+    assert position_range({"max_position_embeddings": 4096, "rope_scaling": {"type": "default"}}) == 4096
+    check_positions(2048, 2048, "d")
+    with pytest.raises(SpectoolError, match=r"position range is 2048 tokens .* reach 2049 .* Lower the max tokens"):
+        check_positions(2049, 2048, "d")
+
+
+def test_an_mtp_drafter_does_not_inherit_a_rope_override(tmp_path):
+    """vLLM #58080: rope scaling given to the policy as an override does not reach its MTP drafter, so the
+    drafter's range is the checkpoint's own; in config.json it is read by both."""
+    from spectool.draft.preflight import draft_position_range
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    assert draft_position_range(None, str(tmp_path), "mtp", {"rope_scaling": {"rope_type": "yarn", "factor": 4}}) == 4096
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096,
+                                                      "rope_scaling": {"rope_type": "yarn", "factor": 4}}))
+    assert draft_position_range(None, str(tmp_path), "mtp", None) == 16384
+    assert draft_position_range(None, str(tmp_path), "eagle3", None) is None  # no drafter
+
+
+def test_a_refresh_push_checks_the_vocabulary_map():
+    from spectool.draft.preflight import check_vocab_map
+
+    check_vocab_map(torch.tensor([0, 5, 9]), 12, "x")
+    with pytest.raises(SpectoolError, match=r"draft token 2 -> 12"):
+        check_vocab_map(torch.tensor([0, 5, 10]), 12, "x")
+
+
+@pytest.mark.engine
+def test_a_short_position_range_is_refused_before_the_rollout(reduced_draft, tiny_policy, tmp_path):
+    """A draft shipped with max_position_embeddings 40 (the NeMo RL #3960 shape, scaled down): a rollout whose
+    prompt + max tokens pass it is refused with the field and the fix, and nothing is written."""
+    from clirun import spectool
+
+    bad = _copy(reduced_draft, tmp_path)
+    _edit_config(bad, max_position_embeddings=40)
+    data = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+    r = spectool("rollout", "--model", str(tiny_policy), "--data", data, "--draft", str(bad), "--k", "2",
+                 "--n-prompts", "2", "--max-tokens", "64", "--out", str(tmp_path / "ro"), check=False)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "position range is 40 tokens" in r.stderr and "max_position_embeddings" in r.stderr and "--max-tokens" in r.stderr
+    assert not (tmp_path / "ro").exists()  # refused before the run folder is claimed
+
+
+@pytest.mark.engine
+def test_the_engine_refuses_a_generation_past_the_draft_range(reduced_draft, tiny_policy, tmp_path):
+    """The engine's own check (train-rl, sweep-k, verify and every other caller), before vLLM generates."""
+    from spectool.engine.engine import Engine, EngineConfig, Sampling
+
+    bad = _copy(reduced_draft, tmp_path)
+    _edit_config(bad, max_position_embeddings=40)
+    engine = Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(bad), k=2, kv_cache_gib=1))
+    try:
+        engine.generate([[1, 2, 3]], Sampling(max_tokens=37, temperature=0))  # 40: fits
+        with pytest.raises(SpectoolError, match="position range is 40 tokens .* reach 41"):
+            engine.generate([[1, 2, 3], [1, 2, 3, 4]], Sampling(max_tokens=37, temperature=0))
+    finally:
+        engine.close()
