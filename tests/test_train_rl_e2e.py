@@ -135,3 +135,26 @@ def test_async_mode_overlaps_generation_with_training(tiny_policy, random_draft,
     assert changed, "no step had a gradient: the lag cannot show"
     assert all(m[i + 1]["behaviour_gap"] > 1e-3 for i in changed)
     assert not any("draft_check_excess" in r for r in m)  # frozen draft
+
+
+def test_auto_refresh_logs_staleness_and_refreshes_as_its_rule_says(tied_policy, small_vocab_draft, sums_answer_5,
+                                                                    tmp_path):
+    """draft_refresh.mode auto: every step logs its rollouts' staleness (steps since the draft was refreshed),
+    and the run refreshed exactly where the rule (draft/refresh_policy.py), replayed on the logged acceptance
+    and generation times, says it should, each refresh with its reason."""
+    from spectool.draft.refresh_policy import RefreshPolicy
+
+    out = tmp_path / "rl_auto"
+    spectool(*_args(tied_policy, small_vocab_draft, sums_answer_5, out, steps=5,
+                    extra=["draft_refresh.mode=auto", "draft_refresh.drop=0.05", "rollout.eval_every=0"]))
+    m = _metrics(out)
+    replay, want = RefreshPolicy("auto", every=2, drop=0.05), []
+    for r in m:
+        assert r["staleness"] == replay.observe(r.get("acceptance_length"), r["gen_s"])
+        if replay.due(r["step"]):
+            want.append(r["step"])
+            assert r["refresh_reason"] == replay.reason
+            replay.refreshed(r["refresh_s"])
+    assert [r["step"] for r in m if "refresh_s" in r] == want and want[0] == 2  # the first at `every`: its cost
+    summary = json.loads((out / "manifest.json").read_text())["summary"]
+    assert summary["refreshes"] == len(want)

@@ -23,8 +23,9 @@ DRAFTERS = tuple(FAMILIES)
 TRAINABLE = tuple(n for n, f in FAMILIES.items() if f.trainable)
 METHODS = (*DRAFTERS, "ngram", "draft_model")  # sweep-k's speculative methods
 CONTROLS = ("auto", "unpatched", "truncated", "none")  # verify's lossy controls
-# How an EAGLE-3 draft proposes (vLLM's draft_sample_method): its argmax, or a sample from it.
-DRAFT_SAMPLING = ("greedy", "probabilistic")
+# How a drafter proposes (vLLM's draft_sample_method): auto (chosen per build by measurement,
+# engine/proposals.py), its argmax, or a sample from it.
+DRAFT_SAMPLING = ("auto", "greedy", "probabilistic")
 # The engine's share of GPU memory when nothing else runs on the GPU (train-rl has its own default,
 # engine.gpu_memory_utilization, that leaves the colocated trainer room). Ignored on the CPU build.
 GPU_MEMORY_UTILIZATION = 0.9
@@ -317,8 +318,9 @@ class RolloutConfig:
     """sweep-k or forecast run directory (for --k auto)."""
     compare: bool = False
     """Also run plain decoding on the same prompts; print the speedup."""
-    draft_sampling: str = "greedy"
-    """greedy: the draft proposes its argmax | probabilistic: it samples (more accepted at T>0). Both exact."""
+    draft_sampling: str = "auto"
+    """auto: chosen per build by measurement (greedy on the CPU build, probabilistic on GPU builds) | greedy: the
+    draft proposes its argmax | probabilistic: it samples from its own distribution (more accepted at T>0). All exact."""
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(n_prompts=32))
     """How the policy samples."""
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
@@ -393,8 +395,9 @@ class SweepConfig:
     """Recommend speculation only above 1 + this speedup."""
     seed: int = 0
     """Sampling and data seed."""
-    draft_sampling: str = "greedy"
-    """greedy: the draft proposes its argmax | probabilistic: it samples (more accepted at T>0). Both exact."""
+    draft_sampling: str = "auto"
+    """auto: chosen per build by measurement (greedy on the CPU build, probabilistic on GPU builds) | greedy: the
+    draft proposes its argmax | probabilistic: it samples from its own distribution (more accepted at T>0). All exact."""
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
     dtype: str = "auto"
@@ -503,8 +506,9 @@ class VerifyConfig:
     """Run directory for the evidence (verify.json)."""
     seed: int = 0
     """Sampling and data seed."""
-    draft_sampling: str = "greedy"
-    """greedy: the draft proposes its argmax | probabilistic: it samples (more accepted at T>0). Both exact."""
+    draft_sampling: str = "auto"
+    """auto: chosen per build by measurement (greedy on the CPU build, probabilistic on GPU builds) | greedy: the
+    draft proposes its argmax | probabilistic: it samples from its own distribution (more accepted at T>0). All exact."""
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
     dtype: str = "float32"

@@ -30,7 +30,8 @@ class RolloutResult:
     acceptance: AcceptanceStats
     out: str | None = None
     k: int | str | None = None
-    draft_sampling: str = "greedy"
+    draft_sampling: str = "greedy"  # the proposals that ran (engine/proposals.py)
+    draft_sampling_why: str = ""
     plain_tokens_per_s: float | None = None  # --compare: plain decoding, same prompts and settings
     n_prompts_asked: int | None = None
     dtype: str = "float32"  # the precision the engine served
@@ -86,7 +87,10 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         print(f"rollout: --n-prompts {cfg.sampling.n_prompts} asked, but the {cfg.split} split of {cfg.data} holds "
               f"{len(tasks)}: using {len(tasks)} (more data, or --split train, gives more)", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(model.path)
-    schedule, draft = read_schedule(cfg.sweep, cfg.draft, cfg.draft_sampling) if cfg.k == "auto" else (None, cfg.draft)
+    from spectool.engine.proposals import resolve
+
+    proposals, proposals_why = resolve(cfg.draft_sampling)
+    schedule, draft = read_schedule(cfg.sweep, cfg.draft, proposals) if cfg.k == "auto" else (None, cfg.draft)
     method = schedule_method(cfg.sweep) if cfg.k == "auto" else cfg.method  # --k auto: the family the sweep chose
     if cfg.k == "auto" and cfg.method not in ("eagle3", method):  # eagle3: the default, not a choice
         raise SpectoolError(f"--method {cfg.method}: --sweep {cfg.sweep} chose {method} drafts for --k auto; drop "
@@ -124,7 +128,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         plain_tps = n_plain / s_plain
         plain.close()  # the speculative arm starts on a free device
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, log_path=log_path,
-                                 method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=cfg.draft_sampling,
+                                 method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=proposals,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
     rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
@@ -135,7 +139,8 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         n_prompts=len(tasks), n_completions=len(rows),
         mean_reward=sum(r["reward"] for r in rows) / len(rows),
         mean_response_len=n_tokens / len(rows), tokens_per_s=timed_tokens / timed_s, seconds=timed_s,
-        acceptance=stats, out=cfg.out, k=cfg.k if draft_path or method == "mtp" else None, draft_sampling=cfg.draft_sampling,
+        acceptance=stats, out=cfg.out, k=cfg.k if draft_path or method == "mtp" else None, draft_sampling=proposals,
+        draft_sampling_why=proposals_why,
         plain_tokens_per_s=plain_tps, n_prompts_asked=cfg.sampling.n_prompts, dtype=engine.dtype,
         parallel=method in FAMILIES and FAMILIES[method].parallel, timed_tokens=timed_tokens if cfg.compare else 0,
     )
@@ -178,7 +183,7 @@ def render(r: RolloutResult) -> None:
         t.add_row("speedup", f"{r.speedup:.2f}x")
     if r.acceptance.num_drafts:
         t.add_row(f"mean acceptance length (k={r.k})", f"{r.acceptance.mean_acceptance_length:.2f}")
-        t.add_row("draft proposals", r.draft_sampling)
+        t.add_row("draft proposals", f"{r.draft_sampling} ({r.draft_sampling_why})" if r.draft_sampling_why else r.draft_sampling)
         t.add_row("per-position acceptance", " ".join(f"{x:.2f}" for x in r.acceptance.per_position_rate))
     if r.out:
         t.add_row("records", r.out)

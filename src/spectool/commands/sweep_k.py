@@ -16,6 +16,7 @@ Workflow:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -183,6 +184,12 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     from spectool.schedule import write_schedule
 
     cfg.validate()
+    from spectool.engine.proposals import resolve
+
+    proposals, proposals_why = resolve(cfg.draft_sampling)
+    cfg = dataclasses.replace(cfg, draft_sampling=proposals)  # recorded as it ran (resumes compare it)
+    if cfg.temperature > 0 and any(m != "ngram" for m in cfg.methods):
+        progress(f"draft proposals: {proposals} ({proposals_why})")
     out = Path(cfg.out)
     model, drafts, prompts, lengths = _synthetic_inputs(cfg, out) if cfg.dummy_weights else _real_inputs(cfg)
     claim(out, "sweep", cfg, may_change={"ks", "batch_sizes", "methods", "min_gain"}, defaults=SweepConfig(out=""))

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 
+from spectool.draft.refresh_policy import RefreshPolicy
 from spectool.errors import SpectoolError
 from spectool.precision import engine_dtype, logprob_tolerance
 from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
@@ -71,7 +72,8 @@ class _Run:
     draft_dir: str | None  # the draft folder speculation uses (None: plain decoding)
     start: int  # steps done by the checkpoint resumed from
     trainer: PolicyTrainer
-    refresher: Any  # DraftRefresher, or None unless draft_refresh.mode is online
+    refresher: Any  # DraftRefresher, or None when the draft is frozen
+    cadence: Any  # RefreshPolicy: when the refresher refreshes (None when frozen)
     engine: Any
     tolerance: float  # the engine logprob check's
     history: list[dict]
@@ -84,7 +86,7 @@ def _check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, tot
     from spectool.memory import check_train_rl, draft_params, train_rl_plan
 
     config, mtp = AutoConfig.from_pretrained(model_path), spec.method == "mtp"
-    online = spec.draft_path is not None and cfg.draft_refresh.mode == "online"
+    online = spec.draft_path is not None and cfg.draft_refresh.mode != "frozen"
     plan = train_rl_plan(config, engine_share=cfg.engine.gpu_memory_utilization, total_bytes=total_bytes,
                          micro_tokens=cfg.policy.micro_batch_size * (longest_prompt + cfg.rollout.max_tokens),
                          kl_beta=cfg.policy.kl_beta, autocast_bf16=engine_dtype(cfg.engine.dtype) == "bfloat16",
@@ -132,8 +134,9 @@ def _setup(cfg: RLConfig) -> _Run:
     trainer = PolicyTrainer(str(ckpt[1] / "policy") if ckpt else model.path, p.lr, cfg.rollout.temperature,
                             p.eps_low, p.eps_high, p.kl_beta, p.micro_batch_size, p.max_grad_norm, seed=cfg.seed,
                             engine_dtype=dtype)
-    refresher = None
-    if draft_path is not None and cfg.draft_refresh.mode == "online":
+    refresher, cadence = None, None
+    if draft_path is not None and cfg.draft_refresh.mode != "frozen":
+        cadence = RefreshPolicy(cfg.draft_refresh.mode, cfg.draft_refresh.every, cfg.draft_refresh.drop)
         if ckpt:  # the refreshed draft as it was at the checkpoint (MTP layers: in the saved policy)
             draft_path = str(ckpt[1] / ("policy" if spec.method == "mtp" else "draft"))
         refresher = _refresher(cfg, draft_path, trainer)
@@ -142,11 +145,13 @@ def _setup(cfg: RLConfig) -> _Run:
         trainer.load_state_dict(st["policy"])
         if refresher is not None:
             refresher.load_state_dict(st["draft"])
+            d = cfg.draft_refresh  # the staleness state as saved; the rule as configured now
+            cadence = RefreshPolicy(**{**(st.get("refresh_policy") or {}), "mode": d.mode, "every": d.every, "drop": d.drop})
     mtp = spec.method == "mtp"
     engine = Engine(EngineConfig(
         model_path=model.path, draft_path=None if mtp else draft_path, method=spec.method, k=max(k, 1),
         k_schedule=schedule, seed=cfg.seed,
-        log_path=str(out / "engine.log"), draft_sampling=cfg.speculation.draft_sampling, dtype=dtype, gpu_memory_utilization=e.gpu_memory_utilization,
+        log_path=str(out / "engine.log"), draft_sampling=spec.proposals, dtype=dtype, gpu_memory_utilization=e.gpu_memory_utilization,
         kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=e.max_model_len or None,
         logprobs_mode="processed_logprobs",  # behaviour logprobs at the sampling temperature
     ))
@@ -155,7 +160,7 @@ def _setup(cfg: RLConfig) -> _Run:
         if mtp and refresher is not None:  # and its MTP layers from the base model's
             refresher.push(engine)
     start = ckpt[0] if ckpt else 0
-    return _Run(cfg, out, model, source, tokenizer, tasks, eval_tasks, draft_dir, start, trainer, refresher, engine,
+    return _Run(cfg, out, model, source, tokenizer, tasks, eval_tasks, draft_dir, start, trainer, refresher, cadence, engine,
                 logprob_tolerance(p.logprob_tolerance or None, dtype), truncate_jsonl(out / "metrics.jsonl", start))
 
 
@@ -171,6 +176,7 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
                grad_norm=rep.grad_norm, behaviour_gap=rep.behaviour_gap, train_tokens=rep.tokens)
     if refresher is not None:  # a drafter that died after the last push stops the run
         _check_alive(refresher, batch, step + 1)
+        rec["staleness"] = r.cadence.observe(rec.get("acceptance_length"), batch.gen_s)
     waited = wait_for_next()  # the engine must be idle before its weights change
     t = time.perf_counter()
     engine.update_policy(trainer.engine_state())
@@ -179,19 +185,21 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
         t = time.perf_counter()
         rec.update(check_engine_logprobs(engine, trainer, batch.rollouts, r.tolerance, step + 1))
         rec["check_s"] = time.perf_counter() - t
-    if refresher is not None and (step + 1) % dr.every == 0:
+    if refresher is not None and r.cadence.due(step + 1):
         t = time.perf_counter()
         ref = refresher.refresh(dr.steps_per_refresh)
         pushed = _push_draft(refresher, engine, step + 1)
-        rec.update(refresh_s=time.perf_counter() - t, draft_loss=ref.loss, draft_top1_before=ref.top1_before,
+        spent = time.perf_counter() - t
+        rec.update(refresh_s=spent, refresh_reason=r.cadence.reason, draft_loss=ref.loss, draft_top1_before=ref.top1_before,
                    draft_top1_after=ref.top1_after, draft_steps=ref.steps, draft_check_excess=pushed.max_excess,
                    draft_check_power=pushed.has_power)
+        r.cadence.refreshed(spent)
     if cfg.rollout.eval_every and ((step + 1) % cfg.rollout.eval_every == 0 or last):
         t = time.perf_counter()
         rec["eval_reward"] = _eval_reward(engine, r.tokenizer, r.source, r.eval_tasks, cfg)
         rec["eval_s"] = time.perf_counter() - t
     if (step + 1) % cfg.checkpoint_every == 0 or last:
-        _save_checkpoint(r.out, step + 1, trainer, refresher, r.model, r.tokenizer, cfg)
+        _save_checkpoint(r.out, step + 1, trainer, refresher, r.model, r.tokenizer, cfg, r.cadence)
         rec["checkpoint"] = True
     return waited
 
@@ -323,7 +331,8 @@ def _eval_reward(engine, tokenizer, source, eval_tasks, cfg: RLConfig) -> float:
     return sum(scores) / len(scores)
 
 
-def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, refresher, model, tokenizer, cfg: RLConfig) -> None:
+def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, refresher, model, tokenizer, cfg: RLConfig,
+                     cadence=None) -> None:
     """checkpoints/step-N/{policy (HF folder), draft (vLLM-loadable), state.pt}, written whole
     (runs.atomic_dir), so a crash never leaves a half checkpoint. Older ones are removed."""
     from spectool.runs import atomic_dir
@@ -339,6 +348,7 @@ def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, refresher, mo
             where = tmp / ("policy" if cfg.speculation.method == "mtp" else "draft")  # MTP layers: a MiMo policy folder
             refresher.save(where, **draft_metadata(model, cfg.draft_refresh.ttt_steps, rl_step=step))
             st["draft"] = refresher.state_dict()
+            st["refresh_policy"] = asdict(cadence) if cadence is not None else None
         torch.save(st, tmp / "state.pt")
     for old in sorted(root.glob("step-*"))[:-1]:
         shutil.rmtree(old, ignore_errors=True)
@@ -363,4 +373,6 @@ def _summary(history: list[dict]) -> dict:
     return {"mean_reward": mean("reward"), "mean_acceptance_length": mean("acceptance_length"),
             "mean_step_s": mean("step_s"), "mean_gen_s": mean("gen_s"), "mean_gen_share": mean("gen_share"),
             "gen_tokens_per_s": mean("gen_tokens_per_s"), "first_eval_reward": evals[0] if evals else None,
-            "last_eval_reward": evals[-1] if evals else None}
+            "last_eval_reward": evals[-1] if evals else None,
+            "refreshes": sum("refresh_s" in r for r in history),
+            "refresh_s_total": sum(r.get("refresh_s", 0.0) for r in history)}

@@ -54,12 +54,13 @@ def _speculation(cfg: RLConfig, model, saved_draft: str | None):
     spec = resolve(cfg, model)
     if spec.method == "mtp":
         raise SpectoolError("speculation.method: mtp with backend: trl is not offered by train-rl yet (its TRL "
-                            "checkpoints would not carry the refreshed MTP layers); use backend: spectool, or the TRL "
+                            "checkpoints would not carry the refreshed MTP layers); use backend: builtin, or the TRL "
                             "integration directly: SpectoolSpeculation(\"mtp\").grpo_trainer(...)")
     if spec.draft_path is None:  # plain decoding, with spectool's engine settings, weight sync and logprob guard
         return SpectoolSpeculation(None, **common)
-    return SpectoolSpeculation(saved_draft or spec.draft_path, k=max(spec.k, 1), draft_sampling=s.draft_sampling,
-                               k_schedule=spec.schedule, refresh_every=d.every if d.mode == "online" else 0,
+    return SpectoolSpeculation(saved_draft or spec.draft_path, k=max(spec.k, 1), draft_sampling=spec.proposals,
+                               k_schedule=spec.schedule, refresh_every=0 if d.mode == "frozen" else d.every,
+                               refresh_mode="auto" if d.mode == "auto" else "online", refresh_drop=d.drop,
                                refresh_steps=d.steps_per_refresh, refresh=refresh_settings(cfg), **common)
 
 

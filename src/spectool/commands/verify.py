@@ -178,6 +178,9 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 
     cfg.validate()
+    from spectool.engine.proposals import resolve
+
+    proposals, proposals_why = resolve(cfg.draft_sampling)
     model = resolve_model(cfg.model)
     if cfg.method == "mtp":
         from spectool.draft.mtp import check_mtp
@@ -198,13 +201,13 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     tok = AutoTokenizer.from_pretrained(model.path)
     prompts = [encode_prompt(tok, t.prompt) for t in tasks]
     common = dict(model_path=model.path, k=cfg.k, prompts=prompts, samples=cfg.samples, positions=cfg.positions,
-                  temperature=cfg.temperature, draft_sampling=cfg.draft_sampling,
+                  temperature=cfg.temperature, draft_sampling=proposals,
                   gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
                   log_path=str(Path(cfg.out) / "engine.log") if cfg.out else None)
 
     progress("sampling: plain decoding")
     arms = {"plain": sample_arm(draft=None, top_p=1.0, seed=cfg.seed, **common)}
-    progress(f"sampling: speculative decoding ({cfg.method}, k={cfg.k}, {cfg.draft_sampling} draft)")
+    progress(f"sampling: speculative decoding ({cfg.method}, k={cfg.k}, {proposals} proposals: {proposals_why})")
     arms["speculative"] = sample_arm(top_p=1.0, seed=cfg.seed + 1, **spec_arm, **common)
     if control == "unpatched":
         progress("sampling: lossy control (unpatched CPU rejection sampler, subprocess)")

@@ -36,10 +36,9 @@ class EngineConfig:
     # a drafter family (draft/families.py: "eagle3" | "peagle" | "dflash" | "dspark" with draft_path,
     # "mtp" without) | "draft_model" (draft_path: a causal LM; plain decoding when None) | "ngram"
     method: str = "eagle3"
-    # eagle3 proposals: "greedy" (the draft's argmax; accepted with probability p(token)) or
-    # "probabilistic" (sampled from the draft's q at the request's temperature; accepted with
-    # min(1, p/q), so a position is accepted with probability sum_v min(p_v, q_v)). Both are exact.
-    draft_sampling: str = "greedy"
+    # proposals (engine/proposals.py): "greedy" (the draft's argmax), "probabilistic" (sampled from the
+    # draft's q), or "auto" (chosen per build). All exact.
+    draft_sampling: str = "auto"
     # vLLM's dynamic speculation: [(batch_from, batch_to, k)], inclusive ranges from 1, k = 0 for none
     k_schedule: list[tuple[int, int, int]] | None = None
     seed: int = 0
@@ -321,6 +320,7 @@ def prepare_environment(cfg: EngineConfig) -> bool:
 
 def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
     """vLLM's speculative_config for the configured method, or None for plain decoding."""
+    from spectool.engine.proposals import resolve as resolve_proposals
     from spectool.draft.families import FAMILIES
 
     fam = FAMILIES.get(cfg.method)
@@ -329,12 +329,12 @@ def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
                                 "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     elif fam is not None and (cfg.draft_path or not fam.folder):  # a trained drafter (MTP: the model's own layers)
         spec = {**fam.speculative_entries(cfg.draft_path), "num_speculative_tokens": cfg.k}
-        if cfg.draft_sampling != "greedy":
-            spec["draft_sample_method"] = cfg.draft_sampling
+        if resolve_proposals(cfg.draft_sampling)[0] != "greedy":
+            spec["draft_sample_method"] = resolve_proposals(cfg.draft_sampling)[0]
     elif cfg.draft_path:
         spec = {"method": cfg.method, "model": cfg.draft_path, "num_speculative_tokens": cfg.k}
-        if cfg.draft_sampling != "greedy":
-            spec["draft_sample_method"] = cfg.draft_sampling
+        if resolve_proposals(cfg.draft_sampling)[0] != "greedy":
+            spec["draft_sample_method"] = resolve_proposals(cfg.draft_sampling)[0]
     else:
         return None
     if cfg.synthetic_acceptance:

@@ -72,12 +72,17 @@ class SpectoolSpeculation:
     settings, policy sync and logprob guard (a baseline)."""
     k: int = DEFAULT_K
     """Draft tokens per verify step."""
-    draft_sampling: str = "greedy"
-    """greedy | probabilistic: how the draft proposes (both exact)."""
+    draft_sampling: str = "auto"
+    """auto (per build by measurement, engine/proposals.py) | greedy | probabilistic: how the draft proposes (all exact)."""
     k_schedule: list[tuple[int, int, int]] | None = None
     """Per batch size k, [(batch_from, batch_to, k)] (sweep-k / forecast's recommendation)."""
     refresh_every: int = 1
     """Refresh the draft every N optimizer steps; 0: the draft stays frozen."""
+    refresh_mode: str = "online"
+    """online: every `refresh_every` steps | auto: when acceptance falls by `refresh_drop` or staleness has cost the
+    generation time of a refresh (draft/refresh_policy.py; `refresh_every` > 0 still switches refreshing on)."""
+    refresh_drop: float = 0.25
+    """auto: refresh when acceptance length's gain over 1 fell by this fraction since the last refresh."""
     refresh_steps: int = 20
     """Draft optimizer steps per refresh."""
     refresh: RefreshSettings = field(default_factory=RefreshSettings)
@@ -92,12 +97,14 @@ class SpectoolSpeculation:
     """Max |engine - trainer| logprob after a sync (None: by the engine's dtype, precision.py)."""
 
     @classmethod
-    def from_sweep(cls, sweep: str, draft: str | None = None, draft_sampling: str = "greedy",
+    def from_sweep(cls, sweep: str, draft: str | None = None, draft_sampling: str = "auto",
                    **settings: Any) -> "SpectoolSpeculation":
         """k per batch size from a sweep-k run (with the draft it measured) or a forecast (give
         the draft); vLLM then picks k by the live batch size as TRL's batch shrinks into its tail."""
+        from spectool.engine.proposals import resolve
         from spectool.schedule import read_schedule
 
+        draft_sampling = resolve(draft_sampling)[0]
         schedule, folder = read_schedule(sweep, draft, draft_sampling, flag="")
         if max(k for _, _, k in schedule) == 0:
             raise SpectoolError(f"sweep {sweep} recommends no speculation at any batch size; use draft=None")
@@ -113,6 +120,9 @@ class SpectoolSpeculation:
             raise SpectoolError(f"draft_sampling = {self.draft_sampling!r}: one of {', '.join(DRAFT_SAMPLING)}")
         if self.refresh_every < 0 or self.refresh_steps < 1:
             raise SpectoolError("refresh_every must be >= 0 (0: frozen) and refresh_steps >= 1")
+        if self.refresh_mode not in ("online", "auto") or not 0 < self.refresh_drop < 1:
+            raise SpectoolError(f"refresh_mode = {self.refresh_mode!r}, refresh_drop = {self.refresh_drop}: refresh_mode "
+                                "online | auto, refresh_drop a fraction in (0, 1)")
         if self.policy_sync not in ("auto", "spectool", "trl"):
             raise SpectoolError(f"policy_sync = {self.policy_sync!r}: auto, spectool or trl")
 
@@ -318,6 +328,12 @@ class _Attached:
             self.refresher = DraftRefresher.from_mtp(trainer.model.name_or_path, trainer.model, spec.refresh)
         elif spec.refresh_every and spec.draft:
             self.refresher = DraftRefresher.from_folder(spec.draft, trainer.model, spec.refresh)
+        from spectool.draft.refresh_policy import RefreshPolicy
+
+        self.cadence = RefreshPolicy(spec.refresh_mode, spec.refresh_every, spec.refresh_drop)
+        self.gen_s = 0.0  # generation seconds since the last step end (the cadence's cost side)
+        self._trl_generate = self.vg.generate
+        self.vg.generate = self._timed_generate
         self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # ids, mask of the last training forward
         trainer.model.register_forward_pre_hook(self._remember_rows, with_kwargs=True)
         self._counters = colocated.acceptance(self.llm)
@@ -331,6 +347,13 @@ class _Attached:
 
         trainer.add_callback(SpectoolCallback())
         trainer.spectool = self  # for users and tests: the refresher, the engine, the metrics
+
+    def _timed_generate(self, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return self._trl_generate(*args, **kwargs)
+        finally:
+            self.gen_s += time.perf_counter() - t
 
     # --- policy sync ----------------------------------------------------------------------------
 
@@ -400,16 +423,21 @@ class _Attached:
         if self.pending_check:
             self.refresher.check_acceptance(delta)
             self.pending_check = False
-        if step % self.spec.refresh_every == 0 and self.refresher.online.buffer:
+        staleness = self.cadence.observe(delta.mean_acceptance_length if delta.num_drafts else None, self.gen_s)
+        self._log("staleness", staleness)
+        self.gen_s = 0.0
+        if self.cadence.due(step) and self.refresher.online.buffer:
             t = time.perf_counter()
             rep = self.refresher.refresh(self.spec.refresh_steps)
             pushed = self.refresher.push(self.llm)
+            spent = time.perf_counter() - t
+            self.cadence.refreshed(spent)
             self.pending_check = True
             self._log("draft_loss", rep.loss)
             self._log("draft_top1_pos1", rep.top1_after[0])
             self._log("draft_check_excess", pushed.max_excess)
-            self._log("refresh_s", time.perf_counter() - t)
-            self.history.append({"step": step, "loss": rep.loss, "check_excess": pushed.max_excess,
+            self._log("refresh_s", spent)
+            self.history.append({"step": step, "reason": self.cadence.reason, "loss": rep.loss, "check_excess": pushed.max_excess,
                                  "has_power": pushed.has_power})
 
     def _log(self, key: str, value: float) -> None:

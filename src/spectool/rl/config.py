@@ -10,6 +10,7 @@ from typing import Any
 
 from spectool.config import (DEFAULT_DATA, DEFAULT_K, DEFAULT_MODEL, DRAFT_SAMPLING, ENGINE_DTYPES, TRAINABLE,
                              InitDraftConfig, check)
+from spectool.draft.refresh_policy import REFRESH_MODES
 from spectool.errors import SpectoolError
 
 
@@ -34,7 +35,7 @@ class SpeculationSection:
     draft: str | None = None
     k: int | str = DEFAULT_K
     sweep: str | None = None
-    draft_sampling: str = "greedy"  # or "probabilistic": proposals sampled from the draft (both exact)
+    draft_sampling: str = "auto"  # auto (per build, engine/proposals.py) | greedy | probabilistic (all exact)
     # the draft's family (draft/families.py): eagle3 | peagle | dflash (speculation.draft) | mtp: the policy's
     # own MTP layers draft (no draft folder)
     method: str = "eagle3"
@@ -56,8 +57,9 @@ class PolicySection:
 
 @dataclass
 class DraftRefreshSection:
-    mode: str = "online"
-    every: int = 5
+    mode: str = "online"  # frozen | online (every N steps) | auto (when it pays: draft/refresh_policy.py)
+    every: int = 5  # online: refresh every N policy steps
+    drop: float = 0.25  # auto: refresh when acceptance length's gain over 1 fell by this fraction since the last one
     lr: float = 1e-4
     steps_per_refresh: int = 20
     ttt_steps: int = 5
@@ -109,7 +111,7 @@ class RLConfig:
         _need(p.logprob_check_every >= 1, "policy.logprob_check_every", p.logprob_check_every, ">= 1")
         _need(p.logprob_tolerance >= 0, "policy.logprob_tolerance", p.logprob_tolerance, ">= 0 (0: by engine dtype)")
         _need(d.mode != "off", "draft_refresh.mode", d.mode,
-              "frozen or online; speculation is switched off by speculation.enabled: false")
+              "frozen, online or auto; speculation is switched off by speculation.enabled: false")
         _need(s.method in TRAINABLE, "speculation.method", s.method,
               ", ".join(TRAINABLE) + (" (dspark: GPU builds of vLLM serve it, and spectool does not train it)"
                                    if s.method == "dspark" else ""))
@@ -118,7 +120,8 @@ class RLConfig:
         _need(not s.enabled or s.draft is not None or s.k == "auto" or s.method == "mtp", "speculation.draft", s.draft,
               "a draft folder (init-draft / export) while speculation.enabled is true; set speculation.enabled: "
               "false for plain decoding")
-        _need(d.mode in ("frozen", "online"), "draft_refresh.mode", d.mode, "frozen or online")
+        _need(d.mode in REFRESH_MODES, "draft_refresh.mode", d.mode, " | ".join(REFRESH_MODES))
+        _need(0 < d.drop < 1, "draft_refresh.drop", d.drop, "a fraction in (0, 1)")
         _need(d.every >= 1 and d.steps_per_refresh >= 1, "draft_refresh.every/steps_per_refresh",
               (d.every, d.steps_per_refresh), ">= 1")
         _need(0 < d.lr < 1, "draft_refresh.lr", d.lr, "in (0, 1)")

@@ -57,8 +57,25 @@ def _f(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def staleness_curve(history: list[dict]) -> dict[int, dict]:
+    """Acceptance against steps since the last refresh: staleness -> {"steps", "acceptance_length",
+    "per_position"} (means over the steps of that staleness; train-rl's `staleness` metric)."""
+    groups: dict[int, list[dict]] = {}
+    for r in history:
+        if "staleness" in r and "acceptance_length" in r:
+            groups.setdefault(r["staleness"], []).append(r)
+    curve = {}
+    for x, rs in sorted(groups.items()):
+        k = max(len(r["acceptance_per_pos"]) for r in rs)
+        per = [sum(r["acceptance_per_pos"][j] for r in rs if j < len(r["acceptance_per_pos"])) / len(rs) for j in range(k)]
+        curve[x] = {"steps": len(rs), "acceptance_length": sum(r["acceptance_length"] for r in rs) / len(rs),
+                    "per_position": per}
+    return curve
+
+
 def plot_run(history: list[dict], out: Path) -> list[str]:
-    """reward.png, acceptance.png (when speculative), stage_times.png; returns the file names."""
+    """reward.png, acceptance.png and staleness.png (when speculative, refreshed), stage_times.png; returns the
+    file names."""
     from spectool.plots import pyplot, save
 
     plt = pyplot()
@@ -94,6 +111,18 @@ def plot_run(history: list[dict], out: Path) -> list[str]:
         a2.set_ylabel("acceptance rate")
         save(fig, out / "acceptance.png", a2)
         written.append("acceptance.png")
+    stale = staleness_curve(history)
+    if len(stale) > 1:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        xs = sorted(stale)
+        kmax = max(len(v["per_position"]) for v in stale.values())
+        for j in range(kmax):
+            ax.plot(xs, [stale[x]["per_position"][j] if j < len(stale[x]["per_position"]) else None for x in xs], "o-",
+                    label=f"position {j + 1}")
+        ax.set_xlabel("steps since the last draft refresh (0: the fresh draft's rollouts)")
+        ax.set_ylabel("acceptance rate")
+        save(fig, out / "staleness.png", ax)
+        written.append("staleness.png")
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     bottom = [0.0] * len(history)

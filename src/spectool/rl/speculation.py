@@ -17,33 +17,37 @@ class Speculation:
     draft_path: str | None  # the same, checked against the policy
     k: int  # the largest k the engine uses (0: plain decoding)
     method: str = "eagle3"  # a drafter family; "mtp": the policy's own MTP layers (draft_dir/draft_path: its folder)
+    proposals: str = "greedy"  # how the drafter proposes (engine/proposals.py: speculation.draft_sampling resolved)
 
 
 def resolve(cfg: RLConfig, model) -> Speculation:
     """`model`: the resolved policy (models.ModelRef); a draft for another policy, or trained for
     fewer positions than k, is refused, naming the setting."""
     from spectool.draft.checkpoint import check_draft
+    from spectool.engine.proposals import resolve as resolve_proposals
 
     s = cfg.speculation
     if not s.enabled:
         return Speculation(None, None, None, 0)
+    proposals, why = resolve_proposals(s.draft_sampling)
+    print(f"train-rl: draft proposals {proposals} ({why})")
     if s.method == "mtp":
         from spectool.draft.mtp import check_mtp
 
         note = check_mtp(model.path, s.k, "speculation.method: mtp")  # refreshing them: DraftRefresher.from_mtp
         if note:
             print(f"train-rl: {note}")
-        return Speculation(None, model.path, model.path, s.k, "mtp")
+        return Speculation(None, model.path, model.path, s.k, "mtp", proposals)
     schedule, draft_dir, method = None, s.draft, s.method
     if s.k == "auto":
         from spectool.schedule import read_schedule, schedule_method
 
-        schedule, draft_dir = read_schedule(s.sweep, s.draft, s.draft_sampling, flag="speculation.")
+        schedule, draft_dir = read_schedule(s.sweep, s.draft, proposals, flag="speculation.")
         method = schedule_method(s.sweep)  # the family the sweep chose (its draft folder's)
     k = max(k for _, _, k in schedule) if schedule else s.k
     return Speculation(schedule, draft_dir, check_draft(draft_dir, model, max(k, 1), flag="speculation.draft",
                                                       k_flag="speculation.k", method=method,
-                                                      method_flag="speculation.method:"), k, method)
+                                                      method_flag="speculation.method:"), k, method, proposals)
 
 
 def refresh_settings(cfg: RLConfig):

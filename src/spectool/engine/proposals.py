@@ -1,0 +1,38 @@
+"""How a drafter proposes (vLLM's `draft_sample_method`): "greedy", its argmax, accepted at T>0 with
+probability p(token); "probabilistic", a sample from its own q, accepted with min(1, p/q), so a position
+is accepted with probability sum_v min(p_v, q_v). Both are exact. "auto" (every command's default)
+picks per build from measurement (docs/results.md, "Draft proposals"; benchmarks/draft_sampling.sh):
+
+- CPU build: greedy. Probabilistic proposals raise acceptance at T=1, but the draft's probabilities
+  over the vocabulary travel to the rejection sampler on every step, and on this CPU that costs more
+  than the extra accepted tokens save.
+- GPU builds: probabilistic. On a GPU that transfer is a small share of a verify step; NeMo RL's
+  co-trained DFlash / DSpark recipes propose this way, and the Qwen team's Bebop study kept an MTP
+  head's acceptance through RL with it. Not yet measured by spectool on a GPU
+  (benchmarks/gpu_first_run.sh runs the comparison when one is lent).
+At T=0 both propose the argmax; the mode only matters at T>0.
+"""
+
+from __future__ import annotations
+
+from spectool.config import DRAFT_SAMPLING
+
+BY_BUILD = {"cpu": "greedy", "gpu": "probabilistic"}
+WHY = {
+    "cpu": "auto on the CPU build: probabilistic proposals are accepted more often at T=1 but were slower here "
+           "(docs/results.md, Draft proposals)",
+    "gpu": "auto on a GPU build: probabilistic proposals reach the overlap bound sum min(p, q) at T>0, and the "
+           "draft's probabilities cost little next to a GPU verify step (not yet measured by spectool on a GPU)",
+}
+
+
+def resolve(setting: str) -> tuple[str, str]:
+    """(greedy | probabilistic, why): the setting itself, or auto's choice for the installed vLLM build."""
+    if setting not in DRAFT_SAMPLING:
+        raise ValueError(setting)
+    if setting != "auto":
+        return setting, "set by the user"
+    from spectool.engine.compat import is_cpu_build
+
+    build = "cpu" if is_cpu_build() else "gpu"
+    return BY_BUILD[build], WHY[build]

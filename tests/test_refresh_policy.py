@@ -1,0 +1,72 @@
+"""When an online draft refreshes (draft/refresh_policy.py): a fixed cadence, or `auto`, on a
+falling acceptance or when staleness has cost as much generation time as a refresh costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectool.draft.refresh_policy import RefreshPolicy
+
+
+def test_online_refreshes_on_its_cadence():
+    p = RefreshPolicy("online", every=3)
+    assert [p.due(s) for s in range(1, 7)] == [False, False, True, False, False, True]
+
+
+def test_auto_refreshes_when_the_acceptance_gain_falls_by_the_drop():
+    p = RefreshPolicy("auto", every=10, drop=0.25)
+    assert p.observe(2.0, 10.0) == 0 and not p.due(1)  # the level after the refresh: a gain of 1.0
+    assert p.observe(1.8, 10.0) == 1 and not p.due(2)  # the gain fell 20%
+    p.observe(1.74, 10.0)
+    assert p.due(3) and "fell 26%" in p.reason  # 26% >= 25%
+
+
+def test_auto_refreshes_when_staleness_has_cost_a_refresh():
+    """Rent or buy: after a refresh that took 4 s, steps that generated 10 s at 1.9 instead of 2.0 lose 0.5 s
+    each; the 8th such step brings the loss to the refresh's cost."""
+    p = RefreshPolicy("auto", drop=0.9)
+    p.refreshed(4.0)
+    p.observe(2.0, 10.0)
+    for s in range(2, 12):
+        p.observe(1.9, 10.0)
+        if p.due(s):
+            break
+    assert p.since == 9 and "4.0 s of generation lost" in p.reason  # 8 stale steps after the fresh one
+    p.refreshed(4.0)
+    assert p.since == 0 and p.lost_s == 0 and p.after is None
+
+
+def test_auto_never_refreshes_before_it_has_seen_acceptance_but_measures_its_cost_at_every():
+    p = RefreshPolicy("auto", every=3)
+    for s in (1, 2):
+        p.observe(None, 5.0)
+        assert not p.due(s)
+    p.observe(None, 5.0)
+    assert p.due(3) and "measures a refresh's cost" in p.reason
+    p.refreshed(2.0)
+    p.observe(None, 5.0)
+    assert not p.due(4)
+
+
+def test_the_modes_and_drop_are_validated():
+    from spectool.errors import SpectoolError
+    from spectool.rl.config import load_config
+
+    d = "speculation.draft=some/draft"
+    assert load_config(None, [d, "draft_refresh.mode=auto"]).draft_refresh.mode == "auto"
+    with pytest.raises(SpectoolError, match="draft_refresh.mode.*frozen \\| online \\| auto"):
+        load_config(None, [d, "draft_refresh.mode=sometimes"])
+    with pytest.raises(SpectoolError, match="draft_refresh.drop"):
+        load_config(None, [d, "draft_refresh.mode=auto", "draft_refresh.drop=1.5"])
+
+
+def test_the_staleness_curve_groups_steps_by_their_age():
+    from spectool.rl.report import staleness_curve
+
+    h = [{"staleness": 0, "acceptance_length": 2.0, "acceptance_per_pos": [0.6, 0.4]},
+         {"staleness": 1, "acceptance_length": 1.8, "acceptance_per_pos": [0.5, 0.3]},
+         {"staleness": 0, "acceptance_length": 2.2, "acceptance_per_pos": [0.7, 0.5]},
+         {"step": 4}]
+    c = staleness_curve(h)
+    assert set(c) == {0, 1} and c[0]["steps"] == 2 and c[0]["acceptance_length"] == pytest.approx(2.1)
+    assert c[0]["per_position"] == pytest.approx([0.65, 0.45])
