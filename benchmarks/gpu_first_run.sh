@@ -10,7 +10,7 @@
 #   pipe-a    gpu_pipeline.sh: init-draft, export, rollout --compare at T=0 and T=1, verify (greedy)
 #   pipe-b    gpu_pipeline.sh: train-rl (policy sync + draft refresh, logprob checks), verify
 #             (probabilistic), the quality preset and its engine-measured acceptance (needs pipe-a)
-#   what-if   the README's Qwen3-8B what-if: weightless sweep-k at batch 1-256, then forecast
+#   what-if   docs/commands.md's Qwen3-8B what-if: weightless sweep-k at batch 1-256, then forecast
 # Usage (bundle installed): . /tmp/site/env.sh && bash benchmarks/gpu_first_run.sh PART [OUT]
 set -uo pipefail
 cd "$(dirname "$0")/.."

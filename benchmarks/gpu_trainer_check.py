@@ -18,13 +18,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def main() -> None:
-    from conftest import make_policy
     from transformers import AutoModelForCausalLM
 
     from spectool.draft.checkpoint import new_draft
     from spectool.draft.refresh import DraftRefresher, RefreshSettings
     from spectool.hidden import default_aux_layer_ids
     from spectool.rl.policy import PolicyTrainer, Rollout
+
+    from conftest import make_policy
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     print("device:", torch.cuda.get_device_name(0) if dev == "cuda" else "cpu")

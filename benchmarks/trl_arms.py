@@ -69,11 +69,11 @@ def tiny(folder: Path) -> tuple[str, str, str]:
     from transformers import AutoModelForCausalLM
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from conftest import make_policy
-
     from spectool.draft.checkpoint import draft_metadata, new_draft, save_draft
     from spectool.hidden import default_aux_layer_ids
     from spectool.models import resolve_model
+
+    from conftest import make_policy
 
     pol = make_policy(folder / "policy")
     policy = AutoModelForCausalLM.from_pretrained(pol)

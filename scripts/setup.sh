@@ -19,7 +19,7 @@ $PIP install -q --upgrade pip >/dev/null
 if [ "$GPU" = 1 ]; then
   # vllm 0.26.0: the GPU release spectool has reason to believe in (built for torch 2.11 / CUDA 13,
   # the offline bundle of ../shared/gpu was run with spectool on an H100; 0.33 was only reviewed from
-  # source: README "On a GPU"). Its CUDA 13 wheels need an NVIDIA driver >= 580.
+  # source: docs/gpu.md). Its CUDA 13 wheels need an NVIDIA driver >= 580.
   DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
   if [ -z "$DRIVER" ] || [ "${DRIVER%%.*}" -lt 580 ]; then
     echo "setup: NVIDIA driver '${DRIVER:-none}' found; vllm 0.26.0 (CUDA 13) needs >= 580. Update the driver," \

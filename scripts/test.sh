@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+.venv/bin/ruff check src tests benchmarks   # lint and import order (pyproject.toml [tool.ruff])
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?

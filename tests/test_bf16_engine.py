@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from conftest import transformers_logprobs
 
 pytestmark = pytest.mark.engine

@@ -98,7 +98,8 @@ def test_gpu_memory_setting_is_validated_and_named():
 def test_engine_start_out_of_memory_names_the_setting():
     from spectool.engine.engine import EngineConfig, _start_error_advice
 
-    msg = _start_error_advice(ValueError("CUDA out of memory. Tried to allocate"), EngineConfig("m", gpu_memory_utilization=0.8), False)
+    msg = _start_error_advice(ValueError("CUDA out of memory. Tried to allocate"), EngineConfig("m", gpu_memory_utilization=0.8),
+                              False)
     assert "--gpu-memory-utilization" in msg and "engine.gpu_memory_utilization" in msg and "80%" in msg
     cpu = _start_error_advice(ValueError("Available memory on node 0 is less"), EngineConfig("m"), True)
     assert "engine.kv_cache_gib" in cpu and "VLLM_CPU_KVCACHE_SPACE" in cpu

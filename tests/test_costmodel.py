@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from spectool.costmodel import (CostModel, acceptance_length, batch_rollout, fit, output_lengths, rates_from_length,
-                                rl_step_speedup)
+from spectool.costmodel import (
+    CostModel,
+    acceptance_length,
+    batch_rollout,
+    fit,
+    output_lengths,
+    rates_from_length,
+    rl_step_speedup,
+)
 
 
 def _rows(m: CostModel, rates, ks=(0, 1, 3), batches=(1, 8, 32), context=200.0):

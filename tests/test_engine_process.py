@@ -13,6 +13,7 @@ import copy
 
 import pytest
 import torch
+
 from conftest import transformers_logprobs
 
 pytestmark = pytest.mark.engine

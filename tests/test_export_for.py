@@ -51,12 +51,13 @@ def test_nemo_rl_snippet_and_its_aux_layer_rule(random_draft, tmp_path):
     """NeMo RL trains its draft copy on vLLM's default aux layers whatever the draft says: a draft
     on other layers is refused; one on the defaults (an 8-layer policy) gets both keys."""
     import torch
-    from conftest import make_policy
     from transformers import AutoModelForCausalLM
 
     from spectool.draft.checkpoint import draft_metadata, new_draft, save_draft
     from spectool.hidden import default_aux_layer_ids
     from spectool.models import resolve_model
+
+    from conftest import make_policy
 
     r = _export(random_draft, tmp_path / "refused", "nemo-rl", check=False)
     assert r.returncode != 0 and "aux layers [0, 2, 3]" in r.stderr and not (tmp_path / "refused").exists()

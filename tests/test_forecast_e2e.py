@@ -9,8 +9,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from clirun import spectool
 from spectool.cli import app
+
+from clirun import spectool
 
 pytestmark = pytest.mark.engine
 

@@ -47,8 +47,8 @@ def _cfg(tiny_policy, data, out, **kw):
 
 
 def test_training_learns_and_writes_a_loadable_draft(tiny_policy, fake_harvest, tmp_path):
-    from spectool.draft.checkpoint import load_draft
     from spectool.commands.init_draft import run
+    from spectool.draft.checkpoint import load_draft
 
     r = run(_cfg(tiny_policy, fake_harvest, tmp_path / "d", epochs=6))
     lines = [json.loads(x) for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
@@ -90,9 +90,9 @@ def test_resume_after_kill_has_no_lost_or_repeated_steps(tiny_policy, fake_harve
 
 
 def test_init_from_another_policys_draft_fails_before_training(tiny_policy, fake_harvest, tmp_path):
+    from spectool.commands.init_draft import run
     from spectool.draft.checkpoint import save_draft
     from spectool.draft.model import DraftConfig, Eagle3Draft
-    from spectool.commands.init_draft import run
 
     other = DraftConfig(hidden_size=64, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2,
                         head_dim=32, vocab_size=512, draft_vocab_size=512, target_hidden_size=64, aux_layer_ids=[0, 1, 2])
@@ -103,9 +103,8 @@ def test_init_from_another_policys_draft_fails_before_training(tiny_policy, fake
 
 
 def test_corrupt_draft_weights(tiny_policy, tmp_path):
-    from spectool.draft.checkpoint import load_draft
+    from spectool.draft.checkpoint import load_draft, save_draft
     from spectool.draft.model import DraftConfig, Eagle3Draft
-    from spectool.draft.checkpoint import save_draft
 
     c = DraftConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                     vocab_size=32, draft_vocab_size=16, target_hidden_size=16, aux_layer_ids=[0, 1, 2])
@@ -165,8 +164,8 @@ def test_remap_vocab_keeps_shared_rows_and_fills_new_ones_from_the_policy(tiny_p
 
 
 def test_init_from_keeps_the_map_or_remaps_it_explicitly(tiny_policy, fake_harvest, tmp_path, capsys):
-    from spectool.draft.checkpoint import load_draft
     from spectool.commands.init_draft import run
+    from spectool.draft.checkpoint import load_draft
 
     run(_cfg(tiny_policy, fake_harvest, tmp_path / "warm", draft_vocab_size=64, epochs=1))
     warm_ids = load_draft(tmp_path / "warm")[0].draft_to_target_ids().tolist()
@@ -237,7 +236,8 @@ def test_a_harvests_hidden_state_shards_are_trained_on_without_a_policy_forward(
     assert not (tmp_path / "reused" / ".train" / "features.safetensors").exists()
     losses = [[json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
               for d in ("fresh", "reused")]
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and all(reused.heldout[k] == pytest.approx(v) for k, v in fresh.heldout.items())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert all(reused.heldout[k] == pytest.approx(v) for k, v in fresh.heldout.items())
 
 
 def test_disk_budget_refuses_before_anything_is_written(tiny_policy, fake_harvest, tmp_path):

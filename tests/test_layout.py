@@ -71,3 +71,52 @@ def test_no_import_circle_and_no_arrow_up_to_the_recipes():
 
 def test_the_check_sees_a_circle():
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    import re
+
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(md: Path) -> set[str]:
+    return {_slug(line.lstrip("#")) for line in md.read_text().splitlines() if line.startswith("#")}
+
+
+def _links(md: Path) -> list[str]:
+    import re
+
+    text = md.read_text()
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # code blocks hold no links
+    return [m for m in re.findall(r"\]\(([^)\s]+)\)", text) if not m.startswith(("http://", "https://", "mailto:"))]
+
+
+def test_the_readme_is_short_and_links_every_docs_page():
+    readme = REPO / "README.md"
+    assert len(readme.read_text().splitlines()) <= 150
+    linked = {(readme.parent / link.split("#")[0]).resolve() for link in _links(readme)}
+    pages = set((REPO / "docs").glob("*.md"))
+    assert pages and {p.resolve() for p in pages} <= linked, sorted(p.name for p in pages if p.resolve() not in linked)
+
+
+def test_every_relative_link_and_anchor_in_the_docs_resolves():
+    broken = []
+    for md in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for link in _links(md):
+            path, _, anchor = link.partition("#")
+            target = (md.parent / path).resolve() if path else md
+            if not target.exists():
+                broken.append(f"{md.name}: {link} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+                broken.append(f"{md.name}: {link} (no such heading)")
+    assert not broken, broken
+
+
+def test_the_link_check_sees_a_broken_anchor(tmp_path):
+    (tmp_path / "a.md").write_text("# Top\n## Draft quality: the `quality` preset\n")
+    assert "draft-quality-the-quality-preset" in _anchors(tmp_path / "a.md")
+    assert "draft-quality" not in _anchors(tmp_path / "a.md")

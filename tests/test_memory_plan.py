@@ -107,7 +107,8 @@ def test_trl_plan_is_printed_and_refused_only_when_plain(tmp_path, capsys, monke
     from spectool.integrations.trl import SpectoolSpeculation, _check_memory
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate", per_device_train_batch_size=8,
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
+                      per_device_train_batch_size=8,
                       num_generations=4, max_completion_length=64, vllm_gpu_memory_utilization=0.3, report_to="none")
     spec, model = SpectoolSpeculation(None), str(TEMPLATES / "qwen3-8b")  # bfloat16 checkpoint: 2 B/param
     _check_memory(spec, args, {"model": model}, total_bytes=141 * GIB)  # an H200

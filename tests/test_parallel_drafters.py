@@ -32,9 +32,9 @@ def _draft(tiny_policy, tmp_path_factory, family: str):
 
 @pytest.mark.parametrize("family", ["peagle", "dflash"])
 def test_served_parallel_draft_equals_its_training_unroll(family, tiny_policy, tmp_path_factory, tmp_path):
-    from served import served_vs_trained
-
     from spectool.engine.engine import Engine, EngineConfig, Sampling
+
+    from served import served_vs_trained
 
     policy, folder = _draft(tiny_policy, tmp_path_factory, family)
     with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), method=family, k=2,
@@ -109,11 +109,11 @@ def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, tiny_polic
     hidden state recomputed, DFlash's fused context projection rebuilt), the probe check passes
     with power in the engine's dtype, and the engine then computes the refreshed draft's unroll
     (float32: to 1e-3; bfloat16, as a GPU serves: it drafts on)."""
-    from served import served_vs_trained
-
     from spectool.draft.checkpoint import save_draft
     from spectool.draft.refresh import DraftRefresher
     from spectool.engine.engine import Engine, EngineConfig
+
+    from served import served_vs_trained
 
     policy, folder = _draft(tiny_policy, tmp_path_factory, family)
     refresher = DraftRefresher.from_folder(folder, policy)
@@ -146,9 +146,10 @@ def test_train_rl_refreshes_a_parallel_draft(family, tiny_policy, tmp_path_facto
     with power), the engine's logprobs the trainer's after every sync."""
     import json
 
+    from test_train_rl_e2e import _args
+
     from clirun import spectool
     from conftest import sums_with_answer
-    from test_train_rl_e2e import _args
 
     _, folder = _draft(tiny_policy, tmp_path_factory, family)
     out = tmp_path / "rl"
@@ -172,9 +173,9 @@ def test_sweep_over_families_recommends_a_family_and_writes_its_schedule(tiny_po
     names the family rollout --k auto then runs."""
     import json
 
-    from clirun import spectool
-
     from spectool.schedule import schedule_method
+
+    from clirun import spectool
 
     _, peagle = _draft(tiny_policy, tmp_path_factory, "peagle")
     _, dflash = _draft(tiny_policy, tmp_path_factory, "dflash")

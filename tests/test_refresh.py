@@ -92,10 +92,11 @@ def test_gradient_checkpointing_and_reused_batches_capture_once(random_draft, po
 
 
 def test_a_draft_for_another_policy_is_refused(random_draft, tmp_path):
-    from conftest import make_policy
     from transformers import AutoModelForCausalLM
 
     from spectool.errors import SpectoolError
+
+    from conftest import make_policy
 
     other = AutoModelForCausalLM.from_pretrained(make_policy(tmp_path / "wide", hidden=256))
     with pytest.raises(SpectoolError, match="hidden_size"):

@@ -27,8 +27,8 @@ def test_out_and_draft_guards_name_what_the_folder_is(tmp_path):
     is named for what it is."""
     from types import SimpleNamespace
 
-    from spectool.errors import SpectoolError
     from spectool.draft.checkpoint import check_draft
+    from spectool.errors import SpectoolError
     from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 
     claim(tmp_path / "new", "rollout", {})

@@ -7,8 +7,7 @@ import pytest
 import typer
 
 from spectool.cli import CLI, app
-from spectool.config import (ExportConfig, InitDraftConfig, RolloutConfig,
-                             SweepConfig, VerifyConfig, field_default, field_docs)
+from spectool.config import ExportConfig, InitDraftConfig, RolloutConfig, SweepConfig, VerifyConfig, field_default, field_docs
 
 SAMPLING = {"n_prompts", "samples", "max_tokens", "temperature", "top_p", "seed"}
 
@@ -75,10 +74,9 @@ def test_flags_parse_into_the_settings():
 def test_defaults_that_must_agree_do():
     """Settings of different owners that describe one thing agree (no literal restated here: a
     change to one owner's default that breaks the agreement fails)."""
-    from spectool.rl.config import DraftRefreshSection, SpeculationSection
-
     from spectool.engine.engine import EngineConfig
     from spectool.integrations.trl import SpectoolSpeculation
+    from spectool.rl.config import DraftRefreshSection, SpeculationSection
 
     ks = {field_default(c, "k") for c in (RolloutConfig, VerifyConfig, ExportConfig)} | {SpeculationSection().k}
     ks |= {EngineConfig(model_path="m").k, SpectoolSpeculation(None).k}

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from spectool.errors import SpectoolError
 from spectool.cli import parse_int_list
 from spectool.config import SweepConfig
 from spectool.costmodel import ceiling, k_schedule, recommend
+from spectool.errors import SpectoolError
 
 
 def row(method, k, batch, speedup):
@@ -62,8 +62,8 @@ def test_engine_speculative_config_carries_the_draft_sampling_method():
 
 
 def test_auto_k_refuses_a_sweep_measured_with_other_draft_sampling(tmp_path):
-    from spectool.schedule import read_schedule
     from spectool.runs import atomic_write_json
+    from spectool.schedule import read_schedule
 
     atomic_write_json(tmp_path / "sweep.json", {"eagle3_schedule": [[1, 1024, 3]], "draft": str(tmp_path / "d"),
                                                 "draft_sampling": "probabilistic"})

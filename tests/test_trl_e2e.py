@@ -100,10 +100,10 @@ def test_refusals_before_anything_starts(tiny_policy, random_draft, sums, tmp_pa
 
 
 def test_a_draft_for_another_policy_is_refused(random_draft, sums, tmp_path):
-    from conftest import make_policy
-
     from spectool.errors import SpectoolError
     from spectool.integrations.trl import SpectoolSpeculation, task_data
+
+    from conftest import make_policy
 
     other = make_policy(tmp_path / "wide", hidden=256)
     ds, reward = task_data(str(sums), 8)
@@ -148,7 +148,7 @@ def _free_port() -> int:
 
 @pytest.mark.engine
 def test_the_readme_trl_example_runs_as_written(tiny_policy, random_draft, sums, tmp_path):
-    """README "Inside TRL": its code block, with the demo's draft, policy and data swapped for the
+    """README "Use it in TRL": its code block, with the demo's draft, policy and data swapped for the
     tiny ones (the demo's are minutes away here), run as a script in a fresh process."""
     import re
     import subprocess

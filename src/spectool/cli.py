@@ -19,8 +19,18 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from spectool.config import (ExportConfig, ForecastConfig, HarvestConfig, InitDraftConfig, RolloutConfig,
-                             SamplingConfig, SweepConfig, VerifyConfig, field_default, field_docs)
+from spectool.config import (
+    ExportConfig,
+    ForecastConfig,
+    HarvestConfig,
+    InitDraftConfig,
+    RolloutConfig,
+    SamplingConfig,
+    SweepConfig,
+    VerifyConfig,
+    field_default,
+    field_docs,
+)
 from spectool.errors import SpectoolError
 
 app = typer.Typer(
@@ -87,7 +97,8 @@ def _leaves(spec: CliSpec) -> list[tuple[str, type, Any, str]]:
     hints, docs = typing.get_type_hints(spec.cls), field_docs(spec.cls)
     for f in dataclasses.fields(spec.cls):
         if f.name == spec.sampling:
-            sub, sub_hints, sub_docs = field_default(spec.cls, f.name), typing.get_type_hints(SamplingConfig), field_docs(SamplingConfig)
+            sub = field_default(spec.cls, f.name)
+            sub_hints, sub_docs = typing.get_type_hints(SamplingConfig), field_docs(SamplingConfig)
             out += [(f"{f.name}.{g.name}", sub_hints[g.name], getattr(sub, g.name), sub_docs[g.name])
                     for g in dataclasses.fields(SamplingConfig)]
         else:

@@ -176,12 +176,12 @@ class InitDraftConfig:
     """Loss weight of unroll position j is step_decay^j."""
     loss: str = "mix"
     """Per-position loss against the policy's distribution: ce (soft cross-entropy) | tv (1 - sum min(p, q),
-    the rejection probability of a sampling draft) | mix (ce + tv; measured best of the three, README)."""
+    the rejection probability of a sampling draft) | mix (ce + tv; measured best of the three, docs/results.md)."""
     epochs: int = 2
     """Passes over the harvested records."""
     batch_size: int = 4
     """Records per step. Small: one epoch at batch 4 trained a better draft than at 8 or 16 on this machine
-    (more steps for the same tokens; README "Draft quality")."""
+    (more steps for the same tokens; docs/results.md, "Draft quality")."""
     lr: float = 1e-3
     """AdamW learning rate (short runs on small harvests: higher than the 1e-4 of large-corpus recipes)."""
     warmup_steps: int = 20
@@ -211,7 +211,8 @@ class InitDraftConfig:
               f"must be one of {', '.join(INIT_DRAFT_PRESETS)}")
         check(1 <= self.draft_layers <= 4, "--draft-layers", self.draft_layers, "must be in [1, 4]")
         check(self.method in TRAINABLE, "--method", self.method, f"must be one of {', '.join(TRAINABLE)}"
-              + (" (DSpark is trained by speculators on a GPU and served by GPU builds of vLLM)" if self.method == "dspark" else ""))
+              + (" (DSpark is trained by speculators on a GPU and served by GPU builds of vLLM)"
+                 if self.method == "dspark" else ""))
         check(self.method != "mtp" or self.init_from is None, "--init-from", self.init_from,
               "is refused with --method mtp: training starts from the model's own MTP layers")
         check(self.disk_budget_gb is None or self.disk_budget_gb > 0, "--disk-budget-gb", self.disk_budget_gb,
@@ -232,7 +233,7 @@ class InitDraftConfig:
 
 # init-draft's named settings: field -> value ("harvest.<field>" for the sampling of --data). The
 # quality preset: the best draft 2 CPU cores train in under an hour on the embedded default (measured
-# in the README): the in-domain task mixed with a wider one, 8 samples per prompt, and many small
+# in docs/results.md): the in-domain task mixed with a wider one, 8 samples per prompt, and many small
 # steps (the demo draft was short of steps, not of data: its train and held-out metrics were equal).
 INIT_DRAFT_PRESETS: dict[str, dict[str, object]] = {
     "quality": {

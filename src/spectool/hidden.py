@@ -4,7 +4,8 @@ vLLM's aux layer id i means "the residual stream entering decoder layer i" (Llam
 `hidden_states + residual` before layer i when i is in `aux_hidden_state_layers`), which is
 transformers' `output_hidden_states[i]`. tests/test_engine_e2e.py checks this against the engine:
 it captures the input of the running drafter's `fc` and compares it to `policy_features`.
-Other trainers number the same layers as "output of layer i-1" (SpecForge, speculators): the same layers, off by one in the number.
+Other trainers number the same layers as "output of layer i-1" (SpecForge, speculators): the same layers, off by one
+in the number.
 """
 
 from __future__ import annotations

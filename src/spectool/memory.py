@@ -145,7 +145,7 @@ def check_train_rl(plan: Plan, config, engine_share: float) -> None:
         advice = (f"no setting fits it: the float32 weights, gradients and AdamW alone take {state:.1f} GiB")
     else:
         rows = dict(plan.rows)
-        knobs = [f"lower policy.micro_batch_size or rollout.max_tokens"]
+        knobs = ["lower policy.micro_batch_size or rollout.max_tokens"]
         if any(r.startswith("reference policy") for r in rows):
             knobs.append("set policy.kl_beta: 0 (no reference copy)")
         if any(r.startswith("online draft") for r in rows):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-from functools import lru_cache
 import json
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from spectool.errors import SpectoolError

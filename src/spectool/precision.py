@@ -1,4 +1,4 @@
-"""One dtype policy for the engine, the trainer and the draft (README, "Precision").
+"""One dtype policy for the engine, the trainer and the draft (docs/gpu.md, "Precision").
 
               engine (vLLM)   trainer (policy)                        draft training     logprob check
   CPU build   float32         float32                                 float32            mean |diff| <= 0.001
@@ -15,7 +15,7 @@ features are cached as float16 (bfloat16 where float16 would overflow) on both.
 The engine check compares the MEAN |engine - trainer| logprob over the checked sequences' sampled
 tokens with the tolerance (the max is reported too). In bfloat16 a few tokens with close logits
 carry most of the rounding gap, so the max grows with the number of tokens checked and trips on
-weights that are in sync; the mean does not (benchmarks/bf16_tolerance.py, README "Precision").
+weights that are in sync; the mean does not (benchmarks/bf16_tolerance.py, docs/gpu.md "Precision").
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import contextlib
 import torch
 
 from spectool.config import ENGINE_DTYPES  # noqa: F401  (the settings' one list)
+
 # the largest mean |engine - trainer| logprob over the checked tokens that passes, by engine dtype:
 # float32 agrees to ~1e-6; bfloat16 in sync measured 0.020-0.048 per 4 sequences (SmolLM2-135M, CPU
-# bfloat16 engine; README "Precision"), so 0.1 leaves twice that
+# bfloat16 engine; docs/gpu.md "Precision"), so 0.1 leaves twice that
 LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
 
 

@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 from spectool.errors import SpectoolError
 
-
 PROGRESS = "spectool-progress: "  # a child's output line starting so is passed to the parent's `progress`
 
 

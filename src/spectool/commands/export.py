@@ -9,7 +9,6 @@ reaches the acceptance floor is it moved into place. Nothing half-written is lef
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,10 +56,9 @@ def speculators_config(vllm_cfg: dict, k: int, verifier: str) -> dict:
 
 
 def run(cfg: ExportConfig) -> ExportResult:
-    from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS
+    from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS, check_draft, check_tensors
     from spectool.draft.dflash import MASK_EMBEDDING
     from spectool.models import resolve_model
-    from spectool.draft.checkpoint import check_draft, check_tensors
     from spectool.runs import MANIFEST, atomic_dir, atomic_write_json, claim, make_manifest, read_json
 
     cfg.validate()

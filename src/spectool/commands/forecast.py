@@ -160,8 +160,9 @@ def _write(out: Path, result: dict, cfg: ForecastConfig, trace: list[tuple[int, 
 
 
 def render(r: dict, out: str | None) -> None:
-    from spectool.ui import console
     from rich.table import Table
+
+    from spectool.ui import console
 
     c = console()
     ks = list(r["per_batch"][0]["speedup_by_k"])

@@ -22,7 +22,6 @@ Workflow (`run`, phase by phase):
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,8 +123,7 @@ def _setup(cfg: InitDraftConfig):
 
         check_trainable(Path(model.path))
     if cfg.init_from:
-        from spectool.draft.checkpoint import load_draft
-        from spectool.draft.checkpoint import check_draft
+        from spectool.draft.checkpoint import check_draft, load_draft
 
         if not Path(cfg.init_from).exists():
             raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
@@ -422,8 +420,9 @@ def _cost_ratio(policy, draft, feat) -> float:
 
 
 def render(r: InitDraftResult) -> None:
-    from spectool.ui import console
     from rich.table import Table
+
+    from spectool.ui import console
 
     if not r.main_process:
         return

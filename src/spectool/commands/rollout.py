@@ -12,6 +12,7 @@ from pathlib import Path
 
 from spectool.config import RolloutConfig, SamplingConfig
 from spectool.draft.families import FAMILIES
+from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
 
 # --compare times each arm for at least this long (the same prompts and seeds again, records from the
@@ -49,14 +50,15 @@ class RolloutResult:
             return None
         al, s = self.acceptance.mean_acceptance_length, self.speedup
         step_cost = al / s  # a speculative step's time in plain steps: tokens per step / speedup
-        drafts = "1 draft forward" if self.parallel else (f"{self.k} draft forwards" if isinstance(self.k, int) else "the draft forwards")
+        drafts = ("1 draft forward" if self.parallel
+                  else f"{self.k} draft forwards" if isinstance(self.k, int) else "the draft forwards")
         verify = f"{self.k + 1} tokens" if isinstance(self.k, int) else "k + 1 tokens"
         head = (f"{'won' if s >= 1 else 'lost'}: each verify step emitted {al:.2f} tokens per sequence and cost "
                 f"{step_cost:.2f} plain decoding steps ({drafts} + the policy on {verify}, {self.concurrency} "
                 f"sequences at once, {self.dtype})")
         if s >= 1:
             return head + "."
-        return (head + f": more than the tokens it emitted. Speculation pays where a policy step is memory-bound (a GPU, "
+        return (head + ": more than the tokens it emitted. Speculation pays where a policy step is memory-bound (a GPU, "
                 "a large policy, few sequences at once) and acceptance is high; `spectool sweep-k` measures k per batch "
                 "size here, `spectool forecast` predicts other batch sizes and acceptance lengths.")
 
@@ -71,11 +73,11 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     from spectool.data import load_source
     from spectool.draft.checkpoint import check_draft
     from spectool.engine.engine import Engine, EngineConfig
-    from spectool.models import resolve_model
     from spectool.generation import rollout_tasks
+    from spectool.models import resolve_model
     from spectool.records import write_shard
-    from spectool.schedule import read_schedule, schedule_method
     from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
+    from spectool.schedule import read_schedule, schedule_method
 
     cfg.validate()
     model = resolve_model(cfg.model)
@@ -167,8 +169,9 @@ def _time_more(engine, tokenizer, source, tasks, sampling: SamplingConfig, token
 
 
 def render(r: RolloutResult) -> None:
-    from spectool.ui import console
     from rich.table import Table
+
+    from spectool.ui import console
 
     t = Table(title="rollout", show_header=False)
     short = f" (of {r.n_prompts_asked} asked: the split holds no more)" if (r.n_prompts_asked or 0) > r.n_prompts else ""

@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 
 from spectool import subproc
-from spectool.costmodel import ceiling, k_schedule, recommend
 from spectool.config import SweepConfig
+from spectool.costmodel import ceiling, k_schedule, recommend
 from spectool.errors import SpectoolError
 
 ROWS = "rows.jsonl"
@@ -231,7 +231,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
               "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft,
               "schedule_method": family, "schedule": k_schedule(family_rec) if family_rec else None,
               "drafts": {m: d for m, d in drafts.items() if m != "draft_model"},
-              "draft_model": drafts.get("draft_model"), "model": model.name, "max_k": max(cfg.ks), "draft_sampling": cfg.draft_sampling,
+              "draft_model": drafts.get("draft_model"), "model": model.name, "max_k": max(cfg.ks),
+              "draft_sampling": cfg.draft_sampling,
               "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights}
     atomic_write_json(out / "sweep.json", result)
     if result["schedule"]:
@@ -318,8 +319,9 @@ _STYLES = {"eagle3": "-", "peagle": "-.", "dflash": "--", "mtp": (0, (5, 1, 1, 1
 
 
 def render(result: dict, out: str) -> None:
-    from spectool.ui import console
     from rich.table import Table
+
+    from spectool.ui import console
 
     t = Table(title="sweep-k (speedup measured side by side against plain decoding)")
     for c in ("batch", "method", "k", "tokens/s", "speedup", "ceiling", "accept. length", "per position"):

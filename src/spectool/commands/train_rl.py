@@ -151,7 +151,8 @@ def _setup(cfg: RLConfig) -> _Run:
     engine = Engine(EngineConfig(
         model_path=model.path, draft_path=None if mtp else draft_path, method=spec.method, k=max(k, 1),
         k_schedule=schedule, seed=cfg.seed,
-        log_path=str(out / "engine.log"), draft_sampling=spec.proposals, dtype=dtype, gpu_memory_utilization=e.gpu_memory_utilization,
+        log_path=str(out / "engine.log"), draft_sampling=spec.proposals, dtype=dtype,
+        gpu_memory_utilization=e.gpu_memory_utilization,
         kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=e.max_model_len or None,
         logprobs_mode="processed_logprobs",  # behaviour logprobs at the sampling temperature
     ))

@@ -49,7 +49,7 @@ def _speculation(cfg: RLConfig, model, saved_draft: str | None):
     from spectool.integrations.trl import SpectoolSpeculation
     from spectool.rl.speculation import refresh_settings, resolve
 
-    s, d, e = cfg.speculation, cfg.draft_refresh, cfg.engine
+    d, e = cfg.draft_refresh, cfg.engine
     common = dict(dtype=e.dtype, enforce_eager=e.enforce_eager, logprob_tolerance=cfg.policy.logprob_tolerance or None)
     spec = resolve(cfg, model)
     if spec.method == "mtp":

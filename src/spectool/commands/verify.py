@@ -24,7 +24,6 @@ from pathlib import Path
 from spectool import subproc
 from spectool.config import VerifyConfig
 from spectool.errors import SpectoolError
-from spectool.precision import LOGPROB_TOLERANCE, engine_dtype
 from spectool.lossless import (
     ScoreTest,
     TokenTest,
@@ -34,7 +33,7 @@ from spectool.lossless import (
     token_test,
     welch,
 )
-
+from spectool.precision import LOGPROB_TOLERANCE, engine_dtype
 
 
 @dataclass
@@ -170,8 +169,8 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from spectool.data import load_source
-    from spectool.engine.arms import sample_arm
     from spectool.draft.checkpoint import check_draft
+    from spectool.engine.arms import sample_arm
     from spectool.engine.compat import is_cpu_build
     from spectool.models import resolve_model
     from spectool.prompts import encode_prompt
@@ -251,8 +250,9 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
 
 def render(r: VerifyResult) -> None:
-    from spectool.ui import console
     from rich.table import Table
+
+    from spectool.ui import console
 
     t = Table(title="lossless check: sampled tokens vs the policy's own distribution")
     t.add_column("")

@@ -377,7 +377,8 @@ def add_mtp_layers(source: str | Path, out: str | Path, layers: int = 1, seed: i
     if c["model_type"] == "llama":
         for i in range(N):
             for p, heads in (("q", c["num_attention_heads"]), ("k", c["num_key_value_heads"]), ("v", c["num_key_value_heads"])):
-                sd.setdefault(f"model.layers.{i}.self_attn.{p}_proj.bias", torch.zeros(heads * hd, dtype=sd["model.norm.weight"].dtype))
+                sd.setdefault(f"model.layers.{i}.self_attn.{p}_proj.bias",
+                              torch.zeros(heads * hd, dtype=sd["model.norm.weight"].dtype))
     g = torch.Generator().manual_seed(seed)
     last = f"model.layers.{N - 1}."
     for j in range(layers):

@@ -35,8 +35,8 @@ import torch
 from spectool.config import InitDraftConfig
 from spectool.draft.online import Features, OnlineDraft, RefreshReport
 from spectool.errors import SpectoolError
-from spectool.stats import AcceptanceStats
 from spectool.hidden import aux_sites, decoder, hook_input, to_store
+from spectool.stats import AcceptanceStats
 
 DEAD_P = 1e-3  # a drafter whose acceptance would reach 0 with less than this probability is dead
 

@@ -18,7 +18,8 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                 draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                 dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None,
                 log_path: str | None = None, dtype: str = "auto") -> list[dict]:
-    """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, decode >= min_seqs sequences in
+    """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, decode >=
+    min_seqs sequences in
     waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves. With
     `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
     from spectool.engine.engine import Engine, EngineConfig, Sampling

@@ -27,7 +27,6 @@ from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
 
 
-
 @dataclass
 class EngineConfig:
     model_path: str
@@ -55,7 +54,8 @@ class EngineConfig:
     log_path: str | None = None  # where vLLM's log lines go (engine/logs.py); None: the cache's engine.log
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after temperature / top-p)
     enable_prefix_caching: bool = True
-    enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1")  # True: no torch.compile (7 s start on CPU instead of 35-110 s, ~35% slower decode)
+    # True: no torch.compile (7 s start on CPU instead of 35-110 s, ~35% slower decode)
+    enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1")
     extra: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is
 
 
@@ -120,8 +120,9 @@ class Engine:
                                                         cfg.extra.get("hf_overrides"))
 
     def _start(self, cfg: EngineConfig, cpu: bool, quiet: bool):
-        from spectool.precision import engine_dtype
         from vllm import LLM
+
+        from spectool.precision import engine_dtype
 
         self.dtype = engine_dtype(cfg.dtype)
         kwargs: dict[str, Any] = dict(
@@ -320,8 +321,8 @@ def prepare_environment(cfg: EngineConfig) -> bool:
 
 def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
     """vLLM's speculative_config for the configured method, or None for plain decoding."""
-    from spectool.engine.proposals import resolve as resolve_proposals
     from spectool.draft.families import FAMILIES
+    from spectool.engine.proposals import resolve as resolve_proposals
 
     fam = FAMILIES.get(cfg.method)
     if cfg.method == "ngram":

@@ -166,8 +166,8 @@ def _check_args(args) -> None:
 def _check_draft(spec: SpectoolSpeculation, model, args) -> None:
     """The draft against the policy TRL will train (draft.checkpoint.check_draft: the policy's fingerprint, the
     positions trained for k), before any engine starts."""
-    from spectool.models import resolve_model
     from spectool.draft.checkpoint import check_draft
+    from spectool.models import resolve_model
 
     path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
     k = max([spec.k] + [k for _, _, k in spec.k_schedule or []])
@@ -272,8 +272,13 @@ def _speculative_llm(spec: SpectoolSpeculation):
     """While the trainer is built: TRL's `LLM` name points at a wrapper adding spectool's kwargs."""
     import trl.generation.vllm_generation as vg
 
-    from spectool.engine.engine import (EngineConfig, check_exact_verification, default_max_len, prepare_environment,
-                                        spectool_kwargs)
+    from spectool.engine.engine import (
+        EngineConfig,
+        check_exact_verification,
+        default_max_len,
+        prepare_environment,
+        spectool_kwargs,
+    )
 
     real = vg.LLM
 
@@ -366,7 +371,8 @@ class _Attached:
 
         dt = torch_dtype(self.dtype)  # one host copy per tensor, taken while TRL holds it gathered / merged
         state = ((name, p.detach().to("cpu", dt, copy=True)) for name, p in self.vg._iter_named_params())
-        colocated.send_weights(self.llm, "spectool_reload_policy", state)  # streamed in chunks; colocate: every process has its engine
+        # streamed in chunks; colocate: every process has its engine
+        colocated.send_weights(self.llm, "spectool_reload_policy", state)
         self.llm.reset_prefix_cache()
         self._check_logprobs()
 
@@ -403,7 +409,8 @@ class _Attached:
         if not mean <= self.tolerance:
             raise SpectoolError(
                 f"after TRL's weight sync the engine's logprobs differ from the trainer's by {mean:.3g} nats on average "
-                f"(max {worst:.3g}; > {self.tolerance} for a {self.dtype} engine): the engine is not running the trained weights. "
+                f"(max {worst:.3g}; > {self.tolerance} for a {self.dtype} engine): the engine is not running the trained "
+                "weights. "
                 "TRL's last checkpoint is intact; try policy_sync='spectool' (or 'trl'), or set logprob_tolerance "
                 "if the engine runs in lower precision than the trainer")
 

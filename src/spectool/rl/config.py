@@ -8,11 +8,18 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool.config import (DEFAULT_DATA, DEFAULT_K, DEFAULT_MODEL, DRAFT_SAMPLING, ENGINE_DTYPES, TRAINABLE,
-                             InitDraftConfig, check)
+from spectool.config import (
+    DEFAULT_DATA,
+    DEFAULT_K,
+    DEFAULT_MODEL,
+    DRAFT_SAMPLING,
+    ENGINE_DTYPES,
+    TRAINABLE,
+    InitDraftConfig,
+    check,
+)
 from spectool.draft.refresh_policy import REFRESH_MODES
 from spectool.errors import SpectoolError
-
 
 BACKENDS = ("builtin", "trl")
 

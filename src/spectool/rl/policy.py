@@ -8,11 +8,11 @@ they would in any other trainer (`update(..., capture=refresher.capture)`).
 
 from __future__ import annotations
 
-import copy
 import contextlib
+import copy
 import math
 from dataclasses import dataclass
-from typing import Iterator, Callable
+from typing import Callable, Iterator
 
 import torch
 

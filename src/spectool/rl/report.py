@@ -140,8 +140,9 @@ def plot_run(history: list[dict], out: Path) -> list[str]:
 
 
 def render_summary(result) -> None:
-    from spectool.ui import console
     from rich.table import Table
+
+    from spectool.ui import console
 
     h = result.metrics
     t = Table(title=f"train-rl: {result.out}", show_header=False)
