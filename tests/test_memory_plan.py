@@ -6,6 +6,7 @@ present)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -100,33 +101,35 @@ def test_harvest_engine_share_leaves_room_for_the_policy():
         harvest_plan(_config("qwen3-32b"), 0.9, 80 * GIB)
 
 
-def test_trl_plan_is_printed_and_refused_only_when_plain(tmp_path, capsys, monkeypatch):
+def test_trl_plan_is_printed_and_refused_only_when_plain(tmp_path, caplog, monkeypatch):
     from trl import GRPOConfig
 
     from spectool.errors import SpectoolError
-    from spectool.integrations.trl import SpectoolSpeculation, _check_memory
+    from spectool.integrations.trl import SpectoolSpeculation, check_memory
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
                       per_device_train_batch_size=8,
                       num_generations=4, max_completion_length=64, vllm_gpu_memory_utilization=0.3, report_to="none")
     spec, model = SpectoolSpeculation(None), str(TEMPLATES / "qwen3-8b")  # bfloat16 checkpoint: 2 B/param
-    _check_memory(spec, args, {"model": model}, total_bytes=141 * GIB)  # an H200
-    out = capsys.readouterr().out
+    caplog.set_level(logging.INFO, logger="spectool")
+    check_memory(spec, args, {"model": model}, total_bytes=141 * GIB)  # an H200
+    out = caplog.text
     assert "TRL GRPOTrainer memory plan" in out and "(2 B/param)" in out and "(fits)" in out
     with pytest.raises(SpectoolError, match="vllm_gpu_memory_utilization") as e:
-        _check_memory(spec, args, {"model": model}, total_bytes=80 * GIB)  # 8B x (2 + 2 + 4) B + the 24 GiB engine share
+        check_memory(spec, args, {"model": model}, total_bytes=80 * GIB)  # 8B x (2 + 2 + 4) B + the 24 GiB engine share
     assert "DeepSpeed ZeRO-3" in str(e.value)
-    _check_memory(spec, args, {"model": model, "peft_config": object()}, total_bytes=80 * GIB)
-    assert "not enforced" in capsys.readouterr().out
+    caplog.clear()
+    check_memory(spec, args, {"model": model, "peft_config": object()}, total_bytes=80 * GIB)
+    assert "not enforced" in caplog.text
 
 
-def test_trl_plan_reads_the_longest_prompt(tiny_policy, tmp_path, capsys, monkeypatch):
+def test_trl_plan_reads_the_longest_prompt(tiny_policy, tmp_path, caplog, monkeypatch):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig
 
-    from spectool.integrations.trl import SpectoolSpeculation, _check_memory
+    from spectool.integrations.trl import SpectoolSpeculation, check_memory
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
@@ -136,9 +139,11 @@ def test_trl_plan_reads_the_longest_prompt(tiny_policy, tmp_path, capsys, monkey
     want = max(len(tok(t)["input_ids"]) for t in texts)
     for data, n in ((Dataset.from_dict({"prompt": texts}), want),
                     (Dataset.from_dict({"prompt": [[{"role": "user", "content": t}] for t in texts]}), None)):
-        _check_memory(SpectoolSpeculation(None), args, {"model": str(tiny_policy), "train_dataset": data},
-                      total_bytes=80 * GIB)
-        out = capsys.readouterr().out
+        caplog.clear()
+        caplog.set_level(logging.INFO, logger="spectool")
+        check_memory(SpectoolSpeculation(None), args, {"model": str(tiny_policy), "train_dataset": data},
+                     total_bytes=80 * GIB)
+        out = caplog.text
         tokens = int(out.split("per_device_train_batch_size: ")[1].split(" tokens")[0])
         longest = int(out.split("prompts (")[1].split(" tokens")[0])
         assert tokens == 8 * (longest + 64) and longest >= want
@@ -147,13 +152,13 @@ def test_trl_plan_reads_the_longest_prompt(tiny_policy, tmp_path, capsys, monkey
 
 
 def test_train_rl_prints_its_plan_with_the_online_draft(tiny_policy, random_draft, capsys):
-    from spectool.commands.train_rl import _check_memory
+    from spectool.commands.train_rl import check_memory
     from spectool.memory import safetensors_params
     from spectool.rl.config import RLConfig
 
     cfg = RLConfig()
     spec = SimpleNamespace(method="eagle3", draft_path=str(random_draft))
-    _check_memory(cfg, str(tiny_policy), spec, 40, 80 * GIB)
+    check_memory(cfg, str(tiny_policy), spec, 40, 80 * GIB)
     out = capsys.readouterr().out
     assert "online draft + AdamW" in out and "activations (policy.micro_batch_size: 1344 tokens)" in out
     assert safetensors_params(random_draft) > 0

@@ -45,8 +45,17 @@ app = typer.Typer(
 def _options(verbose: bool = typer.Option(
         False, "--verbose", help="Show vLLM's and the libraries' log lines here (default: engine.log in the run folder).")
 ) -> None:
+    import logging
     import os
 
+    # spectool's library logs through `logging` (logger "spectool"); the command line shows its info lines on
+    # stderr, and its debug lines too with --verbose
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("spectool")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
     if verbose:
         os.environ["SPECTOOL_VERBOSE"] = "1"
     else:  # the libraries' info lines and progress bars stay off the terminal (read before they are imported)

@@ -10,30 +10,26 @@ from dataclasses import MISSING, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
-from spectool.draft.families import FAMILIES
-from spectool.errors import SpectoolError
-
-DEFAULT_MODEL = "smollm2-135m"
-# Two-term one-digit sums: SmolLM2-135M scores ~0.4 here, a real RL signal (measured).
-DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
-# The drafter families (draft/families.py): a draft folder (eagle3, peagle, dflash, dspark) or the
-# model's own MTP layers (mtp). What rollout, verify and train-rl draft with; init-draft trains all
-# but dspark; dspark is served by GPU builds of vLLM only.
-DRAFTERS = tuple(FAMILIES)
-TRAINABLE = tuple(n for n, f in FAMILIES.items() if f.trainable)
-METHODS = (*DRAFTERS, "ngram", "draft_model")  # sweep-k's speculative methods
-CONTROLS = ("auto", "unpatched", "truncated", "none")  # verify's lossy controls
-# How a drafter proposes (vLLM's draft_sample_method): auto (chosen per build by measurement,
-# engine/proposals.py), its argmax, or a sample from it.
-DRAFT_SAMPLING = ("auto", "greedy", "probabilistic")
-# The engine's share of GPU memory when nothing else runs on the GPU (train-rl has its own default,
-# engine.gpu_memory_utilization, that leaves the colocated trainer room). Ignored on the CPU build.
-GPU_MEMORY_UTILIZATION = 0.9
-# Draft tokens per verify step wherever a draft runs (rollout, verify, export, train-rl, TRL): 3, the
-# field's measured best for EAGLE-3 in reasoning RL (NeMo RL: 1.77x at k=3 vs 1.44x at 5, 1.21x at 7).
-DEFAULT_K = 3
-# The engine's precision (precision.py: what "auto" picks per device, the logprob tolerance per dtype).
-ENGINE_DTYPES = ("auto", "float32", "bfloat16")
+from spectool.constants import (  # noqa: F401
+    CONTROLS,
+    DEFAULT_DATA,
+    DEFAULT_K,
+    DEFAULT_LOSS,
+    DEFAULT_MODEL,
+    DRAFT_SAMPLING,
+    DRAFTERS,
+    ENGINE_DTYPES,
+    GPU_MEMORY_UTILIZATION,
+    GPU_SHARE_MAX,
+    K_MAX,
+    K_MIN,
+    LOSSES,
+    METHODS,
+    TRAINABLE,
+    gpu_share_in_range,
+    k_in_range,
+)
+from spectool.errors import SpectoolError, check  # noqa: F401
 
 
 @dataclass
@@ -62,15 +58,8 @@ class SamplingConfig:
               "must be 1 at --temperature 0 (greedy completions of one prompt are identical)")
 
 
-def check(ok: bool, name: str, value: object, rule: str) -> None:
-    """The one validation helper: `name` is the flag (--k) or config key (rollout.group_size) to
-    change, `rule` what it must be ("must be >= 1"). Message: "--k=0: must be >= 1"."""
-    if not ok:
-        raise SpectoolError(f"{name}={value!r}: {rule}")
-
-
 def check_gpu_memory(value: float, flag: str = "--gpu-memory-utilization") -> None:
-    check(0 < value <= 0.98, flag, value, "must be a fraction of the GPU's memory in (0, 0.98]")
+    check(gpu_share_in_range(value), flag, value, f"must be a fraction of the GPU's memory in (0, {GPU_SHARE_MAX}]")
 
 
 def check_drafter(method: str, draft: str | None, flag: str = "--method", draft_flag: str = "--draft") -> None:
@@ -174,7 +163,7 @@ class InitDraftConfig:
     draft forward per drafted token (init-draft prints the measured draft/policy cost)."""
     step_decay: float = 0.8
     """Loss weight of unroll position j is step_decay^j."""
-    loss: str = "mix"
+    loss: str = DEFAULT_LOSS
     """Per-position loss against the policy's distribution: ce (soft cross-entropy) | tv (1 - sum min(p, q),
     the rejection probability of a sampling draft) | mix (ce + tv; measured best of the three, docs/results.md)."""
     epochs: int = 2
@@ -226,7 +215,7 @@ class InitDraftConfig:
         check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
         check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
         check(0 < self.step_decay <= 1, "--step-decay", self.step_decay, "must be in (0, 1]")
-        check(self.loss in ("ce", "tv", "mix"), "--loss", self.loss, "must be ce, tv or mix")
+        check(self.loss in LOSSES, "--loss", self.loss, f"must be one of {', '.join(LOSSES)}")
         check(0 < self.eval_fraction < 0.5, "--eval-fraction", self.eval_fraction, "must be in (0, 0.5)")
         self.harvest.validate()
 
@@ -288,7 +277,7 @@ class ExportConfig:
         check(self.format in ("vllm", "speculators"), "--format", self.format, "must be 'vllm' or 'speculators'")
         check(self.target in ("vllm", "nemo-rl", "verl", "skyrl", "trl-serve"), "--for", self.target,
               "must be vllm, nemo-rl, verl, skyrl or trl-serve")
-        check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
+        check(k_in_range(self.k), "--k", self.k, f"must be in [{K_MIN}, {K_MAX}]")
 
 
 @dataclass
@@ -352,7 +341,7 @@ class RolloutConfig:
             if self.sweep is None:
                 raise SpectoolError("--k auto needs --sweep RUN (a sweep-k or forecast run directory)")
         else:
-            check(isinstance(self.k, int) and 1 <= self.k <= 16, "--k", self.k, "must be in [1, 16] or 'auto'")
+            check(k_in_range(self.k), "--k", self.k, f"must be in [{K_MIN}, {K_MAX}] or 'auto'")
         check(not self.compare or self.draft is not None or self.draft_model is not None or self.sweep is not None
               or self.method == "mtp", "--compare", self.compare,
               "needs --draft, --draft-model or --method mtp (or --k auto --sweep RUN)")
@@ -523,7 +512,7 @@ class VerifyConfig:
         check_draft_sampling(self.draft_sampling)
         check_gpu_memory(self.gpu_memory_utilization)
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
-        check(1 <= self.k <= 16, "--k", self.k, "must be in [1, 16]")
+        check(k_in_range(self.k), "--k", self.k, f"must be in [{K_MIN}, {K_MAX}]")
         check(self.n_prompts >= 1, "--n-prompts", self.n_prompts, "must be >= 1")
         check(self.samples >= 20, "--samples", self.samples, "must be >= 20 (the tests need counts)")
         check(self.positions >= 2, "--positions", self.positions, "must be >= 2 (position 1 is never speculated)")

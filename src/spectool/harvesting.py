@@ -9,10 +9,13 @@ prompt not in a finished shard; a run made with other settings is refused.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from spectool.config import HarvestConfig, SamplingConfig
+
+log = logging.getLogger(__name__)
 
 CPU_CHUNK_PROMPTS = 16  # prompts per shard on the CPU build: the unit of resume
 GPU_CHUNK_SEQUENCES = 1024  # sequences per generate call on a GPU: few enough waves to run at engine speed
@@ -82,7 +85,7 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
 
         share, plan = harvest_plan(AutoConfig.from_pretrained(model.path), share,
                                    torch.cuda.get_device_properties(0).total_memory)
-        print(plan.text())
+        log.info(plan.text())
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
                                  gpu_memory_utilization=share, dtype=cfg.dtype)) if todo else None
     policy = _load_policy(model.path) if cfg.hidden_states and todo else None  # after the engine's start-up check

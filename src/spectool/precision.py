@@ -24,7 +24,7 @@ import contextlib
 
 import torch
 
-from spectool.config import ENGINE_DTYPES  # noqa: F401  (the settings' one list)
+from spectool.constants import ENGINE_DTYPES  # noqa: F401  (the one list)
 
 # the largest mean |engine - trainer| logprob over the checked tokens that passes, by engine dtype:
 # float32 agrees to ~1e-6; bfloat16 in sync measured 0.020-0.048 per 4 sequences (SmolLM2-135M, CPU

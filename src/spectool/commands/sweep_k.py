@@ -225,7 +225,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     rows = _with_ratios([r for r in done if r["batch"] in cfg.batch_sizes and (r["method"], r["k"]) in _arms(cfg)])
     rec = recommend(rows, cfg.batch_sizes, cfg.min_gain)
     eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
-    family, family_rec = _schedule_family(rows, cfg)
+    family, family_rec = schedule_family(rows, cfg)
     draft = drafts.get(family, draft)
     result = {"rows": rows, "recommendation": {str(b): v for b, v in rec.items()},
               "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft,
@@ -245,7 +245,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     return result
 
 
-def _schedule_family(rows: list[dict], cfg: SweepConfig) -> tuple[str | None, dict | None]:
+def schedule_family(rows: list[dict], cfg: SweepConfig) -> tuple[str | None, dict | None]:
     """The drafter family `rollout --k auto` and train-rl's k: auto follow (one family per engine:
     vLLM's dynamic speculation changes k, not the drafter): of the draft-folder families swept, the
     one whose per-batch-size best k gains most, summed over the batch sizes. (family, its per-batch

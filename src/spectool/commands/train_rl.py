@@ -79,7 +79,7 @@ class _Run:
     history: list[dict]
 
 
-def _check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, total_bytes: int) -> None:
+def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, total_bytes: int) -> None:
     """Print the one-GPU memory plan and refuse one that cannot fit (memory.py)."""
     from transformers import AutoConfig
 
@@ -130,7 +130,7 @@ def _setup(cfg: RLConfig) -> _Run:
     p, e = cfg.policy, cfg.engine
     dtype = engine_dtype(e.dtype)
     if torch.cuda.is_available():  # before the trainer or the engine takes any memory
-        _check_memory(cfg, model.path, spec, max(map(len, tasks.ids)), torch.cuda.get_device_properties(0).total_memory)
+        check_memory(cfg, model.path, spec, max(map(len, tasks.ids)), torch.cuda.get_device_properties(0).total_memory)
     trainer = PolicyTrainer(str(ckpt[1] / "policy") if ckpt else model.path, p.lr, cfg.rollout.temperature,
                             p.eps_low, p.eps_high, p.kl_beta, p.micro_batch_size, p.max_grad_norm, seed=cfg.seed,
                             engine_dtype=dtype)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from spectool.constants import LOSSES
+
 
 def step_mask(prompt_lens: torch.Tensor, lengths: torch.Tensor, T: int, j: int) -> torch.Tensor:
     """[B, T] bool: anchors t whose step-j target position t+j+1 lies in [prompt_len-1, length-1]."""
@@ -30,7 +32,6 @@ def shift(x: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
-LOSSES = ("ce", "tv", "mix")
 
 
 def position_loss(p: torch.Tensor, draft_logits: torch.Tensor, kind: str = "ce") -> torch.Tensor:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from spectool.config import InitDraftConfig
+from spectool.constants import DEFAULT_LOSS
 from spectool.draft.online import Features, OnlineDraft, RefreshReport
 from spectool.errors import SpectoolError
 from spectool.hidden import aux_sites, decoder, hook_input, to_store
@@ -56,7 +56,7 @@ class RefreshSettings:
     """Sequences per draft optimizer step."""
     buffer_seqs: int = 256
     """Sequences kept on the host (newest last); the oldest go first."""
-    loss: str = InitDraftConfig.loss
+    loss: str = DEFAULT_LOSS
     """Per-position loss (draft/loss.py): ce | tv | mix; init-draft's default."""
     seed: int = 0
 

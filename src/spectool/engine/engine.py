@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spectool.config import DEFAULT_K, GPU_MEMORY_UTILIZATION
+from spectool.constants import DEFAULT_K, GPU_MEMORY_UTILIZATION
 from spectool.engine import colocated
 from spectool.engine.colocated import WORKER_EXTENSION
 from spectool.errors import SpectoolError

@@ -7,6 +7,7 @@ and reopen the same file."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def route(log_path: str | Path | None) -> Path | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         STREAM = open(path, "a", buffering=1)  # noqa: SIM115
         os.environ[ENV] = str(path)
-        print(f"vLLM's log: {path} (spectool --verbose shows it here)", file=sys.stderr)
+        logging.getLogger(__name__).info(f"vLLM's log: {path} (spectool --verbose shows it here)")
     os.environ["VLLM_LOGGING_STREAM"] = "ext://spectool.engine.logs.STREAM"
     import warnings
 

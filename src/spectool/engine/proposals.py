@@ -15,7 +15,7 @@ At T=0 both propose the argmax; the mode only matters at T>0.
 
 from __future__ import annotations
 
-from spectool.config import DRAFT_SAMPLING
+from spectool.constants import DRAFT_SAMPLING
 
 BY_BUILD = {"cpu": "greedy", "gpu": "probabilistic"}
 WHY = {

@@ -26,15 +26,18 @@ outside the tested range.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from spectool.config import DEFAULT_K
+from spectool.constants import DEFAULT_K, K_MAX, K_MIN, k_in_range
 from spectool.draft.refresh import RefreshSettings
 from spectool.errors import SpectoolError
+
+log = logging.getLogger(__name__)
 
 TESTED_TRL = ("1.16.0", "1.17.0")  # [from, to): the releases this integration was run against
 CHECK_ROWS = 2  # sequences of the last training batch whose logprobs are checked after each sync
@@ -112,10 +115,10 @@ class SpectoolSpeculation:
                    **settings)
 
     def validate(self) -> None:
-        from spectool.config import DRAFT_SAMPLING
+        from spectool.constants import DRAFT_SAMPLING
 
-        if not 1 <= self.k <= 16:
-            raise SpectoolError(f"k = {self.k}: must be in [1, 16]")
+        if not k_in_range(self.k):
+            raise SpectoolError(f"k = {self.k}: must be in [{K_MIN}, {K_MAX}]")
         if self.draft_sampling not in DRAFT_SAMPLING:
             raise SpectoolError(f"draft_sampling = {self.draft_sampling!r}: one of {', '.join(DRAFT_SAMPLING)}")
         if self.refresh_every < 0 or self.refresh_steps < 1:
@@ -139,7 +142,7 @@ class SpectoolSpeculation:
         if self.draft is not None:
             _check_draft(self, trainer_kwargs.get("model"), args)
         if torch.cuda.is_available():  # before TRL puts the policy or the engine on the GPU
-            _check_memory(self, args, trainer_kwargs)
+            check_memory(self, args, trainer_kwargs)
         with _speculative_llm(self):
             trainer = trainer_cls(**trainer_kwargs)
         _Attached(self, trainer)
@@ -195,7 +198,7 @@ def _check_positions(spec: SpectoolSpeculation, model_path: str, args) -> None:
                     "GRPOConfig's max_prompt_length + max_completion_length")
 
 
-def _check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_bytes: int | None = None) -> None:
+def check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_bytes: int | None = None) -> None:
     """Print the plan of one GPU (TRL's policy and its colocated engine, memory.trl_plan); refuse
     one that cannot fit when nothing shards or shrinks the trainer (one process, no DeepSpeed or
     FSDP, no PEFT), where the arithmetic is plain."""
@@ -235,12 +238,12 @@ def _check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_b
         plan.notes.append("PEFT: the adapters' gradients and AdamW are not counted")
     if sharded or peft or world > 1:
         plan.notes.append("not enforced: DeepSpeed/FSDP, PEFT or several processes change the arithmetic")
-        print(plan.text())
+        log.info(plan.text())
         return
     plan.check("TRL's GRPOTrainer cannot fit this on one GPU: lower vllm_gpu_memory_utilization, "
                "per_device_train_batch_size or max_completion_length, set gradient_checkpointing=True, beta=0.0, "
                "or shard the policy (accelerate launch with DeepSpeed ZeRO-3 or FSDP) or train LoRA adapters")
-    print(plan.text())
+    log.info(plan.text())
 
 
 PROMPTS_MEASURED = 256  # dataset prompts tokenized for the memory plan's sequence length

@@ -8,18 +8,23 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool.config import (
+from spectool.constants import (
     DEFAULT_DATA,
     DEFAULT_K,
+    DEFAULT_LOSS,
     DEFAULT_MODEL,
     DRAFT_SAMPLING,
     ENGINE_DTYPES,
+    GPU_SHARE_MAX,
+    K_MAX,
+    K_MIN,
+    LOSSES,
     TRAINABLE,
-    InitDraftConfig,
-    check,
+    gpu_share_in_range,
+    k_in_range,
 )
 from spectool.draft.refresh_policy import REFRESH_MODES
-from spectool.errors import SpectoolError
+from spectool.errors import SpectoolError, check
 
 BACKENDS = ("builtin", "trl")
 
@@ -73,7 +78,7 @@ class DraftRefreshSection:
     warmup_steps: int = 10
     batch_size: int = 16
     buffer_steps: int = 5  # keep the features of the last N policy steps
-    loss: str = InitDraftConfig.loss  # ce | tv | mix: the per-position loss, init-draft's default
+    loss: str = DEFAULT_LOSS  # ce | tv | mix: the per-position loss, init-draft's default
 
 
 @dataclass
@@ -106,7 +111,7 @@ class RLConfig:
         _need(r.max_tokens >= 1, "rollout.max_tokens", r.max_tokens, ">= 1")
         _need(0 < r.temperature <= 10, "rollout.temperature", r.temperature, "in (0, 10]")
         _need(r.mode in ("sync", "async"), "rollout.mode", r.mode, "sync or async")
-        _need(s.k == "auto" or (isinstance(s.k, int) and 1 <= s.k <= 16), "speculation.k", s.k, "1..16 or auto")
+        _need(s.k == "auto" or k_in_range(s.k), "speculation.k", s.k, f"{K_MIN}..{K_MAX} or auto")
         _need(s.k != "auto" or s.sweep is not None, "speculation.sweep", s.sweep, "a sweep-k run when k is auto")
         _need(s.draft_sampling in DRAFT_SAMPLING, "speculation.draft_sampling", s.draft_sampling,
               f"one of {', '.join(DRAFT_SAMPLING)}")
@@ -132,7 +137,7 @@ class RLConfig:
         _need(d.every >= 1 and d.steps_per_refresh >= 1, "draft_refresh.every/steps_per_refresh",
               (d.every, d.steps_per_refresh), ">= 1")
         _need(0 < d.lr < 1, "draft_refresh.lr", d.lr, "in (0, 1)")
-        _need(d.loss in ("ce", "tv", "mix"), "draft_refresh.loss", d.loss, "ce, tv or mix")
+        _need(d.loss in LOSSES, "draft_refresh.loss", d.loss, ", ".join(LOSSES))
         _need(d.ttt_steps >= (s.k if isinstance(s.k, int) else 1), "draft_refresh.ttt_steps", d.ttt_steps,
               ">= speculation.k (every draft position the engine uses is trained)")
         _need(r.eval_every >= 0 and r.eval_prompts >= 1, "rollout.eval_every/eval_prompts", (r.eval_every, r.eval_prompts),
@@ -145,8 +150,8 @@ class RLConfig:
               "warmup_steps >= 0, batch_size >= 1, buffer_steps >= 1")
         e = self.engine
         _need(e.kv_cache_gib > 0, "engine.kv_cache_gib", e.kv_cache_gib, "> 0")
-        _need(0 < e.gpu_memory_utilization <= 0.98, "engine.gpu_memory_utilization", e.gpu_memory_utilization,
-              "a fraction of the GPU's memory in (0, 0.98]")
+        _need(gpu_share_in_range(e.gpu_memory_utilization), "engine.gpu_memory_utilization", e.gpu_memory_utilization,
+              f"a fraction of the GPU's memory in (0, {GPU_SHARE_MAX}]")
         _need(e.dtype in ENGINE_DTYPES, "engine.dtype", e.dtype, " | ".join(ENGINE_DTYPES))
         _need(e.max_model_len >= 0, "engine.max_model_len", e.max_model_len, ">= 0")
         _need(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")

@@ -5,9 +5,12 @@ left as given."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from spectool.rl.config import RLConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,13 +33,13 @@ def resolve(cfg: RLConfig, model) -> Speculation:
     if not s.enabled:
         return Speculation(None, None, None, 0)
     proposals, why = resolve_proposals(s.draft_sampling)
-    print(f"train-rl: draft proposals {proposals} ({why})")
+    log.info(f"train-rl: draft proposals {proposals} ({why})")
     if s.method == "mtp":
         from spectool.draft.mtp import check_mtp
 
         note = check_mtp(model.path, s.k, "speculation.method: mtp")  # refreshing them: DraftRefresher.from_mtp
         if note:
-            print(f"train-rl: {note}")
+            log.info(f"train-rl: {note}")
         return Speculation(None, model.path, model.path, s.k, "mtp", proposals)
     schedule, draft_dir, method = None, s.draft, s.method
     if s.k == "auto":

@@ -1,0 +1,46 @@
+"""Project-wide constants and ranges: one place for each rule that settings, the TRL integration, the
+refresher and the engine all read (the commands' settings are config.py's, train-rl's rl/config.py's).
+Torch-free, like the settings, so `spectool --help` stays fast."""
+
+from __future__ import annotations
+
+from spectool.draft.families import FAMILIES
+
+DEFAULT_MODEL = "smollm2-135m"
+# Two-term one-digit sums: SmolLM2-135M scores ~0.4 here, a real RL signal (measured).
+DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+# The drafter families (draft/families.py): a draft folder (eagle3, peagle, dflash, dspark) or the
+# model's own MTP layers (mtp). What rollout, verify and train-rl draft with; init-draft trains all
+# but dspark; dspark is served by GPU builds of vLLM only.
+DRAFTERS = tuple(FAMILIES)
+TRAINABLE = tuple(n for n, f in FAMILIES.items() if f.trainable)
+METHODS = (*DRAFTERS, "ngram", "draft_model")  # sweep-k's speculative methods
+CONTROLS = ("auto", "unpatched", "truncated", "none")  # verify's lossy controls
+# How a drafter proposes (vLLM's draft_sample_method): auto (chosen per build by measurement,
+# engine/proposals.py), its argmax, or a sample from it.
+DRAFT_SAMPLING = ("auto", "greedy", "probabilistic")
+# The engine's share of GPU memory when nothing else runs on the GPU (train-rl has its own default,
+# engine.gpu_memory_utilization, that leaves the colocated trainer room). Ignored on the CPU build.
+GPU_MEMORY_UTILIZATION = 0.9
+# Draft tokens per verify step wherever a draft runs (rollout, verify, export, train-rl, TRL): 3, the
+# field's measured best for EAGLE-3 in reasoning RL (NeMo RL: 1.77x at k=3 vs 1.44x at 5, 1.21x at 7).
+DEFAULT_K = 3
+# The engine's precision (precision.py: what "auto" picks per device, the logprob tolerance per dtype).
+ENGINE_DTYPES = ("auto", "float32", "bfloat16")
+# k, the draft tokens per verify step, wherever it is set (vLLM's own bound is larger; beyond 16 no
+# drafter spectool knows is accepted often enough to pay)
+K_MIN, K_MAX = 1, 16
+# The per-position draft losses (draft/loss.py) and the default, init-draft's measured best (ce + tv:
+# docs/results.md, "Draft loss"), also the online refresh's.
+LOSSES = ("ce", "tv", "mix")
+DEFAULT_LOSS = "mix"
+# The largest share of GPU memory an engine may take (vLLM needs a little for itself).
+GPU_SHARE_MAX = 0.98
+
+
+def k_in_range(k: object) -> bool:
+    return isinstance(k, int) and K_MIN <= k <= K_MAX
+
+
+def gpu_share_in_range(share: float) -> bool:
+    return 0 < share <= GPU_SHARE_MAX
