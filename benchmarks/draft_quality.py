@@ -27,7 +27,7 @@ from spectool.stats import AcceptanceStats
 ROOT = Path(__file__).resolve().parents[1]
 SPECTOOL = [sys.executable, "-m", "spectool.cli"]
 MODES = (("T=0", 0.0, "greedy"), ("T=1 greedy", 1.0, "greedy"), ("T=1 probabilistic", 1.0, "probabilistic"))
-BARS = {"T=0": 3.3, "T=1 greedy": 1.75, "T=1 probabilistic": 2.3}  # issue 12, k=3
+BARS = {"T=0": 3.3, "T=1 greedy": 1.75, "T=1 probabilistic": 2.3}  # the quality targets, k=3
 
 
 def measure(out: Path, draft_args: list[str], temperature: float, draft_sampling: str, a) -> AcceptanceStats:

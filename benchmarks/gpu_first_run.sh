@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first GPU run issue 21 asks for, in five parts that each fit one 10-minute device call (engine
+# The first GPU run, in five parts that each fit one 10-minute device call (engine
 # starts take about a minute there). Work folders live under /tmp/gpu-run, which survives between
 # calls on the same machine; each part copies its outputs and logs to OUT (the device's $OUT).
 #   tests     pytest of the GPU pipeline test, test_compat, and the engine tests that run as they

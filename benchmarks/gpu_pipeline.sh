@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The demo pipeline on one GPU (issue 10), every stage timed: init-draft (demo preset), export,
+# The demo pipeline on one GPU, every stage timed: init-draft (demo preset), export,
 # rollout --compare at T=0 and T=1, train-rl 10 steps with online refresh, verify at T=1 with greedy
-# and probabilistic draft sampling; then the quality preset (issue 12: under 5 min on one GPU) and its
+# and probabilistic draft sampling; then the quality preset (target: under 5 min on one GPU) and its
 # engine-measured acceptance next to the demo draft's and the oracle's. Prints a table of stage times.
 # Usage (GPU machine, bundle installed): . /tmp/site/env.sh && bash benchmarks/gpu_pipeline.sh [OUT]
 # ONLY="init-draft export ..." runs those stages (later ones read earlier ones' folders under OUT).

@@ -1,6 +1,6 @@
 """Is SmolLM2 served as MiMo (a Qwen2 trunk with zero q/k/v biases, plus an MTP layer) still SmolLM2?
 
-Converts the embedded SmolLM2-135M with `spectool.draft.mtp.add_mtp_layers` (once), then compares
+Converts the embedded SmolLM2-135M with `tests/mimo.py`'s `add_mtp_layers` (once), then compares
 the two folders on the same prompts: transformers logits (max |diff|), the plain vLLM engine's
 greedy completions (identical tokens?) and the vLLM engine's logprobs of sampled completions
 (max |diff|). Prints one JSON line; exits 1 when they differ.
@@ -27,8 +27,9 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the converter is a test helper
+    from mimo import add_mtp_layers
     from spectool.data import load_source
-    from spectool.draft.mtp import add_mtp_layers
     from spectool.engine.engine import Engine, EngineConfig, Sampling
     from spectool.models import resolve_model
     from spectool.prompts import encode_prompt

@@ -16,7 +16,7 @@ from clirun import spectool
 
 @pytest.fixture(scope="module")
 def tiny_mimo(tiny_policy, tmp_path_factory):
-    from spectool.draft.mtp import add_mtp_layers
+    from mimo import add_mtp_layers
 
     return add_mtp_layers(tiny_policy, tmp_path_factory.mktemp("tiny_mimo"))
 
@@ -53,7 +53,7 @@ def test_the_trunk_served_as_mimo_is_the_source_model(tiny_policy, tiny_mimo):
 
 
 def test_a_model_without_mtp_layers_is_refused_naming_the_fields(tiny_policy):
-    from spectool.draft.mtp import k_note, require_mtp
+    from spectool.draft.mtp_folder import k_note, require_mtp
     from spectool.errors import SpectoolError
 
     with pytest.raises(SpectoolError, match="num_nextn_predict_layers, mtp_num_hidden_layers, num_mtp_modules"):
@@ -74,7 +74,7 @@ def test_the_mtp_unroll_trains_only_the_mtp_layer(tiny_mimo):
     """Gradients of the TTT loss reach the MTP layer and nothing of the trunk (it is read detached)."""
     from transformers import AutoModelForCausalLM
 
-    from spectool.draft.mtp import load_mtp
+    from spectool.draft.mtp_folder import load_mtp
     from spectool.draft.ttt import ttt_step_loss
     from spectool.hidden import feature_items
 
@@ -99,7 +99,7 @@ def test_engine_drafts_with_mtp_and_spectool_predicts_its_acceptance(tiny_mimo):
     training forward without touching the trunk."""
     from transformers import AutoModelForCausalLM
 
-    from spectool.draft.mtp import load_mtp
+    from spectool.draft.mtp_folder import load_mtp
     from spectool.draft.refresh import DraftRefresher, RefreshSettings
     from spectool.draft.ttt import heldout_metrics
     from spectool.engine.engine import Engine, EngineConfig, Sampling

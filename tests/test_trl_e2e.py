@@ -190,7 +190,7 @@ def test_a_sweep_or_forecast_schedule_sets_k_per_batch_size(random_draft, tmp_pa
 def test_grpo_with_the_policys_own_mtp_layer_refreshed(tiny_policy, sums, tmp_path):
     """SpectoolSpeculation("mtp"): TRL's engine drafts with the policy's MTP layer, which the
     refresher trains from TRL's own loss forward (trunk detached) and pushes after every step."""
-    from spectool.draft.mtp import add_mtp_layers
+    from mimo import add_mtp_layers
 
     mimo = add_mtp_layers(tiny_policy, tmp_path / "mimo")
     _two_refreshed_steps("mtp", mimo, sums, tmp_path)

@@ -64,17 +64,17 @@ def vllm_default_aux_ids(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def snippet(target: str, draft_dir: str, k: int, policy: str, family: str = "eagle3") -> Snippet:
+def snippet(target: str, draft_path: str, k: int, policy: str, family: str = "eagle3") -> Snippet:
     from spectool.draft.families import family as drafter_family
 
-    spec = {**drafter_family(family).speculative_entries(draft_dir), "num_speculative_tokens": k}
+    spec = {**drafter_family(family).speculative_entries(draft_path), "num_speculative_tokens": k}
     if target == "vllm":
         return Snippet("vllm.json", json.dumps({"speculative_config": spec}, indent=2) + "\n",
                        "vLLM: pass speculative_config to LLM(...) or `vllm serve --speculative-config`; frozen.")
     if target == "nemo-rl":
         return Snippet("nemo-rl.yaml", _yaml({"policy": {
             "generation": {"vllm_kwargs": {"speculative_config": spec}},
-            "draft": {"enabled": True, "model_name": draft_dir, "loss_weight": 1.0}}}) + (
+            "draft": {"enabled": True, "model_name": draft_path, "loss_weight": 1.0}}}) + (
             "# Frozen draft instead: drop policy.draft (NeMo then loads the draft with load_format auto).\n"
             "# policy.draft needs megatron_cfg.enabled: true, dtensor_cfg.enabled: false, sequence_packing off.\n"),
             "NeMo RL: with policy.draft it trains its own Megatron copy of this draft, initialised from it, on the "

@@ -119,7 +119,7 @@ def _setup(cfg: InitDraftConfig):
 
     model = resolve_model(cfg.model)
     if cfg.method == "mtp":  # fail before any harvesting or training
-        from spectool.draft.mtp import check_trainable
+        from spectool.draft.mtp_folder import check_trainable
 
         check_trainable(Path(model.path))
     if cfg.init_from:
@@ -251,7 +251,7 @@ def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
 
     responses = [data.records[i]["response_ids"] for i in data.train]
     if cfg.method == "mtp":  # the model's own MTP layers over the full vocabulary, with its lm_head
-        from spectool.draft.mtp import load_mtp
+        from spectool.draft.mtp_folder import load_mtp
 
         return load_mtp(data.model_path, policy), torch.arange(policy.config.vocab_size), 1.0
     vsize = min(cfg.draft_vocab_size, policy.config.vocab_size)
@@ -375,7 +375,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     if acc.is_main_process:
         meta = draft_metadata(model, cfg.ttt_steps, coverage=coverage)
         if cfg.method == "mtp":
-            from spectool.draft.mtp import save_mtp_model
+            from spectool.draft.mtp_folder import save_mtp_model
 
             save_mtp_model(tr.unwrapped, model.path, out, meta)
         else:

@@ -100,7 +100,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     max_k = max(k for _, _, k in schedule) if schedule else cfg.k
     draft_path = check_draft(draft, model, max(max_k, 1), method=method) if draft else None
     if method == "mtp":
-        from spectool.draft.mtp import check_mtp
+        from spectool.draft.mtp_folder import check_mtp
 
         note = check_mtp(model.path, max_k)
         if note:

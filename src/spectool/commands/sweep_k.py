@@ -133,7 +133,7 @@ def _check_mtp(cfg: SweepConfig, model_path: str) -> None:
     """With --methods mtp: the model must have MTP layers; k beyond them is said (vLLM reruns the layer)."""
     if "mtp" not in cfg.methods:
         return
-    from spectool.draft.mtp import check_mtp
+    from spectool.draft.mtp_folder import check_mtp
 
     note = check_mtp(model_path, max(cfg.ks), "--methods mtp")
     if note:

@@ -69,7 +69,7 @@ class _Run:
     tokenizer: Any
     tasks: StepPrompts
     eval_tasks: list
-    draft_dir: str | None  # the draft folder speculation uses (None: plain decoding)
+    draft: str | None  # the draft folder speculation started from (None: plain decoding)
     start: int  # steps done by the checkpoint resumed from
     trainer: PolicyTrainer
     refresher: Any  # DraftRefresher, or None when the draft is frozen
@@ -124,7 +124,7 @@ def _setup(cfg: RLConfig) -> _Run:
     tasks = StepPrompts(source, tokenizer, cfg)
     eval_tasks = source.tasks("eval", cfg.rollout.eval_prompts) if cfg.rollout.eval_every else []
     spec = resolve(cfg, model)
-    schedule, draft_dir, draft_path, k = spec.schedule, spec.draft_dir, spec.draft_path, spec.k
+    schedule, draft_path, k = spec.schedule, spec.draft_path, spec.k
     claim(out, "train-rl", cfg.as_dict(), may_change=RESUMABLE_KEYS_IGNORED, flag="out")
     ckpt = _latest_checkpoint(out)
     p, e = cfg.policy, cfg.engine
@@ -161,8 +161,8 @@ def _setup(cfg: RLConfig) -> _Run:
         if mtp and refresher is not None:  # and its MTP layers from the base model's
             refresher.push(engine)
     start = ckpt[0] if ckpt else 0
-    return _Run(cfg, out, model, source, tokenizer, tasks, eval_tasks, draft_dir, start, trainer, refresher, cadence, engine,
-                logprob_tolerance(p.logprob_tolerance or None, dtype), truncate_jsonl(out / "metrics.jsonl", start))
+    return _Run(cfg, out, model, source, tokenizer, tasks, eval_tasks, spec.draft_path, start, trainer, refresher, cadence,
+                engine, logprob_tolerance(p.logprob_tolerance or None, dtype), truncate_jsonl(out / "metrics.jsonl", start))
 
 
 def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_next) -> float | None:
@@ -264,8 +264,8 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     spec = cfg.speculation
     atomic_write_json(r.out / MANIFEST, make_manifest(
         "train-rl", model=r.model.name, model_identity=r.model.identity, data=cfg.data, steps=cfg.policy.steps,
-        resumed_from=r.start, sampler_fix=r.engine.sampler_fix, draft=r.draft_dir,
-        draft_mode=cfg.draft_refresh.mode if r.draft_dir else "no speculation", k=spec.k,
+        resumed_from=r.start, sampler_fix=r.engine.sampler_fix, draft=r.draft,
+        draft_mode=cfg.draft_refresh.mode if r.draft else "no speculation", k=spec.k,
         plots=plots, summary=_summary(r.history)))
     return RLResult(str(r.out), cfg.policy.steps, r.start, time.perf_counter() - t_start, r.history)
 

@@ -182,7 +182,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     proposals, proposals_why = resolve(cfg.draft_sampling)
     model = resolve_model(cfg.model)
     if cfg.method == "mtp":
-        from spectool.draft.mtp import check_mtp
+        from spectool.draft.mtp_folder import check_mtp
 
         note = check_mtp(model.path, cfg.k)
         if note:

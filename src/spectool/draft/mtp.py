@@ -1,5 +1,5 @@
 """A model's own multi-token-prediction (MTP) layers as the draft: the one PyTorch definition of
-the MiMo MTP layer spectool trains, and the model folders that carry it.
+the MiMo MTP layer spectool trains (model folders that carry it: draft/mtp_folder.py).
 
 vLLM runs `speculative_config={"method": "mtp"}` from the target's own checkpoint (no draft
 folder): it rewrites the target's config into a drafter config and loads the MTP tensors, sharing
@@ -21,10 +21,7 @@ layer count, that layer is run again, and spectool trains every unrolled step th
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +29,6 @@ from torch import nn
 
 from spectool.draft.model import MLP, Attention, RMSNorm, chain_attention, inverse_frequencies
 from spectool.errors import SpectoolError
-from spectool.runs import atomic_write_bytes, atomic_write_json
 
 # config.json fields that count a model's MTP layers, as vLLM reads them (config/speculative.py)
 MTP_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
@@ -48,41 +44,6 @@ NOT_MODEL_FILES = {"model.safetensors.index.json", MTP_JSON, MTP_WEIGHTS, "manif
 def mtp_layer_count(config: dict) -> int:
     """The model's MTP layers by vLLM's fields (0: none)."""
     return max((int(config.get(f) or 0) for f in MTP_FIELDS), default=0)
-
-
-def require_mtp(model_path: str | Path, flag: str = "--method mtp") -> int:
-    """The MTP layer count of the model folder (or config-only template) `model_path`; refused,
-    naming the fields looked for, when it has none."""
-    config = read_config(model_path)
-    n = mtp_layer_count(config)
-    if n == 0:
-        arch = (config.get("architectures") or ["?"])[0]
-        raise SpectoolError(f"{flag}: {model_path} ({arch}) has no MTP layers: its config.json sets none of "
-                            f"{', '.join(MTP_FIELDS)} above 0. Use an EAGLE-3 draft for this model "
-                            "(init-draft, --draft), or a model that ships MTP layers (MiMo, DeepSeek-V3, GLM-4.5+, "
-                            "Qwen3-Next, Qwen3.5)")
-    return n
-
-
-def check_mtp(model_path: str | Path, k: int, flag: str = "--method mtp") -> str | None:
-    """Refuse a model without MTP layers (require_mtp); returns what vLLM does with k beyond
-    them (k_note), for the caller to say, or None."""
-    return k_note(k, require_mtp(model_path, flag))
-
-
-def k_note(k: int, layers: int) -> str | None:
-    """What vLLM does with k beyond the model's MTP layers (None when k fits)."""
-    if k <= layers:
-        return None
-    return (f"k={k} with {layers} MTP layer{'s' if layers > 1 else ''}: vLLM runs the MTP layer again for each further "
-            "draft position (its own warning: acceptance is lower than with as many layers as k)")
-
-
-def read_config(model_path: str | Path) -> dict:
-    p = Path(model_path) / "config.json"
-    if not p.exists():
-        raise SpectoolError(f"{model_path}: no config.json")
-    return json.loads(p.read_text())
 
 
 @dataclass
@@ -220,189 +181,3 @@ class MtpDraft(nn.Module):
         return logits
 
 
-# --- model folders -------------------------------------------------------------------------------
-
-
-def _shards(model_path: Path) -> list[Path]:
-    files = sorted(model_path.glob("*.safetensors"))
-    if not files:
-        raise SpectoolError(f"{model_path} has no .safetensors weights")
-    return files
-
-
-def check_trainable(model_path: Path, flag: str = "--method mtp") -> dict:
-    """The model's config.json, refused (naming why) without MTP layers or with a layout spectool
-    does not train; reads no weights."""
-    require_mtp(model_path, flag)
-    config = read_config(model_path)
-    arch = (config.get("architectures") or ["?"])[0]
-    if arch not in TRAINABLE_ARCHITECTURES:
-        raise SpectoolError(f"{flag}: spectool trains the MTP layout of {', '.join(TRAINABLE_ARCHITECTURES)}; "
-                            f"{model_path} is {arch}. vLLM still serves its MTP layers (rollout, sweep-k, verify "
-                            "--method mtp)")
-    return config
-
-
-def load_mtp(model_path: str | Path, policy=None, flag: str = "--method mtp") -> MtpDraft:
-    """The MTP layers of a model folder as a trainable MtpDraft (refused, naming why, for a model
-    without MTP layers or with a layout spectool does not train); `policy`: the trainer's model,
-    whose embedding and lm_head the draft reads. The policy's shapes are checked against the
-    model's config."""
-    from safetensors import safe_open
-
-    path = Path(model_path)
-    draft = MtpDraft(MtpConfig.from_model_config(check_trainable(path, flag)))
-    sd: dict[str, torch.Tensor] = {}
-    for f in _shards(path):
-        with safe_open(str(f), "pt") as fh:
-            sd.update({k[len(PREFIX) + 1 :]: fh.get_tensor(k) for k in fh.keys() if k.startswith(PREFIX + ".")})
-    missing, unexpected = draft.layers.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
-    if missing or unexpected:
-        raise SpectoolError(f"{path}: the MTP tensors under {PREFIX}.* do not fit a MiMo MTP layer: "
-                            f"missing {missing[:4]}, unexpected {unexpected[:4]}")
-    if policy is not None:
-        pc = policy.config
-        diff = [f"{k}: {getattr(draft.config, a)} vs {getattr(pc, k)}" for k, a in
-                (("hidden_size", "hidden_size"), ("vocab_size", "vocab_size"), ("num_hidden_layers", "target_num_layers"))
-                if getattr(draft.config, a) != getattr(pc, k)]
-        if diff:
-            raise SpectoolError(f"the MTP layers of {path} were made for another policy: " + "; ".join(diff))
-        draft.follow(policy)
-    return draft
-
-
-def attach_mtp(folder: str | Path, draft: MtpDraft, meta: dict | None = None) -> None:
-    """Make a transformers-saved trunk folder (train-rl's checkpointed policy, which transformers
-    writes as Qwen2) a MiMo model folder vLLM serves with `draft`'s MTP layers: the MTP shard, the
-    index listing every shard's tensors, and the MiMo architecture in config.json."""
-    from safetensors import safe_open
-
-    folder = Path(folder)
-    weight_map: dict[str, str] = {}
-    for f in _shards(folder):
-        if f.name != MTP_WEIGHTS:
-            with safe_open(str(f), "pt") as fh:
-                weight_map.update({k: f.name for k in fh.keys()})
-    _write_mtp(folder, draft, weight_map, _checkpoint_dtype(folder), meta or {})
-    config = read_config(folder)
-    config.update(architectures=list(TRAINABLE_ARCHITECTURES[:1]), num_nextn_predict_layers=draft.config.mtp_layers)
-    atomic_write_json(folder / "config.json", config)
-
-
-def save_mtp_model(draft: MtpDraft, source: str | Path, out: str | Path, meta: dict | None = None) -> None:
-    """`out`: the model folder `source` with the draft's MTP tensors, which vLLM serves as it is.
-    Every trunk tensor keeps its bytes: shards without MTP tensors are hard-linked (copied across
-    file systems), a shard that held MTP tensors is rewritten without them, and the MTP tensors
-    go to their own shard listed in model.safetensors.index.json. `out` must be a fresh folder
-    (the caller writes it atomically)."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    source, out = Path(source), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    weight_map: dict[str, str] = {}
-    for f in sorted(source.iterdir()):
-        if f.is_dir() or f.name in NOT_MODEL_FILES:
-            continue
-        if f.suffix != ".safetensors":
-            shutil.copy2(f, out / f.name)
-            continue
-        with safe_open(str(f), "pt") as fh:
-            keys = list(fh.keys())
-            trunk = [k for k in keys if not k.startswith(PREFIX + ".")]
-            if len(trunk) < len(keys):
-                save_file({k: fh.get_tensor(k) for k in trunk}, str(out / f.name), metadata={"format": "pt"})
-            else:
-                _link_or_copy(f, out / f.name)
-        weight_map.update({k: f.name for k in trunk})
-    _write_mtp(out, draft, weight_map, _checkpoint_dtype(source), {"source": str(source), **(meta or {})})
-
-
-def _write_mtp(folder: Path, draft: MtpDraft, weight_map: dict[str, str], dtype: torch.dtype, meta: dict) -> None:
-    """The MTP shard (in the checkpoint's dtype), the index listing it beside the trunk's shards
-    (`weight_map`), and spectool's record of the layers, each file written whole."""
-    from safetensors.torch import save
-
-    mtp = {k: v.to(dtype) for k, v in draft.export_state_dict().items()}
-    atomic_write_bytes(folder / MTP_WEIGHTS, save(mtp, metadata={"format": "pt"}))
-    atomic_write_json(folder / "model.safetensors.index.json",
-                      {"metadata": {}, "weight_map": {**weight_map, **{k: MTP_WEIGHTS for k in mtp}}})
-    atomic_write_json(folder / MTP_JSON, {"config": draft.config.to_dict(), **meta})
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        dst.hardlink_to(src.resolve())
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def _checkpoint_dtype(model_path: Path) -> torch.dtype:
-    """The dtype of the checkpoint's MTP tensors (else its first tensor): new ones are saved alike."""
-    from safetensors import safe_open
-
-    first = None
-    for f in _shards(model_path):
-        with safe_open(str(f), "pt") as fh:
-            for k in fh.keys():
-                if k.startswith(PREFIX + ".") or first is None:
-                    t = fh.get_slice(k).get_dtype()
-                    first = first or t
-                    if k.startswith(PREFIX + "."):
-                        return _DTYPES.get(t, torch.float32)
-    return _DTYPES.get(first, torch.float32)
-
-
-_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-
-
-def add_mtp_layers(source: str | Path, out: str | Path, layers: int = 1, seed: int = 0) -> Path:
-    """A Llama or Qwen2 model folder served as MiMo: the same trunk (a Llama decoder is a Qwen2
-    decoder with zero q/k/v biases) plus `layers` new MTP layers, each started from a copy of the
-    last decoder layer, `input_proj` passing the hidden state through and reading the token a
-    little (std 0.02). The trunk's logits are unchanged (checked by tests and the MTP benchmark)."""
-    from safetensors.torch import load_file, save_file
-
-    source, out = Path(source), Path(out)
-    c = read_config(source)
-    if c.get("model_type") not in ("llama", "qwen2"):
-        raise SpectoolError(f"add_mtp_layers: {source} is {c.get('model_type')!r}; a llama or qwen2 model is needed")
-    if c.get("attention_bias") or c.get("mlp_bias"):
-        raise SpectoolError(f"add_mtp_layers: {source} has attention or MLP biases that Qwen2 does not take")
-    sd: dict[str, torch.Tensor] = {}
-    for f in _shards(source):
-        sd.update(load_file(f))
-    N, H = c["num_hidden_layers"], c["hidden_size"]
-    hd = c.get("head_dim") or H // c["num_attention_heads"]
-    if c["model_type"] == "llama":
-        for i in range(N):
-            for p, heads in (("q", c["num_attention_heads"]), ("k", c["num_key_value_heads"]), ("v", c["num_key_value_heads"])):
-                sd.setdefault(f"model.layers.{i}.self_attn.{p}_proj.bias",
-                              torch.zeros(heads * hd, dtype=sd["model.norm.weight"].dtype))
-    g = torch.Generator().manual_seed(seed)
-    last = f"model.layers.{N - 1}."
-    for j in range(layers):
-        pre = f"{PREFIX}.{j}."
-        for k, v in list(sd.items()):
-            if k.startswith(last):
-                sd[pre + k[len(last):]] = v.clone()
-        dt = sd["model.norm.weight"].dtype
-        proj = torch.cat([torch.eye(H), 0.02 * torch.randn(H, H, generator=g)], dim=1)  # [H, 2H]
-        sd[pre + "input_proj.weight"] = proj.to(dt)
-        sd[pre + "token_layernorm.weight"] = torch.ones(H, dtype=dt)
-        sd[pre + "hidden_layernorm.weight"] = torch.ones(H, dtype=dt)
-        sd[pre + "final_layernorm.weight"] = sd["model.norm.weight"].clone()
-    if c.get("tie_word_embeddings", False) and "lm_head.weight" not in sd:
-        sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()  # vLLM's MTP loader reads an lm_head
-    new = {**c, "model_type": "qwen2", "architectures": ["MiMoForCausalLM"], "num_nextn_predict_layers": layers,
-           "tie_word_embeddings": False, "use_sliding_window": False, "max_window_layers": N,
-           "auto_map": {}}  # no remote code (TRL 1.16 reads config.auto_map for architectures transformers lacks)
-    for key in ("attention_bias", "mlp_bias", "pretraining_tp"):
-        new.pop(key, None)
-    out.mkdir(parents=True, exist_ok=True)
-    for f in source.iterdir():
-        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
-            shutil.copy2(f, out / f.name)
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(new, indent=1))
-    return out

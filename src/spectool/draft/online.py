@@ -110,7 +110,8 @@ class OnlineDraft:
 
     def save(self, folder: Path, extra: dict) -> None:
         """A vLLM-loadable draft folder; MTP layers go into `folder` as a saved policy's (attach_mtp)."""
-        from spectool.draft.mtp import MtpDraft, attach_mtp
+        from spectool.draft.mtp import MtpDraft
+        from spectool.draft.mtp_folder import attach_mtp
 
         if isinstance(self.draft, MtpDraft):
             attach_mtp(folder, self.draft, extra)

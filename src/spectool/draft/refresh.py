@@ -138,7 +138,7 @@ class DraftRefresher:
     def from_mtp(cls, model_path: str | Path, policy, settings: RefreshSettings | None = None, **kw) -> "DraftRefresher":
         """The policy's own MTP layers (a model folder that has them: MiMo layout), refreshed like a
         draft; the trunk is never touched (the hooks read it detached)."""
-        from spectool.draft.mtp import load_mtp
+        from spectool.draft.mtp_folder import load_mtp
 
         draft = load_mtp(model_path, _unwrap(policy), flag="speculation.method: mtp")
         return cls(draft, policy, settings, {"folder": str(model_path), "method": "mtp"}, **kw)

@@ -175,7 +175,7 @@ def _check_draft(spec: SpectoolSpeculation, model, args) -> None:
     path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
     k = max([spec.k] + [k for _, _, k in spec.k_schedule or []])
     if spec.draft == MTP:
-        from spectool.draft.mtp import load_mtp
+        from spectool.draft.mtp_folder import load_mtp
 
         if not path:
             raise SpectoolError('draft="mtp" needs the model as a folder path (its MTP layers are read from it)')

@@ -1,1 +1,1 @@
-"""Online RL (GRPO) pieces for `train-rl` (issue 5)."""
+"""Online RL (GRPO) pieces for `train-rl`."""

@@ -16,10 +16,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class Speculation:
     schedule: list[tuple[int, int, int]] | None  # k per batch size (k: auto), else None
-    draft_dir: str | None  # the draft folder as configured or named by the sweep (None: plain decoding)
-    draft_path: str | None  # the same, checked against the policy
+    draft_path: str | None  # the draft folder as configured or named by the sweep, checked against the policy
     k: int  # the largest k the engine uses (0: plain decoding)
-    method: str = "eagle3"  # a drafter family; "mtp": the policy's own MTP layers (draft_dir/draft_path: its folder)
+    method: str = "eagle3"  # a drafter family; "mtp": the policy's own MTP layers (draft_path: its folder)
     proposals: str = "greedy"  # how the drafter proposes (engine/proposals.py: speculation.draft_sampling resolved)
 
 
@@ -31,24 +30,24 @@ def resolve(cfg: RLConfig, model) -> Speculation:
 
     s = cfg.speculation
     if not s.enabled:
-        return Speculation(None, None, None, 0)
+        return Speculation(None, None, 0)
     proposals, why = resolve_proposals(s.draft_sampling)
     log.info(f"train-rl: draft proposals {proposals} ({why})")
     if s.method == "mtp":
-        from spectool.draft.mtp import check_mtp
+        from spectool.draft.mtp_folder import check_mtp
 
         note = check_mtp(model.path, s.k, "speculation.method: mtp")  # refreshing them: DraftRefresher.from_mtp
         if note:
             log.info(f"train-rl: {note}")
-        return Speculation(None, model.path, model.path, s.k, "mtp", proposals)
-    schedule, draft_dir, method = None, s.draft, s.method
+        return Speculation(None, model.path, s.k, "mtp", proposals)
+    schedule, folder, method = None, s.draft, s.method
     if s.k == "auto":
         from spectool.schedule import read_schedule, schedule_method
 
-        schedule, draft_dir = read_schedule(s.sweep, s.draft, proposals, flag="speculation.")
+        schedule, folder = read_schedule(s.sweep, s.draft, proposals, flag="speculation.")
         method = schedule_method(s.sweep)  # the family the sweep chose (its draft folder's)
     k = max(k for _, _, k in schedule) if schedule else s.k
-    return Speculation(schedule, draft_dir, check_draft(draft_dir, model, max(k, 1), flag="speculation.draft",
+    return Speculation(schedule, check_draft(folder, model, max(k, 1), flag="speculation.draft",
                                                       k_flag="speculation.k", method=method,
                                                       method_flag="speculation.method:"), k, method, proposals)
 
