@@ -31,6 +31,7 @@ def common(args) -> list[str]:
             f"rollout.max_tokens={args.max_tokens}", "rollout.eval_every=0", f"seed={args.seed}",
             f"checkpoint_every={args.steps}", f"draft_refresh.steps_per_refresh={args.refresh_steps}",
             f"draft_refresh.lr={args.draft_lr}", "draft_refresh.warmup_steps=0", f"draft_refresh.ttt_steps={max(args.k, 3)}",
+            f"draft_refresh.buffer_seqs={5 * args.prompts * args.group}",  # the features of the last 5 steps
             f"engine.enforce_eager={str(args.eager).lower()}"]
 
 

@@ -41,8 +41,9 @@ def arm(a: argparse.Namespace, name: str, out: Path) -> None:
                       use_vllm=True, vllm_mode="colocate", beta=0.0,
                       save_strategy="no", learning_rate=a.lr, seed=0, vllm_enable_sleep_mode=False)
     kw = dict(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
-    spec = SpectoolSpeculation(None if name == "plain" else a.draft, k=a.k, refresh_every=1 if name == "online" else 0,
-                               refresh_steps=a.refresh_steps, refresh=RefreshSettings(lr=a.draft_lr),
+    spec = SpectoolSpeculation(None if name == "plain" else a.draft, k=a.k,
+                               refresh=RefreshSettings(mode="online" if name == "online" else "frozen", every=1,
+                                                       steps_per_refresh=a.refresh_steps, lr=a.draft_lr),
                                enforce_eager=a.eager)
     trainer = spec.grpo_trainer(**kw)
     trainer.train()

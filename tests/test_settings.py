@@ -74,16 +74,18 @@ def test_flags_parse_into_the_settings():
 def test_defaults_that_must_agree_do():
     """Settings of different owners that describe one thing agree (no literal restated here: a
     change to one owner's default that breaks the agreement fails)."""
+    from spectool.draft.refresh_policy import RefreshSettings
     from spectool.engine.engine import EngineConfig
     from spectool.integrations.trl import SpectoolSpeculation
-    from spectool.rl.config import DraftRefreshSection, SpeculationSection
+    from spectool.rl.config import RLConfig, SpeculationSection
 
     ks = {field_default(c, "k") for c in (RolloutConfig, VerifyConfig, ExportConfig)} | {SpeculationSection().k}
     ks |= {EngineConfig(model_path="m").k, SpectoolSpeculation(None).k}
     assert len(ks) == 1, ks  # one default k wherever a draft is run
-    assert DraftRefreshSection().loss == field_default(InitDraftConfig, "loss")  # online refresh = init-draft's loss
+    assert RLConfig().draft_refresh == RefreshSettings()  # rl.yaml's section is the refresher's settings, defaults and all
+    assert RefreshSettings().loss == field_default(InitDraftConfig, "loss")  # online refresh = init-draft's loss
     assert max(field_default(SweepConfig, "ks")) <= field_default(InitDraftConfig, "ttt_steps")  # swept ks are trained
-    assert SpeculationSection().k <= DraftRefreshSection().ttt_steps
+    assert RefreshSettings().ttt_steps == 0  # the draft's own trained positions, which check_draft holds >= k
 
 
 def test_weights_are_sent_in_layer_aligned_chunks_each_tensor_once():

@@ -62,8 +62,8 @@ def test_grpo_with_a_refreshed_draft(long_context_policy, random_draft, sums, tm
     from spectool.integrations.trl import SpectoolSpeculation, task_data
 
     ds, reward = task_data(str(sums), 64)
-    spec = SpectoolSpeculation(str(random_draft), k=2, refresh_every=1, refresh_steps=4, enforce_eager=True,
-                               refresh=RefreshSettings(lr=3e-3, warmup_steps=0, batch_size=4))
+    spec = SpectoolSpeculation(str(random_draft), k=2, enforce_eager=True,
+                               refresh=RefreshSettings(every=1, steps_per_refresh=4, lr=3e-3, warmup_steps=0, batch_size=4))
     trainer = spec.grpo_trainer(model=str(long_context_policy), reward_funcs=reward, args=_args(tmp_path),
                                 train_dataset=ds)
     trainer.train()
@@ -171,14 +171,15 @@ def test_the_readme_trl_example_runs_as_written(tiny_policy, random_draft, sums,
 
 
 def test_a_sweep_or_forecast_schedule_sets_k_per_batch_size(random_draft, tmp_path):
+    from spectool.draft.refresh import RefreshSettings
     from spectool.errors import SpectoolError
     from spectool.integrations.trl import SpectoolSpeculation
     from spectool.schedule import write_schedule
 
     write_schedule(tmp_path / "sweep", [(1, 8, 3), (9, 1024, 1)], "sweep", str(random_draft), "greedy")
-    spec = SpectoolSpeculation.from_sweep(str(tmp_path / "sweep"), refresh_every=2)
+    spec = SpectoolSpeculation.from_sweep(str(tmp_path / "sweep"), refresh=RefreshSettings(every=2))
     assert spec.draft == str(random_draft) and spec.k == 3 and spec.k_schedule == [(1, 8, 3), (9, 1024, 1)]
-    assert spec.refresh_every == 2
+    assert spec.refresh.every == 2
     write_schedule(tmp_path / "none", [(1, 1024, 0)], "forecast", None, "greedy")
     with pytest.raises(SpectoolError, match="no speculation"):
         SpectoolSpeculation.from_sweep(str(tmp_path / "none"), draft=str(random_draft))
@@ -203,8 +204,8 @@ def _two_refreshed_steps(draft: str, model, sums, tmp_path):
     from spectool.integrations.trl import SpectoolSpeculation, task_data
 
     ds, reward = task_data(str(sums), 64)
-    spec = SpectoolSpeculation(draft, k=2, refresh_every=1, refresh_steps=3, enforce_eager=True,
-                               refresh=RefreshSettings(lr=3e-3, warmup_steps=0, batch_size=4))
+    spec = SpectoolSpeculation(draft, k=2, enforce_eager=True,
+                               refresh=RefreshSettings(every=1, steps_per_refresh=3, lr=3e-3, warmup_steps=0, batch_size=4))
     trainer = spec.grpo_trainer(model=str(model), reward_funcs=reward, args=_args(tmp_path / "trl", max_steps=2),
                                 train_dataset=ds)
     trainer.train()

@@ -6,7 +6,7 @@ Workflow per step n (sync mode):
             draft's features (detached) when the draft is refreshed online
   sync      the new policy weights go into the running engine; prefix cache dropped
   check     every `logprob_check_every` steps: engine logprobs == trainer logprobs, or stop
-  refresh   every `draft_refresh.every` steps (online): the draft trains on the cached features,
+  refresh   every `draft_refresh.every` steps (online), or when it pays (auto): the draft trains on the cached features,
             then goes into the running engine
   eval      every `eval_every` steps: greedy reward on held-out prompts
   log       metrics.jsonl line; checkpoint every `checkpoint_every` steps
@@ -99,11 +99,10 @@ def _refresher(cfg: RLConfig, draft_path: str, trainer: PolicyTrainer):
     """The public DraftRefresher on the trainer's policy, as any outside trainer builds it (the
     policy's own MTP layers: `draft_path` is a model folder holding them)."""
     from spectool.draft.refresh import DraftRefresher
-    from spectool.rl.speculation import refresh_settings
 
     if cfg.speculation.method == "mtp":
-        return DraftRefresher.from_mtp(draft_path, trainer.model, refresh_settings(cfg))
-    return DraftRefresher.from_folder(draft_path, trainer.model, refresh_settings(cfg))
+        return DraftRefresher.from_mtp(draft_path, trainer.model, cfg.draft_refresh, seed=cfg.seed)
+    return DraftRefresher.from_folder(draft_path, trainer.model, cfg.draft_refresh, seed=cfg.seed)
 
 
 def _setup(cfg: RLConfig) -> _Run:
@@ -136,7 +135,7 @@ def _setup(cfg: RLConfig) -> _Run:
                             engine_dtype=dtype)
     refresher, cadence = None, None
     if draft_path is not None and cfg.draft_refresh.mode != "frozen":
-        cadence = RefreshPolicy(cfg.draft_refresh.mode, cfg.draft_refresh.every, cfg.draft_refresh.drop)
+        cadence = cfg.draft_refresh.policy()
         if ckpt:  # the refreshed draft as it was at the checkpoint (MTP layers: in the saved policy)
             draft_path = str(ckpt[1] / ("policy" if spec.method == "mtp" else "draft"))
         refresher = _refresher(cfg, draft_path, trainer)
@@ -347,7 +346,7 @@ def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, refresher, mo
             from spectool.draft.checkpoint import draft_metadata
 
             where = tmp / ("policy" if cfg.speculation.method == "mtp" else "draft")  # MTP layers: a MiMo policy folder
-            refresher.save(where, **draft_metadata(model, cfg.draft_refresh.ttt_steps, rl_step=step))
+            refresher.save(where, **draft_metadata(model, refresher.online.ttt_steps, rl_step=step))
             st["draft"] = refresher.state_dict()
             st["refresh_policy"] = asdict(cadence) if cadence is not None else None
         torch.save(st, tmp / "state.pt")

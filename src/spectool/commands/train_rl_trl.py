@@ -47,9 +47,9 @@ def grpo_config(cfg: RLConfig, out: Path, cpu: bool):
 def _speculation(cfg: RLConfig, model, saved_draft: str | None):
     """rl.yaml's speculation for TRL; `saved_draft`: the refreshed draft of the checkpoint resumed from."""
     from spectool.integrations.trl import SpectoolSpeculation
-    from spectool.rl.speculation import refresh_settings, resolve
+    from spectool.rl.speculation import resolve
 
-    d, e = cfg.draft_refresh, cfg.engine
+    e = cfg.engine
     common = dict(dtype=e.dtype, enforce_eager=e.enforce_eager, logprob_tolerance=cfg.policy.logprob_tolerance or None)
     spec = resolve(cfg, model)
     if spec.method == "mtp":
@@ -59,9 +59,7 @@ def _speculation(cfg: RLConfig, model, saved_draft: str | None):
     if spec.draft_path is None:  # plain decoding, with spectool's engine settings, weight sync and logprob guard
         return SpectoolSpeculation(None, **common)
     return SpectoolSpeculation(saved_draft or spec.draft_path, k=max(spec.k, 1), draft_sampling=spec.proposals,
-                               k_schedule=spec.schedule, refresh_every=0 if d.mode == "frozen" else d.every,
-                               refresh_mode="auto" if d.mode == "auto" else "online", refresh_drop=d.drop,
-                               refresh_steps=d.steps_per_refresh, refresh=refresh_settings(cfg), **common)
+                               k_schedule=spec.schedule, refresh=cfg.draft_refresh, seed=cfg.seed, **common)
 
 
 def _last_checkpoint(out: Path) -> Path | None:

@@ -32,33 +32,13 @@ from typing import Any
 
 import torch
 
-from spectool.constants import DEFAULT_LOSS
 from spectool.draft.online import Features, OnlineDraft, RefreshReport
+from spectool.draft.refresh_policy import RefreshSettings  # noqa: F401  (public: spectool.RefreshSettings)
 from spectool.errors import SpectoolError
 from spectool.hidden import aux_sites, decoder, hook_input, to_store
 from spectool.stats import AcceptanceStats
 
 DEAD_P = 1e-3  # a drafter whose acceptance would reach 0 with less than this probability is dead
-
-
-@dataclass
-class RefreshSettings:
-    """How the draft trains online (the owner of these defaults: train-rl's draft_refresh section
-    and the TRL integration reference them)."""
-
-    lr: float = 1e-4
-    """The draft's own AdamW learning rate."""
-    warmup_steps: int = 10
-    """Linear learning-rate warm-up, in draft optimizer steps."""
-    ttt_steps: int | None = None
-    """Draft positions unrolled in training (None: as many as the draft was trained for, else 3)."""
-    batch_size: int = 16
-    """Sequences per draft optimizer step."""
-    buffer_seqs: int = 256
-    """Sequences kept on the host (newest last); the oldest go first."""
-    loss: str = DEFAULT_LOSS
-    """Per-position loss (draft/loss.py): ce | tv | mix; init-draft's default."""
-    seed: int = 0
 
 
 class DraftNotLive(SpectoolError):
@@ -89,7 +69,7 @@ class _Capture:
 
 class DraftRefresher:
     def __init__(self, draft, policy, settings: RefreshSettings | None = None, meta: dict | None = None,
-                 device: str | torch.device | None = None):
+                 device: str | torch.device | None = None, seed: int = 0):
         """`draft`: an Eagle3Draft or the policy's MTP layers (MtpDraft); `policy`: the trainer's
         transformers causal LM (wrapped by accelerate/DDP/FSDP or not); hooks are attached at once."""
         from spectool.draft.checkpoint import check_fits, policy_shape
@@ -105,7 +85,7 @@ class DraftRefresher:
         ttt = s.ttt_steps or self.meta.get("ttt_steps") or 3
         dev = device or next(self.policy.parameters()).device
         self.online = OnlineDraft(draft, s.lr, s.warmup_steps, ttt, s.batch_size, s.buffer_seqs, loss=s.loss,
-                                  seed=s.seed, device=dev)
+                                  seed=seed, device=dev)
         self.draft = self.online.draft
         self._seen: deque[str] = deque(maxlen=4 * s.buffer_seqs)
         self._prompt_lens: list[int] | None = None

@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer with speculative rollouts from a spectool draft, refreshed online.
 
     from spectool.integrations.trl import SpectoolSpeculation
-    spec = SpectoolSpeculation("runs/demo/export", k=3, refresh_every=1)
+    spec = SpectoolSpeculation("runs/demo/export", k=3, refresh=RefreshSettings(every=1))
     trainer = spec.grpo_trainer(model=POLICY, reward_funcs=..., args=GRPOConfig(use_vllm=True, ...),
                                 train_dataset=...)
     trainer.train()
@@ -15,7 +15,8 @@ What it does to stock TRL (tested: trl 1.16, colocate mode), all from outside TR
   sync the engine's logprobs are checked against the trainer's and the run stops beyond the
   dtype's tolerance (TRL's `sampling_logp_difference` is a metric, not a guard);
 - a `DraftRefresher` captures features from TRL's own loss forward (labels mark the completion),
-  refreshes the draft every `refresh_every` steps, pushes it into the engine and proves it took;
+  refreshes the draft as `refresh` says (spectool.RefreshSettings: every N steps, or when it pays), pushes it
+  into the engine and proves it took;
 - acceptance length, per-position acceptance, draft loss, refresh time and the logprob check go
   into TRL's own metrics (TensorBoard, W&B, `log_history`).
 Refused up front: server mode (a frozen draft goes through `spectool export --for trl-serve`), sleep
@@ -79,17 +80,11 @@ class SpectoolSpeculation:
     """auto (per build by measurement, engine/proposals.py) | greedy | probabilistic: how the draft proposes (all exact)."""
     k_schedule: list[tuple[int, int, int]] | None = None
     """Per batch size k, [(batch_from, batch_to, k)] (sweep-k / forecast's recommendation)."""
-    refresh_every: int = 1
-    """Refresh the draft every N optimizer steps; 0: the draft stays frozen."""
-    refresh_mode: str = "online"
-    """online: every `refresh_every` steps | auto: when acceptance falls by `refresh_drop` or staleness has cost the
-    generation time of a refresh (draft/refresh_policy.py; `refresh_every` > 0 still switches refreshing on)."""
-    refresh_drop: float = 0.25
-    """auto: refresh when acceptance length's gain over 1 fell by this fraction since the last refresh."""
-    refresh_steps: int = 20
-    """Draft optimizer steps per refresh."""
     refresh: RefreshSettings = field(default_factory=RefreshSettings)
-    """The refresher's learning rate, warm-up, unroll, batch, buffer and loss."""
+    """How and when the draft refreshes (spectool.RefreshSettings, rl.yaml's draft_refresh section): mode frozen |
+    online (every `every` optimizer steps) | auto, its steps, learning rate, unroll, batch, buffer and loss."""
+    seed: int = 0
+    """The refresher's sampling seed."""
     dtype: str = "auto"
     """The engine's dtype: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
     enforce_eager: bool = False
@@ -121,11 +116,7 @@ class SpectoolSpeculation:
             raise SpectoolError(f"k = {self.k}: must be in [{K_MIN}, {K_MAX}]")
         if self.draft_sampling not in DRAFT_SAMPLING:
             raise SpectoolError(f"draft_sampling = {self.draft_sampling!r}: one of {', '.join(DRAFT_SAMPLING)}")
-        if self.refresh_every < 0 or self.refresh_steps < 1:
-            raise SpectoolError("refresh_every must be >= 0 (0: frozen) and refresh_steps >= 1")
-        if self.refresh_mode not in ("online", "auto") or not 0 < self.refresh_drop < 1:
-            raise SpectoolError(f"refresh_mode = {self.refresh_mode!r}, refresh_drop = {self.refresh_drop}: refresh_mode "
-                                "online | auto, refresh_drop a fraction in (0, 1)")
+        self.refresh.validate("refresh.")
         if self.policy_sync not in ("auto", "spectool", "trl"):
             raise SpectoolError(f"policy_sync = {self.policy_sync!r}: auto, spectool or trl")
 
@@ -223,7 +214,7 @@ def check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_by
     peft = trainer_kwargs.get("peft_config") is not None
     mtp = spec.draft == MTP
     draft = 0
-    if spec.draft and spec.refresh_every:  # a refreshed draft trains beside the policy
+    if spec.draft and spec.refresh.refreshes:  # a refreshed draft trains beside the policy
         draft = draft_params(path if mtp else spec.draft, mtp)
     prompt = _longest_prompt(trainer_kwargs, path)
     plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
@@ -332,13 +323,13 @@ class _Attached:
         self._trl_sync = self.vg.sync_weights
         self.vg.sync_weights = self._sync_spectool if use_spectool else self._sync_trl
         self.refresher = None
-        if spec.refresh_every and spec.draft == MTP:
-            self.refresher = DraftRefresher.from_mtp(trainer.model.name_or_path, trainer.model, spec.refresh)
-        elif spec.refresh_every and spec.draft:
-            self.refresher = DraftRefresher.from_folder(spec.draft, trainer.model, spec.refresh)
-        from spectool.draft.refresh_policy import RefreshPolicy
+        if spec.refresh.refreshes and spec.draft == MTP:
+            self.refresher = DraftRefresher.from_mtp(trainer.model.name_or_path, trainer.model, spec.refresh,
+                                                     seed=spec.seed)
+        elif spec.refresh.refreshes and spec.draft:
+            self.refresher = DraftRefresher.from_folder(spec.draft, trainer.model, spec.refresh, seed=spec.seed)
 
-        self.cadence = RefreshPolicy(spec.refresh_mode, spec.refresh_every, spec.refresh_drop)
+        self.cadence = spec.refresh.policy()
         self.gen_s = 0.0  # generation seconds since the last step end (the cadence's cost side)
         self._trl_generate = self.vg.generate
         self.vg.generate = self._timed_generate
@@ -438,7 +429,7 @@ class _Attached:
         self.gen_s = 0.0
         if self.cadence.due(step) and self.refresher.online.buffer:
             t = time.perf_counter()
-            rep = self.refresher.refresh(self.spec.refresh_steps)
+            rep = self.refresher.refresh(self.spec.refresh.steps_per_refresh)
             pushed = self.refresher.push(self.llm)
             spent = time.perf_counter() - t
             self.cadence.refreshed(spent)

@@ -11,19 +11,17 @@ from typing import Any
 from spectool.constants import (
     DEFAULT_DATA,
     DEFAULT_K,
-    DEFAULT_LOSS,
     DEFAULT_MODEL,
     DRAFT_SAMPLING,
     ENGINE_DTYPES,
     GPU_SHARE_MAX,
     K_MAX,
     K_MIN,
-    LOSSES,
     TRAINABLE,
     gpu_share_in_range,
     k_in_range,
 )
-from spectool.draft.refresh_policy import REFRESH_MODES
+from spectool.draft.refresh_policy import RefreshSettings
 from spectool.errors import SpectoolError, check
 
 BACKENDS = ("builtin", "trl")
@@ -68,20 +66,6 @@ class PolicySection:
 
 
 @dataclass
-class DraftRefreshSection:
-    mode: str = "online"  # frozen | online (every N steps) | auto (when it pays: draft/refresh_policy.py)
-    every: int = 5  # online: refresh every N policy steps
-    drop: float = 0.25  # auto: refresh when acceptance length's gain over 1 fell by this fraction since the last one
-    lr: float = 1e-4
-    steps_per_refresh: int = 20
-    ttt_steps: int = 5
-    warmup_steps: int = 10
-    batch_size: int = 16
-    buffer_steps: int = 5  # keep the features of the last N policy steps
-    loss: str = DEFAULT_LOSS  # ce | tv | mix: the per-position loss, init-draft's default
-
-
-@dataclass
 class EngineSection:
     kv_cache_gib: float = 2.0  # CPU build only
     gpu_memory_utilization: float = 0.5  # GPU only: the engine's share; the rest is the colocated trainer's
@@ -100,7 +84,7 @@ class RLConfig:
     rollout: RolloutSection = field(default_factory=RolloutSection)
     speculation: SpeculationSection = field(default_factory=SpeculationSection)
     policy: PolicySection = field(default_factory=PolicySection)
-    draft_refresh: DraftRefreshSection = field(default_factory=DraftRefreshSection)
+    draft_refresh: RefreshSettings = field(default_factory=RefreshSettings)  # the refresher's own settings, one shape
     engine: EngineSection = field(default_factory=EngineSection)
     checkpoint_every: int = 10
 
@@ -132,22 +116,14 @@ class RLConfig:
         _need(not s.enabled or s.draft is not None or s.k == "auto" or s.method == "mtp", "speculation.draft", s.draft,
               "a draft folder (init-draft / export) while speculation.enabled is true; set speculation.enabled: "
               "false for plain decoding")
-        _need(d.mode in REFRESH_MODES, "draft_refresh.mode", d.mode, " | ".join(REFRESH_MODES))
-        _need(0 < d.drop < 1, "draft_refresh.drop", d.drop, "a fraction in (0, 1)")
-        _need(d.every >= 1 and d.steps_per_refresh >= 1, "draft_refresh.every/steps_per_refresh",
-              (d.every, d.steps_per_refresh), ">= 1")
-        _need(0 < d.lr < 1, "draft_refresh.lr", d.lr, "in (0, 1)")
-        _need(d.loss in LOSSES, "draft_refresh.loss", d.loss, ", ".join(LOSSES))
-        _need(d.ttt_steps >= (s.k if isinstance(s.k, int) else 1), "draft_refresh.ttt_steps", d.ttt_steps,
-              ">= speculation.k (every draft position the engine uses is trained)")
+        d.validate("draft_refresh.")
+        _need(d.ttt_steps == 0 or d.ttt_steps >= (s.k if isinstance(s.k, int) else 1), "draft_refresh.ttt_steps",
+              d.ttt_steps, ">= speculation.k (every draft position the engine uses is trained), or 0: the draft's own")
         _need(r.eval_every >= 0 and r.eval_prompts >= 1, "rollout.eval_every/eval_prompts", (r.eval_every, r.eval_prompts),
               "eval_every >= 0 and eval_prompts >= 1")
         _need(r.eval_samples >= 1, "rollout.eval_samples", r.eval_samples, ">= 1 (1 = greedy)")
         _need(p.micro_batch_size >= 1, "policy.micro_batch_size", p.micro_batch_size, ">= 1")
         _need(p.max_grad_norm > 0, "policy.max_grad_norm", p.max_grad_norm, "> 0")
-        _need(d.warmup_steps >= 0 and d.batch_size >= 1 and d.buffer_steps >= 1,
-              "draft_refresh.warmup_steps/batch_size/buffer_steps", (d.warmup_steps, d.batch_size, d.buffer_steps),
-              "warmup_steps >= 0, batch_size >= 1, buffer_steps >= 1")
         e = self.engine
         _need(e.kv_cache_gib > 0, "engine.kv_cache_gib", e.kv_cache_gib, "> 0")
         _need(gpu_share_in_range(e.gpu_memory_utilization), "engine.gpu_memory_utilization", e.gpu_memory_utilization,

@@ -50,13 +50,3 @@ def resolve(cfg: RLConfig, model) -> Speculation:
     return Speculation(schedule, check_draft(folder, model, max(k, 1), flag="speculation.draft",
                                                       k_flag="speculation.k", method=method,
                                                       method_flag="speculation.method:"), k, method, proposals)
-
-
-def refresh_settings(cfg: RLConfig):
-    """draft_refresh's settings as the DraftRefresher takes them; its buffer holds the sequences
-    of the last `buffer_steps` policy steps."""
-    from spectool.draft.refresh import RefreshSettings
-
-    d, r = cfg.draft_refresh, cfg.rollout
-    return RefreshSettings(lr=d.lr, warmup_steps=d.warmup_steps, ttt_steps=d.ttt_steps, batch_size=d.batch_size,
-                           buffer_seqs=d.buffer_steps * r.prompts_per_step * r.group_size, loss=d.loss, seed=cfg.seed)
