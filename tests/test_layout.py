@@ -18,7 +18,11 @@ def _graph() -> dict[str, set[str]]:
             for f in ROOT.rglob("*.py")}
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for m, f in mods.items():
-        for node in ast.walk(ast.parse(f.read_text())):
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):  # imports under `if TYPE_CHECKING:` never run: not an arrow
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+                node.body = []
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("spectool"):
                 for a in node.names:
                     t = f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module

@@ -236,3 +236,18 @@ def test_grpo_with_a_refreshed_parallel_draft(family, tiny_policy, sums, tmp_pat
     trainer = _two_refreshed_steps(str(tmp_path / "draft"), tiny_policy, sums, tmp_path)
     assert trainer.spectool.vg.llm.llm_engine.vllm_config.speculative_config.method == (
         "dflash" if family == "dflash" else "eagle3")
+
+
+def test_every_private_trl_name_is_in_one_file_and_the_tested_trl_has_it():
+    """TRL's non-public names live in integrations/trl/internals.py alone, and the installed TRL (within
+    TESTED_TRL) has every one of them: an upgrade that moves one fails here, not in a user's run."""
+    import re
+    from pathlib import Path
+
+    from spectool.integrations.trl import internals
+
+    assert internals.missing() == []
+    package = Path(internals.__file__).parent
+    private = re.compile(r"\._metrics\b|\._iter_named_params\b|\.vllm_generation\b|vllm_generation as")
+    users = [f.name for f in package.glob("*.py") if f.name != "internals.py" and private.search(f.read_text())]
+    assert users == []

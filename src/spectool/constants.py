@@ -27,6 +27,8 @@ GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_K = 3
 # The engine's precision (precision.py: what "auto" picks per device, the logprob tolerance per dtype).
 ENGINE_DTYPES = ("auto", "float32", "bfloat16")
+# The drafter that is the policy's own MTP layers, where a draft folder would go (TRL: SpectoolSpeculation("mtp")).
+OWN_MTP = "mtp"
 # k, the draft tokens per verify step, wherever it is set (vLLM's own bound is larger; beyond 16 no
 # drafter spectool knows is accepted often enough to pay)
 K_MIN, K_MAX = 1, 16

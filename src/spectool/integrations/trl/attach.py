@@ -1,0 +1,208 @@
+"""spectool attached to a built GRPOTrainer: the colocated engine built with spectool's additions, the policy
+sync and its logprob check, the refresher and its cadence, the counters into TRL's metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from spectool.constants import OWN_MTP as MTP
+from spectool.errors import SpectoolError
+from spectool.integrations.trl import internals
+
+if TYPE_CHECKING:  # settings.py calls into this module
+    from spectool.integrations.trl.settings import SpectoolSpeculation
+
+CHECK_ROWS = 2  # sequences of the last training batch whose logprobs are checked after each sync
+
+
+@contextlib.contextmanager
+def speculative_llm(spec: SpectoolSpeculation):
+    """While the trainer is built: TRL's `LLM` name points at a wrapper adding spectool's kwargs."""
+    from spectool.engine.engine import (
+        EngineConfig,
+        check_exact_verification,
+        default_max_len,
+        prepare_environment,
+        spectool_kwargs,
+    )
+
+    vg = internals.llm_module()
+    real = vg.LLM
+
+    def speculative_llm(*args: Any, **kwargs: Any):
+        from spectool.draft.families import folder_family
+
+        mtp = spec.draft == MTP
+        method = "mtp" if mtp else (spec.draft and folder_family(spec.draft)) or "eagle3"  # the folder's family
+        ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=None if mtp else spec.draft and str(spec.draft),
+                            method=method, k=spec.k,
+                            k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, dtype=spec.dtype,
+                            enforce_eager=spec.enforce_eager)
+        cpu = prepare_environment(ecfg)
+        kwargs.update(spectool_kwargs(ecfg, cpu))
+        check_exact_verification(kwargs.get("speculative_config"), where="TRL's engine:")
+        if kwargs.get("max_model_len") is None:  # GRPOConfig.vllm_max_model_length unset: TRL's 4096-token
+            kwargs["max_model_len"] = default_max_len(ecfg.model_path)  # batches must hold a whole prompt
+        return real(*args, **kwargs)
+
+    vg.LLM = speculative_llm
+    try:
+        yield
+    finally:
+        vg.LLM = real
+
+
+class _Attached:
+    """spectool's pieces on a built GRPOTrainer: sync + check, refresher, callback, metrics."""
+
+    def __init__(self, spec: SpectoolSpeculation, trainer):
+        from transformers import TrainerCallback
+
+        from spectool.draft.refresh import DraftRefresher
+        from spectool.engine import colocated
+        from spectool.engine.compat import support
+        from spectool.precision import logprob_tolerance
+
+        self.spec, self.trainer = spec, trainer
+        self.vg = internals.vllm_generation(trainer)
+        self.llm = self.vg.llm
+        self.dtype = colocated.served_dtype(self.llm)
+        self.tolerance = logprob_tolerance(spec.logprob_tolerance, self.dtype)
+        fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
+        if support().cpu_build and fix != "applied":
+            raise SpectoolError(f"the CPU rejection-sampler fix is not active in TRL's engine ({fix}): speculative "
+                                "samples would not be the policy's")
+        use_spectool = spec.policy_sync == "spectool" or (spec.policy_sync == "auto" and support().cpu_build)
+        self._trl_sync = self.vg.sync_weights
+        self.vg.sync_weights = self._sync_spectool if use_spectool else self._sync_trl
+        self.refresher = None
+        if spec.refresh.refreshes and spec.draft == MTP:
+            self.refresher = DraftRefresher.from_mtp(trainer.model.name_or_path, trainer.model, spec.refresh,
+                                                     seed=spec.seed)
+        elif spec.refresh.refreshes and spec.draft:
+            self.refresher = DraftRefresher.from_folder(spec.draft, trainer.model, spec.refresh, seed=spec.seed)
+
+        self.cadence = spec.refresh.policy()
+        self.gen_s = 0.0  # generation seconds since the last step end (the cadence's cost side)
+        self._trl_generate = self.vg.generate
+        self.vg.generate = self._timed_generate
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # ids, mask of the last training forward
+        trainer.model.register_forward_pre_hook(self._remember_rows, with_kwargs=True)
+        self._counters = colocated.acceptance(self.llm)
+        self.pending_check = False  # a push waits for the next generation's counters
+        self.history: list[dict] = []  # one entry per refresh: step, draft loss, probe check
+        attached = self
+
+        class SpectoolCallback(TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                attached.on_step_end(state.global_step)
+
+        trainer.add_callback(SpectoolCallback())
+        trainer.spectool = self  # for users and tests: the refresher, the engine, the metrics
+
+    def _timed_generate(self, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return self._trl_generate(*args, **kwargs)
+        finally:
+            self.gen_s += time.perf_counter() - t
+
+    # --- policy sync ----------------------------------------------------------------------------
+
+    def _sync_spectool(self) -> None:
+        """TRL's own parameter walk (it gathers FSDP/DeepSpeed shards and merges PEFT adapters),
+        copied in the engine's dtype, then spectool's in-place reload (vLLM's reload_weights, the
+        CPU lm_head repacked) and the prefix cache dropped."""
+        from spectool.engine import colocated
+        from spectool.engine.probe import torch_dtype
+
+        dt = torch_dtype(self.dtype)  # one host copy per tensor, taken while TRL holds it gathered / merged
+        state = ((name, p.detach().to("cpu", dt, copy=True)) for name, p in internals.named_params(self.vg))
+        # streamed in chunks; colocate: every process has its engine
+        colocated.send_weights(self.llm, "spectool_reload_policy", state)
+        self.llm.reset_prefix_cache()
+        self._check_logprobs()
+
+    def _sync_trl(self) -> None:
+        self._trl_sync()
+        self._check_logprobs()
+
+    def _remember_rows(self, module, args, kwargs) -> None:
+        if torch.is_grad_enabled() and module.training and "input_ids" in kwargs:
+            self._rows = (kwargs["input_ids"][:CHECK_ROWS].detach().cpu(),
+                          kwargs.get("attention_mask", torch.ones_like(kwargs["input_ids"]))[:CHECK_ROWS].detach().cpu())
+
+    def _check_logprobs(self) -> None:
+        """Engine vs trainer logprobs of the last training batch's first rows, right after a sync."""
+        from spectool.engine import colocated
+
+        if self._rows is None:  # the first sync comes before any training forward
+            return
+        seqs = [ids[m.bool()].tolist() for ids, m in zip(*self._rows)]
+        prompts, resps = [s[:1] for s in seqs], [s[1:] for s in seqs]
+        got = colocated.sequence_logprobs(self.llm, prompts, resps)
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        from spectool.precision import logprob_gaps
+
+        want = []
+        with torch.no_grad(), self.trainer.accelerator.autocast():
+            for s in seqs:
+                ids = torch.tensor([s], device=model.device)
+                lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+                want.append(lp.gather(-1, ids[0, 1:, None])[:, 0].tolist())
+        mean, worst = logprob_gaps(got, want)
+        self._log("logprob_check_mean_diff", mean)
+        self._log("logprob_check_max_diff", worst)
+        if not mean <= self.tolerance:
+            raise SpectoolError(
+                f"after TRL's weight sync the engine's logprobs differ from the trainer's by {mean:.3g} nats on average "
+                f"(max {worst:.3g}; > {self.tolerance} for a {self.dtype} engine): the engine is not running the trained "
+                "weights. "
+                "TRL's last checkpoint is intact; try policy_sync='spectool' (or 'trl'), or set logprob_tolerance "
+                "if the engine runs in lower precision than the trainer")
+
+    # --- per step ---------------------------------------------------------------------------------
+
+    def on_step_end(self, step: int) -> None:
+        from spectool.engine import colocated
+
+        now = colocated.acceptance(self.llm)
+        delta, self._counters = now - self._counters, now
+        if delta.num_drafts:
+            self._log("acceptance_length", delta.mean_acceptance_length)
+            for i, rate in enumerate(delta.per_position_rate):
+                self._log(f"acceptance_pos{i + 1}", rate)
+        if self.refresher is None:
+            return
+        if self.pending_check:
+            self.refresher.check_acceptance(delta)
+            self.pending_check = False
+        staleness = self.cadence.observe(delta.mean_acceptance_length if delta.num_drafts else None, self.gen_s)
+        self._log("staleness", staleness)
+        self.gen_s = 0.0
+        if self.cadence.due(step) and self.refresher.online.buffer:
+            t = time.perf_counter()
+            rep = self.refresher.refresh(self.spec.refresh.steps_per_refresh)
+            pushed = self.refresher.push(self.llm)
+            spent = time.perf_counter() - t
+            self.cadence.refreshed(spent)
+            self.pending_check = True
+            self._log("draft_loss", rep.loss)
+            self._log("draft_top1_pos1", rep.top1_after[0])
+            self._log("draft_check_excess", pushed.max_excess)
+            self._log("refresh_s", spent)
+            self.history.append({"step": step, "reason": self.cadence.reason, "loss": rep.loss, "check_excess": pushed.max_excess,
+                                 "has_power": pushed.has_power})
+
+    def _log(self, key: str, value: float) -> None:
+        internals.log_metric(self.trainer, f"spectool/{key}", value)
+
+
+
+
+def attach(spec: SpectoolSpeculation, trainer) -> "_Attached":
+    return _Attached(spec, trainer)

@@ -1,0 +1,138 @@
+"""What the TRL integration refuses before anything starts: TRL's settings it cannot work with, a draft that
+does not fit the policy or the run's lengths, and (on a GPU) a memory plan that cannot fit."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from spectool.constants import OWN_MTP as MTP
+from spectool.errors import SpectoolError
+
+if TYPE_CHECKING:  # settings.py calls into this module
+    from spectool.integrations.trl.settings import SpectoolSpeculation
+
+log = logging.getLogger(__name__)
+
+
+def check_args(args) -> None:
+    if args is None or not getattr(args, "use_vllm", False):
+        raise SpectoolError("speculative rollouts need TRL's vLLM generation: GRPOConfig(use_vllm=True, "
+                            "vllm_mode='colocate')")
+    if args.vllm_mode != "colocate":
+        raise SpectoolError(f"vllm_mode = {args.vllm_mode!r}: spectool's online refresh works in TRL's colocate mode. "
+                            "For server mode, serve a frozen draft: spectool export --for trl-serve prints the "
+                            "`trl vllm-serve --speculative_config` line")
+    if args.vllm_enable_sleep_mode:
+        raise SpectoolError("vllm_enable_sleep_mode = True: TRL sleeps the engine at level 2, which drops the drafter's "
+                            "weights, and vLLM does not restore them (vllm#52479): the drafter would be dead while "
+                            "outputs stay right. Set vllm_enable_sleep_mode=False")
+    if args.vllm_tensor_parallel_size != 1:
+        raise SpectoolError("vllm_tensor_parallel_size > 1 with a refreshed draft is untested; use 1 (data parallel "
+                            "over accelerate processes works: each process has its own engine)")
+
+
+def check_draft(spec: SpectoolSpeculation, model, args) -> None:
+    """The draft against the policy TRL will train (draft.checkpoint.check_draft: the policy's fingerprint, the
+    positions trained for k), before any engine starts."""
+    from spectool.draft.checkpoint import check_draft as check_folder
+    from spectool.models import resolve_model
+
+    path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
+    k = max([spec.k] + [k for _, _, k in spec.k_schedule or []])
+    if spec.draft == MTP:
+        from spectool.draft.mtp_folder import load_mtp
+
+        if not path:
+            raise SpectoolError('draft="mtp" needs the model as a folder path (its MTP layers are read from it)')
+        load_mtp(resolve_model(path).path, flag='draft="mtp"')
+    elif path:
+        check_folder(spec.draft, resolve_model(path), k, flag="draft", k_flag="k =")
+    if path:
+        _check_positions(spec, resolve_model(path).path, args)
+
+
+def _check_positions(spec: SpectoolSpeculation, model_path: str, args) -> None:
+    """TRL's longest sequence (max_prompt_length + max_completion_length, where this TRL has the former)
+    against the drafter's position range (draft/preflight.py)."""
+    from spectool.draft.preflight import check_positions, draft_position_range
+
+    mtp = spec.draft == MTP
+    have = draft_position_range(None if mtp else str(spec.draft), model_path, MTP if mtp else "eagle3", None)
+    need = (getattr(args, "max_prompt_length", None) or 0) + (getattr(args, "max_completion_length", None) or 0)
+    check_positions(need, have, "the mtp layers' policy" if mtp else str(spec.draft),
+                    "GRPOConfig's max_prompt_length + max_completion_length")
+
+
+def check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_bytes: int | None = None) -> None:
+    """Print the plan of one GPU (TRL's policy and its colocated engine, memory.trl_plan); refuse
+    one that cannot fit when nothing shards or shrinks the trainer (one process, no DeepSpeed or
+    FSDP, no PEFT), where the arithmetic is plain."""
+
+    from transformers import AutoConfig
+
+    from spectool.memory import draft_params, trl_plan
+    from spectool.models import resolve_config, resolve_model
+
+    model = trainer_kwargs.get("model")
+    if isinstance(model, str):  # a folder is read by its config alone; a name is resolved as TRL would load it
+        path = (resolve_config if os.path.isdir(model) else resolve_model)(model).path
+        config = AutoConfig.from_pretrained(path)
+        dtype = (args.model_init_kwargs or {}).get("dtype", "auto")
+        dtype = getattr(config, "dtype", None) if dtype in (None, "auto") else dtype
+        param_bytes = (getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32).itemsize
+    else:
+        path, config = getattr(model, "name_or_path", None), model.config
+        param_bytes = next(model.parameters()).element_size()
+    sharded, world = bool(args.deepspeed or args.fsdp), int(os.environ.get("WORLD_SIZE", "1"))
+    peft = trainer_kwargs.get("peft_config") is not None
+    mtp = spec.draft == MTP
+    draft = 0
+    if spec.draft and spec.refresh.refreshes:  # a refreshed draft trains beside the policy
+        draft = draft_params(path if mtp else spec.draft, mtp)
+    prompt = _longest_prompt(trainer_kwargs, path)
+    plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
+                    total_bytes=total_bytes or torch.cuda.get_device_properties(0).total_memory,
+                    micro_tokens=args.per_device_train_batch_size * (prompt + args.max_completion_length),
+                    ref_model=args.beta != 0, shards=world if sharded else 1,
+                    trainable_fraction=0.0 if peft else 1.0, checkpointing=bool(args.gradient_checkpointing),
+                    draft_params=draft, draft_embedding=not mtp)
+    plan.notes.append(f"activations: the longest of the first {PROMPTS_MEASURED} prompts ({prompt} tokens) + "
+                      "max_completion_length" if prompt else "activations count completions only (no prompts read)")
+    if peft:
+        plan.notes.append("PEFT: the adapters' gradients and AdamW are not counted")
+    if sharded or peft or world > 1:
+        plan.notes.append("not enforced: DeepSpeed/FSDP, PEFT or several processes change the arithmetic")
+        log.info(plan.text())
+        return
+    plan.check("TRL's GRPOTrainer cannot fit this on one GPU: lower vllm_gpu_memory_utilization, "
+               "per_device_train_batch_size or max_completion_length, set gradient_checkpointing=True, beta=0.0, "
+               "or shard the policy (accelerate launch with DeepSpeed ZeRO-3 or FSDP) or train LoRA adapters")
+    log.info(plan.text())
+
+
+PROMPTS_MEASURED = 256  # dataset prompts tokenized for the memory plan's sequence length
+
+
+def _longest_prompt(trainer_kwargs: dict, path: str | None) -> int:
+    """Tokens of the longest of the train dataset's first prompts as TRL renders them (chat
+    template for conversational prompts); 0 when there is no dataset or tokenizer to read."""
+    data, tok = trainer_kwargs.get("train_dataset"), trainer_kwargs.get("processing_class")
+    if data is None or "prompt" not in getattr(data, "column_names", []):
+        return 0
+    if tok is None:
+        if not path:
+            return 0
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError):  # a folder with a config alone
+            return 0
+    from spectool.prompts import encode_messages
+
+    prompts = data.select(range(min(PROMPTS_MEASURED, len(data))))["prompt"]  # conversational: lists of messages
+    return max(len(encode_messages(tok, p) if isinstance(p, list) else tok(p)["input_ids"]) for p in prompts)
