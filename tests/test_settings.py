@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import typer
 
-from spectool.cli import CLI, app
-from spectool.config import ExportConfig, InitDraftConfig, RolloutConfig, SweepConfig, VerifyConfig, field_default, field_docs
+from spectool.cli import CLI, app, field_default, field_docs
+from spectool.config import ExportConfig, InitDraftConfig, RolloutConfig, SweepConfig, VerifyConfig
 
 SAMPLING = {"n_prompts", "samples", "max_tokens", "temperature", "top_p", "seed"}
 

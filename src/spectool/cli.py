@@ -9,12 +9,14 @@ transformers) are imported inside the commands so `--help` is fast. train-rl rea
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import sys
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
+from functools import lru_cache
 from typing import Any, Callable, Optional
 
 import typer
@@ -28,8 +30,6 @@ from spectool.config import (
     SamplingConfig,
     SweepConfig,
     VerifyConfig,
-    field_default,
-    field_docs,
 )
 from spectool.errors import SpectoolError
 
@@ -61,6 +61,30 @@ def _options(verbose: bool = typer.Option(
     else:  # the libraries' info lines and progress bars stay off the terminal (read before they are imported)
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+# --- reflection on the settings dataclasses (the flags, their defaults and help) ---
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of a settings dataclass (the CLI's help text)."""
+    return dict(_field_docs(cls))
+
+
+@lru_cache(maxsize=None)
+def _field_docs(cls) -> tuple[tuple[str, str], ...]:
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    docs = []
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+            docs.append((a.target.id, " ".join(str(b.value.value).split())))
+    return tuple(docs)
+
+
+def field_default(cls, name: str):
+    """A field's default (MISSING when it has none)."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
 @dataclass(frozen=True)

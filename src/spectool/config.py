@@ -4,10 +4,7 @@ the flag to change. train-rl's YAML settings are rl/config.py's."""
 
 from __future__ import annotations
 
-import ast
-import inspect
-from dataclasses import MISSING, dataclass, field, fields
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from spectool.constants import (  # noqa: F401
@@ -82,27 +79,6 @@ def check_lengths(value: str, flag: str = "--lengths") -> None:
 
     check(value in LENGTH_SHAPES or Path(value).is_dir(), flag, value,
           f"must be {' | '.join(LENGTH_SHAPES)} or a harvest run directory")
-
-
-def field_docs(cls) -> dict[str, str]:
-    """The docstring under each field of a settings dataclass (the CLI's help text)."""
-    return dict(_field_docs(cls))
-
-
-@lru_cache(maxsize=None)
-def _field_docs(cls) -> tuple[tuple[str, str], ...]:
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    docs = []
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-            docs.append((a.target.id, " ".join(str(b.value.value).split())))
-    return tuple(docs)
-
-
-def field_default(cls, name: str):
-    """A field's default (MISSING when it has none)."""
-    f = next(f for f in fields(cls) if f.name == name)
-    return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
 @dataclass
