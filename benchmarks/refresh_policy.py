@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rl_arms import mean, run_train_rl  # noqa: E402  (a sibling script)
 
 
 def arms(args) -> dict[str, list[str]]:
@@ -36,20 +38,7 @@ def common(args) -> list[str]:
 
 
 def run_arm(name: str, sets: list[str], args) -> list[dict]:
-    out = Path(args.out) / name
-    metrics = out / "metrics.jsonl"
-    if not (metrics.exists() and len(metrics.read_text().splitlines()) >= args.steps):
-        cmd = [sys.executable, "-m", "spectool.cli", "train-rl"]
-        for s in [*common(args), *sets, f"out={out}"]:
-            cmd += ["--set", s]
-        print(f"== {name}: {' '.join(cmd[3:])}", flush=True)
-        subprocess.run(cmd, check=True)
-    return [json.loads(line) for line in metrics.read_text().splitlines()]
-
-
-def mean(xs):
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else float("nan")
+    return run_train_rl(Path(args.out) / name, args.steps, [*common(args), *sets])
 
 
 def main() -> None:

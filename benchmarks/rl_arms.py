@@ -43,14 +43,18 @@ def common(args) -> list[str]:
 
 
 def run_arm(name: str, sets: list[str], args) -> list[dict]:
-    out = Path(args.out) / name
+    return run_train_rl(Path(args.out) / name, args.steps, [*common(args), *sets])
+
+
+def run_train_rl(out: Path, steps: int, sets: list[str]) -> list[dict]:
+    """One `spectool train-rl` arm in its run folder (reused once it has `steps` metrics lines); its metrics."""
     metrics = out / "metrics.jsonl"
-    done = metrics.exists() and len(metrics.read_text().splitlines()) >= args.steps
+    done = metrics.exists() and len(metrics.read_text().splitlines()) >= steps
     if not done:
         cmd = [sys.executable, "-m", "spectool.cli", "train-rl"]
-        for s in [*common(args), *sets, f"out={out}"]:
+        for s in [*sets, f"out={out}"]:
             cmd += ["--set", s]
-        print(f"== {name}: {' '.join(cmd[3:])}", flush=True)
+        print(f"== {out.name}: {' '.join(cmd[3:])}", flush=True)
         subprocess.run(cmd, check=True)
     return [json.loads(line) for line in metrics.read_text().splitlines()]
 

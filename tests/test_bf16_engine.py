@@ -112,8 +112,8 @@ def _push_without_sending(r, engine):
 
 
 def test_engine_commands_serve_bfloat16_from_the_command_line(setup, tiny_policy, tmp_path):
-    """--dtype bfloat16 through the CLI, as a user runs it: rollout --compare (both arms), export's
-    verification on vLLM and verify (the logprob check then tests the mean gap, precision.py)."""
+    """--dtype bfloat16 through the CLI, as a user runs it: harvest, sweep-k, rollout --compare (both arms),
+    export's verification on vLLM and verify (the logprob check then tests the mean gap, precision.py)."""
     import json
     import re
 
@@ -122,6 +122,12 @@ def test_engine_commands_serve_bfloat16_from_the_command_line(setup, tiny_policy
     _, folder, _ = setup
     data = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
     common = ["--model", str(tiny_policy), "--data", data, "--dtype", "bfloat16"]
+    spectool("harvest", *common, "--out", str(tmp_path / "h"), "--n-prompts", "2", "--max-tokens", "8")
+    assert json.loads((tmp_path / "h" / "manifest.json").read_text())["dtype"] == "bfloat16"
+    spectool("sweep-k", *common, "--draft", str(folder), "--k", "2", "--batch-sizes", "1", "--min-seqs", "1",
+             "--max-tokens", "8", "--out", str(tmp_path / "sw"))
+    rows = json.loads((tmp_path / "sw" / "sweep.json").read_text())["rows"]
+    assert {r["method"] for r in rows} == {"none", "eagle3"} and all(r["dtype"] == "bfloat16" for r in rows)
     r = spectool("rollout", *common, "--draft", str(folder), "--k", "2", "--n-prompts", "3", "--max-tokens", "16",
                  "--compare", "--out", str(tmp_path / "ro"))
     assert re.search(r"engine precision +│ bfloat16", r.stdout) and "bfloat16)" in r.stdout

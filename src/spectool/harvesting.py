@@ -108,13 +108,13 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
             gen_s += secs
             bar.update(job, advance=len(part), rate=f"{n_tokens / gen_s:.0f} tok/s")
 
-    fix = engine.sampler_fix if engine else None
+    fix, dtype = (engine.sampler_fix, engine.dtype) if engine else (None, None)
     if engine:
         engine.close()  # the next stage (init-draft's policy and training) finds the device free
     records = load_records(out)
     mean_reward = float(sum(records["reward"]) / max(len(records), 1))
     manifest.update(status="complete", records=len(records), prompts=len(set(records["prompt_id"])),
-                    mean_reward=mean_reward, sampler_fix=fix,
+                    mean_reward=mean_reward, sampler_fix=fix, **({"dtype": dtype} if dtype else {}),
                     aux_layer_ids=layer_ids if cfg.hidden_states else None)
     atomic_write_json(out / MANIFEST, manifest)
     return HarvestResult(

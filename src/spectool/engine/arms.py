@@ -57,7 +57,7 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                      "tokens_per_s": tokens / seconds, "sequences": waves * batch,
                      "mean_context": context / (waves * batch),
                      "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else None,
-                     "per_position": stats.per_position_rate if stats.num_drafts else []})
+                     "per_position": stats.per_position_rate if stats.num_drafts else [], "dtype": engine.dtype})
     return rows
 
 
