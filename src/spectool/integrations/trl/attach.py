@@ -4,6 +4,7 @@ sync and its logprob check, the refresher and its cadence, the counters into TRL
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from spectool.integrations.trl import internals
 if TYPE_CHECKING:  # settings.py calls into this module
     from spectool.integrations.trl.settings import SpectoolSpeculation
 
+log = logging.getLogger(__name__)
 CHECK_ROWS = 2  # sequences of the last training batch whose logprobs are checked after each sync
 
 
@@ -87,6 +89,11 @@ class _Attached:
             self.refresher = DraftRefresher.from_folder(spec.draft, trainer.model, spec.refresh, seed=spec.seed)
 
         self.cadence = spec.refresh.policy()
+        if spec.draft is not None:
+            from spectool.engine.proposals import resolve
+
+            log.info("spectool in TRL: draft proposals %s (%s); draft refresh %s", *resolve(spec.draft_sampling),
+                     spec.refresh.mode)
         self.gen_s = 0.0  # generation seconds since the last step end (the cadence's cost side)
         self._trl_generate = self.vg.generate
         self.vg.generate = self._timed_generate
