@@ -126,8 +126,8 @@ def test_the_link_check_sees_a_broken_anchor(tmp_path):
     assert "draft-quality" not in _anchors(tmp_path / "a.md")
 
 
-# settings that belong to one command alone (HarvestConfig is the harvest stage's, which init-draft runs too
-# through harvesting.py; SamplingConfig is how a policy samples, shared by every stage that generates)
+# the commands' settings (config.py); the harvest stage's, HarvestConfig, lives with the stage (harvesting.py), which
+# init-draft runs too; SamplingConfig is how a policy samples, a value every generating stage takes
 COMMAND_SETTINGS = {"InitDraftConfig", "ExportConfig", "RolloutConfig", "SweepConfig", "VerifyConfig", "ForecastConfig"}
 
 

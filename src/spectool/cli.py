@@ -24,7 +24,6 @@ import typer
 from spectool.config import (
     ExportConfig,
     ForecastConfig,
-    HarvestConfig,
     InitDraftConfig,
     RolloutConfig,
     SamplingConfig,
@@ -32,6 +31,7 @@ from spectool.config import (
     VerifyConfig,
 )
 from spectool.errors import SpectoolError
+from spectool.harvesting import HarvestConfig
 
 app = typer.Typer(
     help="Speculative-decoding drafts for RL post-training: harvest, train, sweep, roll out, export, forecast.",

@@ -23,6 +23,8 @@ from spectool.constants import (  # noqa: F401
     LOSSES,
     METHODS,
     TRAINABLE,
+    check_dtype,
+    check_gpu_memory,
     gpu_share_in_range,
     k_in_range,
 )
@@ -55,19 +57,11 @@ class SamplingConfig:
               "must be 1 at --temperature 0 (greedy completions of one prompt are identical)")
 
 
-def check_gpu_memory(value: float, flag: str = "--gpu-memory-utilization") -> None:
-    check(gpu_share_in_range(value), flag, value, f"must be a fraction of the GPU's memory in (0, {GPU_SHARE_MAX}]")
-
-
 def check_drafter(method: str, draft: str | None, flag: str = "--method", draft_flag: str = "--draft") -> None:
     """A draft-folder family needs a draft folder; mtp (the model's own MTP layers) takes none."""
     check(method in DRAFTERS, flag, method, f"must be one of {', '.join(DRAFTERS)}")
     check(method != "mtp" or draft is None, draft_flag, draft, f"is refused with {flag} mtp: the model's own MTP "
           "layers draft (its checkpoint holds them); drop it, or use an EAGLE-3 draft without mtp")
-
-
-def check_dtype(value: str, flag: str = "--dtype") -> None:
-    check(value in ENGINE_DTYPES, flag, value, f"must be one of {' | '.join(ENGINE_DTYPES)}")
 
 
 def check_draft_sampling(value: str, flag: str = "--draft-sampling") -> None:
@@ -79,37 +73,6 @@ def check_lengths(value: str, flag: str = "--lengths") -> None:
 
     check(value in LENGTH_SHAPES or Path(value).is_dir(), flag, value,
           f"must be {' | '.join(LENGTH_SHAPES)} or a harvest run directory")
-
-
-@dataclass
-class HarvestConfig:
-    model: str = DEFAULT_MODEL
-    """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
-    data: str = DEFAULT_DATA
-    """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
-    out: str = ""
-    """Run directory to create (or resume)."""
-    split: str = "train"
-    """train | eval (deterministic, never overlapping)."""
-    hidden_states: bool = False
-    """Also store the policy's EAGLE-3 aux hidden states (what init-draft trains on)."""
-    prompt_col: str = "prompt"
-    """Prompt column of a file source."""
-    answer_col: str = "answer"
-    """Answer column of a file source."""
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    """How the policy samples."""
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
-    dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
-
-    def validate(self) -> None:
-        check_dtype(self.dtype)
-        check(bool(self.out), "--out", self.out, "must name the run directory")
-        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
-        check_gpu_memory(self.gpu_memory_utilization)
-        self.sampling.validate()
 
 
 @dataclass

@@ -5,6 +5,7 @@ Torch-free, like the settings, so `spectool --help` stays fast."""
 from __future__ import annotations
 
 from spectool.draft.families import FAMILIES
+from spectool.errors import check
 
 DEFAULT_MODEL = "smollm2-135m"
 # Two-term one-digit sums: SmolLM2-135M scores ~0.4 here, a real RL signal (measured).
@@ -46,3 +47,11 @@ def k_in_range(k: object) -> bool:
 
 def gpu_share_in_range(share: float) -> bool:
     return 0 < share <= GPU_SHARE_MAX
+
+
+def check_gpu_memory(value: float, flag: str = "--gpu-memory-utilization") -> None:
+    check(gpu_share_in_range(value), flag, value, f"must be a fraction of the GPU's memory in (0, {GPU_SHARE_MAX}]")
+
+
+def check_dtype(value: str, flag: str = "--dtype") -> None:
+    check(value in ENGINE_DTYPES, flag, value, f"must be one of {' | '.join(ENGINE_DTYPES)}")

@@ -10,10 +10,12 @@ prompt not in a finished shard; a run made with other settings is refused.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from spectool.config import HarvestConfig, SamplingConfig
+from spectool.config import SamplingConfig
+from spectool.constants import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check_dtype, check_gpu_memory
+from spectool.errors import check
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,39 @@ def chunk_prompts(samples: int, cpu_build: bool) -> int:
     """Prompts per shard. On a GPU, many sequences per generate call: each call ends in a long tail
     of few live sequences (the measurement behind it: docs/gpu.md)."""
     return CPU_CHUNK_PROMPTS if cpu_build else max(CPU_CHUNK_PROMPTS, GPU_CHUNK_SEQUENCES // samples)
+
+
+@dataclass
+class HarvestConfig:
+    """The harvest stage's settings: `spectool harvest`'s flags, and what init-draft harvests with."""
+
+    model: str = DEFAULT_MODEL
+    """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
+    data: str = DEFAULT_DATA
+    """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
+    out: str = ""
+    """Run directory to create (or resume)."""
+    split: str = "train"
+    """train | eval (deterministic, never overlapping)."""
+    hidden_states: bool = False
+    """Also store the policy's EAGLE-3 aux hidden states (what init-draft trains on)."""
+    prompt_col: str = "prompt"
+    """Prompt column of a file source."""
+    answer_col: str = "answer"
+    """Answer column of a file source."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """How the policy samples."""
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
+    dtype: str = "auto"
+    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
+
+    def validate(self) -> None:
+        check_dtype(self.dtype)
+        check(bool(self.out), "--out", self.out, "must name the run directory")
+        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        check_gpu_memory(self.gpu_memory_utilization)
+        self.sampling.validate()
 
 
 @dataclass
