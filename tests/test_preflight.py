@@ -72,8 +72,8 @@ def test_dflash_target_layer_ids_count_layer_outputs(tiny_policy):
     """DFlash's target_layer_ids are aux ids - 1: the EAGLE-3 spelling (L) is one past the last layer."""
     from spectool.draft.preflight import check_aux_ids
 
-    check_aux_ids({"dflash_config": {"target_layer_ids": [0, 1, 3]}}, "dflash", 4, "cfg")
-    with pytest.raises(SpectoolError, match=r"dflash_config.target_layer_ids \[1, 2, 4\] has \[4\] outside \[0, 3\]"):
+    check_aux_ids({"dflash_config": {"target_layer_ids": [-1, 1, 3]}}, "dflash", 4, "cfg")  # -1: the embeddings
+    with pytest.raises(SpectoolError, match=r"dflash_config.target_layer_ids \[1, 2, 4\] has \[4\] outside \[-1, 3\]"):
         check_aux_ids({"dflash_config": {"target_layer_ids": [1, 2, 4]}}, "dflash", 4, "cfg")
 
 

@@ -75,7 +75,7 @@ def check_aux_ids(config: dict, family: str, num_layers: int, where: str) -> Non
     if family == "dflash":
         field = "dflash_config.target_layer_ids"
         ids = (config.get("dflash_config") or {}).get("target_layer_ids") or []
-        lo, hi, note = 0, num_layers - 1, "zero-based layer outputs: aux ids - 1"
+        lo, hi, note = -1, num_layers - 1, "layer outputs, aux ids - 1: -1 is the embeddings, L-1 the last layer's"
     else:
         field = "eagle_aux_hidden_state_layer_ids"
         ids = config.get(field) or (config.get("eagle_config") or {}).get(field) or []
