@@ -32,6 +32,7 @@ from spectool.ui import console
 # --compare times each arm for at least this long (the same prompts and seeds again, records from the
 # first pass only): 13 short greedy answers decode in ~2 s here, too little to time a speedup.
 MIN_TIMED_S = 8.0
+WARM_UP_TOKENS = 64  # per sequence, before each arm is timed (as sweep-k warms up)
 
 
 @dataclass
@@ -117,7 +118,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     if cfg.compare:
         plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=log_path,
                                     gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype))
-        rollout_tasks(plain, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
+        _warm_up(plain, tokenizer, source, tasks, cfg)
         _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling)
         n_plain, s_plain = _time_more(plain, tokenizer, source, tasks, cfg.sampling, n_plain, s_plain)
         plain_tps = n_plain / s_plain
@@ -126,7 +127,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
                                  method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=proposals,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
-    rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
+    _warm_up(engine, tokenizer, source, tasks, cfg)
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
     timed_tokens, timed_s = (_time_more(engine, tokenizer, source, tasks, cfg.sampling, n_tokens, seconds)
                              if cfg.compare else (n_tokens, seconds))
@@ -149,6 +150,15 @@ def run(cfg: RolloutConfig) -> RolloutResult:
                           sampler_fix=engine.sampler_fix, summary=result),
         )
     return result
+
+
+def _warm_up(engine, tokenizer, source, tasks, cfg: RolloutConfig) -> None:
+    """Every prompt at the run's sampling, up to WARM_UP_TOKENS each: the engine compiles the step shapes of this
+    batch (speculation's vary with the tokens accepted) before anything is timed. Two prompts of 16 tokens did
+    not: the first timed pass of a k=3 engine at 13 sequences then paid for compiling."""
+    s = cfg.sampling
+    rollout_tasks(engine, tokenizer, source, tasks,
+                  SamplingConfig(len(tasks), s.samples, min(s.max_tokens, WARM_UP_TOKENS), s.temperature, s.top_p, s.seed))
 
 
 def _time_more(engine, tokenizer, source, tasks, sampling: SamplingConfig, tokens: int, seconds: float) -> tuple[int, float]:
