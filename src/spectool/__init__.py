@@ -11,11 +11,11 @@ __all__ = ["DraftRefresher", "RefreshSettings", "DraftNotLive", "WORKER_EXTENSIO
 
 def __getattr__(name: str):  # lazy: `import spectool` stays light (no torch until a name is used)
     if name in ("DraftRefresher", "RefreshSettings", "DraftNotLive"):
-        from spectool.draft import refresh
+        from spectool.draft import refresh  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
         return getattr(refresh, name)
     if name == "WORKER_EXTENSION":
-        from spectool.engine.colocated import WORKER_EXTENSION
+        from spectool.engine.colocated import WORKER_EXTENSION  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
         return WORKER_EXTENSION
     raise AttributeError(f"module 'spectool' has no attribute {name!r}")

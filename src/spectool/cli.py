@@ -45,8 +45,8 @@ app = typer.Typer(
 def _options(verbose: bool = typer.Option(
         False, "--verbose", help="Show vLLM's and the libraries' log lines here (default: engine.log in the run folder).")
 ) -> None:
-    import logging
-    import os
+    import logging  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    import os  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     # spectool's library logs through `logging` (logger "spectool"); the command line shows its info lines on
     # stderr, and its debug lines too with --verbose
@@ -102,7 +102,7 @@ class CliSpec:
 
 
 def _presets_help() -> str:
-    from spectool.config import INIT_DRAFT_PRESETS
+    from spectool.config import INIT_DRAFT_PRESETS  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     sets = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in vals.items())
                      for name, vals in INIT_DRAFT_PRESETS.items())
@@ -205,7 +205,7 @@ def settings_command(name: str):
             try:
                 cfg = _build(spec, values)
                 if wants_given:
-                    from click.core import ParameterSource
+                    from click.core import ParameterSource  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
                     given = {p.replace("__", ".") for p in kw if ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE}
                     fn(cfg, given)
@@ -243,7 +243,7 @@ def parse_int_list(text: str, flag: str) -> list[int]:
 
 
 def _fail(e: SpectoolError) -> None:
-    from spectool.ui import console
+    from spectool.ui import console  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {e}", highlight=False)
     raise typer.Exit(2)
@@ -252,7 +252,7 @@ def _fail(e: SpectoolError) -> None:
 @settings_command("harvest")
 def harvest(cfg: HarvestConfig) -> None:
     """Run the policy on in-domain prompts (vLLM) and store its rollouts: the draft's training data."""
-    from spectool.commands.harvest import render, run
+    from spectool.commands.harvest import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     render(run(cfg))
 
@@ -261,8 +261,8 @@ def harvest(cfg: HarvestConfig) -> None:
 def init_draft(cfg: InitDraftConfig, given: set[str]) -> None:
     """Build and train an EAGLE-3 draft for the policy on in-domain data (--method mtp: fine-tune the model's
     own MTP layers)."""
-    from spectool.commands.init_draft import render, run
-    from spectool.config import apply_preset
+    from spectool.commands.init_draft import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.config import apply_preset  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     render(run(apply_preset(cfg, given)))
 
@@ -271,7 +271,7 @@ def init_draft(cfg: InitDraftConfig, given: set[str]) -> None:
 def sweep_k(cfg: SweepConfig) -> None:
     """Measure acceptance and throughput per draft length k (and batch size); recommend k.
     With --dummy-weights and synthetic acceptance: what speculation gives a model known by its config."""
-    from spectool.commands.sweep_k import render, run
+    from spectool.commands.sweep_k import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     render(run(cfg, progress=lambda m: typer.echo(m, err=True)), cfg.out)
 
@@ -279,7 +279,7 @@ def sweep_k(cfg: SweepConfig) -> None:
 @settings_command("rollout")
 def rollout(cfg: RolloutConfig) -> None:
     """Rollouts with vLLM (speculative with a draft): records with target logprobs and rewards."""
-    from spectool.commands.rollout import render, run
+    from spectool.commands.rollout import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     render(run(cfg))
 
@@ -287,7 +287,7 @@ def rollout(cfg: RolloutConfig) -> None:
 @settings_command("export")
 def export(cfg: ExportConfig) -> None:
     """Write a draft that vLLM (and RL frameworks) load: plain EAGLE-3 or speculators format."""
-    from spectool.commands.export import render, run
+    from spectool.commands.export import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     render(run(cfg))
 
@@ -295,7 +295,7 @@ def export(cfg: ExportConfig) -> None:
 @settings_command("verify")
 def verify(cfg: VerifyConfig) -> None:
     """Prove on the real engine that speculative sampling equals the policy's own sampling."""
-    from spectool.commands.verify import render, run
+    from spectool.commands.verify import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     r = run(cfg, progress=lambda m: typer.echo(m, err=True))
     render(r)
@@ -306,7 +306,7 @@ def verify(cfg: VerifyConfig) -> None:
 @settings_command("forecast")
 def forecast(cfg: ForecastConfig) -> None:
     """Forecast rollout and RL-step speedups at any batch size and acceptance from a fitted sweep."""
-    from spectool.commands.forecast import render, run
+    from spectool.commands.forecast import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     render(run(cfg), cfg.out)
 
@@ -320,21 +320,21 @@ def train_rl(
 ) -> None:
     """Online GRPO with speculative rollouts and a draft refreshed from the policy's hidden states."""
     try:
-        from spectool.rl.config import load_config, to_yaml
+        from spectool.rl.config import load_config, to_yaml  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
         cfg = load_config(config, [*set_, *([f"backend={backend}"] if backend else [])])
         if print_config:
             typer.echo(to_yaml(cfg))
             return
         if cfg.backend == "trl":
-            from spectool.commands.train_rl_trl import run as run_trl
+            from spectool.commands.train_rl_trl import run as run_trl  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
             summary = run_trl(cfg)
             typer.echo(f"train-rl (TRL) -> {cfg.out}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                                    for k, v in summary.items()))
             return
-        from spectool.commands.train_rl import run
-        from spectool.rl.report import render_summary
+        from spectool.commands.train_rl import run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+        from spectool.rl.report import render_summary  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
         render_summary(run(cfg))
     except SpectoolError as e:

@@ -69,7 +69,7 @@ def check_draft_sampling(value: str, flag: str = "--draft-sampling") -> None:
 
 
 def check_lengths(value: str, flag: str = "--lengths") -> None:
-    from spectool.costmodel import LENGTH_SHAPES
+    from spectool.costmodel import LENGTH_SHAPES  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     check(value in LENGTH_SHAPES or Path(value).is_dir(), flag, value,
           f"must be {' | '.join(LENGTH_SHAPES)} or a harvest run directory")
@@ -175,7 +175,7 @@ INIT_DRAFT_PRESETS: dict[str, dict[str, object]] = {
 def apply_preset(cfg: InitDraftConfig, given: set[str]) -> InitDraftConfig:
     """`cfg` with its preset's values for every setting not in `given` (the fields set on the
     command line, nested ones as "harvest.<field>"); a new object, `cfg` is not changed."""
-    import dataclasses
+    import dataclasses  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     if cfg.preset is None:
         return cfg
@@ -350,7 +350,7 @@ class SweepConfig:
         if self.acceptance_rates is not None:
             return {"rates": self.acceptance_rates}
         if self.acceptance_length is not None:
-            from spectool.costmodel import rates_from_length
+            from spectool.costmodel import rates_from_length  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
             return {"rates": rates_from_length(self.acceptance_length, max(self.ks))}
         return None

@@ -23,7 +23,13 @@ acceptance rate of position j (what vLLM's per-position counters report), so
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from spectool.errors import SpectoolError
+from spectool.records import load_records
+from spectool.runs import load_manifest
 
 
 @dataclass
@@ -88,7 +94,7 @@ def rates_from_length(length: float, k: int) -> list[float]:
 def fit(rows: list[dict], parallel: bool = False) -> CostModel:
     """Fit on sweep rows: each needs k (0 for plain), batch, tokens_per_s, mean_acceptance_length
     (None for plain) and mean_context. `parallel`: the rows are a parallel drafter's (n(k) = 1)."""
-    import torch
+    import torch  # noqa: PLC0415 (heavy, loaded only on this path)
 
     pts = [(r["k"], r["batch"], r.get("mean_context") or 0.0,
             r["batch"] * (r["mean_acceptance_length"] or 1.0) / r["tokens_per_s"]) for r in rows]
@@ -161,22 +167,16 @@ def output_lengths(spec: str, n: int, max_tokens: int, seed: int = 0) -> list[in
     """n output lengths <= max_tokens: "fixed" (all max_tokens), "long-tail" (log-normal, median
     max_tokens / 4, a few at the cap: RL math responses), or a harvest run's response lengths
     (drawn with replacement)."""
-    import random
-    from pathlib import Path
 
     rng = random.Random(seed)
     if spec == "fixed":
         return [max_tokens] * n
     if spec == "long-tail":
         return [max(1, min(max_tokens, round(rng.lognormvariate(math.log(max_tokens / 4), 0.9)))) for _ in range(n)]
-    from spectool.records import load_records
-    from spectool.runs import load_manifest
 
     load_manifest(Path(spec), "harvest")  # a clear error for anything else
     pool = [len(r) for r in load_records(Path(spec))["response_ids"]]
     if not pool:
-        from spectool.errors import SpectoolError
-
         raise SpectoolError(f"--lengths {spec}: the harvest run has no records")
     return [min(max_tokens, rng.choice(pool)) or 1 for _ in range(n)]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from spectool.draft.families import family as drafter_family
 from spectool.errors import SpectoolError
 
 TARGETS = ("vllm", "nemo-rl", "verl", "skyrl", "trl-serve")
@@ -65,8 +66,6 @@ def vllm_default_aux_ids(num_layers: int) -> list[int]:
 
 
 def snippet(target: str, draft_path: str, k: int, policy: str, family: str = "eagle3") -> Snippet:
-    from spectool.draft.families import family as drafter_family
-
     spec = {**drafter_family(family).speculative_entries(draft_path), "num_speculative_tokens": k}
     if target == "vllm":
         return Snippet("vllm.json", json.dumps({"speculative_config": spec}, indent=2) + "\n",
@@ -93,6 +92,6 @@ def snippet(target: str, draft_path: str, k: int, policy: str, family: str = "ea
 
 
 def _yaml(tree: dict) -> str:
-    import yaml
+    import yaml  # noqa: PLC0415 (heavy, loaded only on this path)
 
     return yaml.safe_dump(tree, sort_keys=False)

@@ -8,6 +8,8 @@ from typing import Any
 
 from spectool.config import SamplingConfig
 from spectool.data import Task, TaskSource
+from spectool.engine.engine import Sampling
+from spectool.prompts import encode_prompt
 
 
 def rollout_tasks(engine, tokenizer, source: TaskSource, tasks: list[Task], s: SamplingConfig):
@@ -15,8 +17,6 @@ def rollout_tasks(engine, tokenizer, source: TaskSource, tasks: list[Task], s: S
 
     Returns (rows, acceptance deltas, generated tokens, generation seconds).
     """
-    from spectool.engine.engine import Sampling
-    from spectool.prompts import encode_prompt
 
     prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks]
     t0 = time.perf_counter()

@@ -73,16 +73,16 @@ class HarvestResult:
 
 
 def harvest(cfg: HarvestConfig) -> HarvestResult:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-    from transformers import AutoTokenizer
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from transformers import AutoTokenizer  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
-    from spectool.data import load_source
-    from spectool.engine.compat import is_cpu_build
-    from spectool.engine.engine import Engine, EngineConfig
-    from spectool.generation import rollout_tasks
-    from spectool.models import resolve_model
-    from spectool.records import load_records, shard_paths, write_shard
-    from spectool.runs import MANIFEST, atomic_write_json, claim, load_manifest, make_manifest
+    from spectool.data import load_source  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.engine.compat import is_cpu_build  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.engine.engine import Engine, EngineConfig  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.generation import rollout_tasks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.models import resolve_model  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.records import load_records, shard_paths, write_shard  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.runs import MANIFEST, atomic_write_json, claim, load_manifest, make_manifest  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     cfg.validate()
     model = resolve_model(cfg.model)
@@ -95,7 +95,7 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
           may_change={"sampling.n_prompts", "gpu_memory_utilization"})
     if (out / MANIFEST).exists():
         chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
-    from spectool.data.sources import MIX_SEPARATOR, mix_counts
+    from spectool.data.sources import MIX_SEPARATOR, mix_counts  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     manifest = make_manifest("harvest", model=model.name, model_path=model.path, model_identity=model.identity,
                              model_fingerprint=model.fingerprint,
@@ -107,16 +107,16 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     todo = [t for t in tasks if t.id not in done]
     n_shards = len(shard_paths(out))
     tokenizer = AutoTokenizer.from_pretrained(model.path)
-    from spectool.hidden import default_aux_layer_ids
+    from spectool.hidden import default_aux_layer_ids  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     layer_ids = default_aux_layer_ids(model.fingerprint["num_hidden_layers"])  # vLLM's defaults, as drafts use
-    import torch
+    import torch  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     share = cfg.gpu_memory_utilization
     if cfg.hidden_states and todo and torch.cuda.is_available():  # the policy shares the GPU with the engine
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
-        from spectool.memory import harvest_plan
+        from spectool.memory import harvest_plan  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
         share, plan = harvest_plan(AutoConfig.from_pretrained(model.path), share,
                                    torch.cuda.get_device_properties(0).total_memory)
@@ -160,8 +160,8 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
 
 
 def _load_policy(path: str):
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev).eval()
@@ -169,6 +169,6 @@ def _load_policy(path: str):
 
 def _store_hidden(policy, rows: list[dict], layer_ids: list[int], path: Path) -> int:
     """The shard's policy features in the one features format (hidden.save_features); bytes."""
-    from spectool.hidden import feature_items, save_features
+    from spectool.hidden import feature_items, save_features  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     return save_features(path, feature_items(policy, [r["prompt_ids"] + r["response_ids"] for r in rows], layer_ids))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from spectool.runs import atomic_write_bytes
+
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """Low / middle / high layers (vLLM's defaults 2, N/2, N-3), kept distinct and in range."""
@@ -145,9 +147,7 @@ def save_features(path: Path, items: list[FeatureItem]) -> int:
     cache): safetensors with ids, aux, last concatenated over sequences, and their lengths; aux
     and last in float16, or bfloat16 when any item needed it (to_store). Written atomically;
     returns bytes."""
-    from safetensors.torch import save
-
-    from spectool.runs import atomic_write_bytes
+    from safetensors.torch import save  # noqa: PLC0415 (heavy, loaded only on this path)
 
     half = torch.bfloat16 if any(x[1].dtype == torch.bfloat16 or x[2].dtype == torch.bfloat16 for x in items) \
         else torch.float16
@@ -162,7 +162,7 @@ def save_features(path: Path, items: list[FeatureItem]) -> int:
 def load_features(path: Path, pin: bool = False) -> list[FeatureItem]:
     """The items of a features file; `pin`: in page-locked host memory (fast, asynchronous copies to
     a GPU)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # noqa: PLC0415 (heavy, loaded only on this path)
 
     d = load_file(str(path))
     if pin:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from spectool.draft.mtp import PREFIX
 from spectool.errors import SpectoolError
 
 GIB = 1024**3
@@ -89,16 +91,14 @@ def draft_bytes(draft_params: int, config, embedding_copy: bool = True) -> int:
 
 def draft_params(folder, mtp: bool) -> int:
     """Parameters a refreshed draft trains: an EAGLE-3 folder's tensors, or a model folder's MTP layers."""
-    from spectool.draft.mtp import PREFIX
 
     return safetensors_params(folder, PREFIX + "." if mtp else "")
 
 
 def safetensors_params(folder, prefix: str = "") -> int:
     """Parameters stored in a folder's safetensors files (headers only), names starting with `prefix`."""
-    from pathlib import Path
 
-    from safetensors import safe_open
+    from safetensors import safe_open  # noqa: PLC0415 (heavy, loaded only on this path)
 
     n = 0
     for f in sorted(Path(folder).glob("*.safetensors")):

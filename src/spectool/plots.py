@@ -6,10 +6,10 @@ from pathlib import Path
 
 
 def pyplot():
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (matplotlib only where a plot is drawn)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (matplotlib only where a plot is drawn)
 
     return plt
 

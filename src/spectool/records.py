@@ -6,6 +6,7 @@ a resumed job skips the prompts they hold.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ COLUMNS = (
 
 
 def _features():
-    import datasets as ds
+    import datasets as ds  # noqa: PLC0415 (heavy, loaded only on this path)
 
     return ds.Features(
         {
@@ -42,9 +43,7 @@ def shard_paths(run_dir: Path) -> list[Path]:
 
 
 def write_shard(run_dir: Path, index: int, rows: list[dict[str, Any]]) -> Path:
-    import io
-
-    import datasets as ds
+    import datasets as ds  # noqa: PLC0415 (heavy, loaded only on this path)
 
     ds.disable_progress_bars()
     buf = io.BytesIO()
@@ -56,7 +55,7 @@ def write_shard(run_dir: Path, index: int, rows: list[dict[str, Any]]) -> Path:
 
 def load_records(run_dir: Path):
     """All records of a run as one `datasets.Dataset` (empty run -> empty dataset)."""
-    import datasets as ds
+    import datasets as ds  # noqa: PLC0415 (heavy, loaded only on this path)
 
     ds.disable_progress_bars()
     paths = shard_paths(run_dir)

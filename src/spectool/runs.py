@@ -67,7 +67,7 @@ def atomic_dir(dest: Path):
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """torch.save through a temp file and a rename (a checkpoint is whole or absent)."""
-    import torch
+    import torch  # noqa: PLC0415 (heavy, loaded only on this path)
 
     tmp = Path(path).with_name(f".{Path(path).name}.tmp")
     torch.save(obj, tmp)

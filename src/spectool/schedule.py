@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spectool.errors import SpectoolError
+from spectool.runs import atomic_write_json, read_json
 
 SCHEDULE = "schedule.json"
 
@@ -16,7 +17,6 @@ def write_schedule(run_dir: Path, schedule: list[tuple[int, int, int]], kind: st
     """kind "sweep": measured with `draft` (a drafter family `method`) and `draft_sampling`, which
     a run must then use; kind "forecast": predicted for an acceptance, usable with any draft of
     that family."""
-    from spectool.runs import atomic_write_json
 
     atomic_write_json(Path(run_dir) / SCHEDULE, {"kind": kind, "method": method, "schedule": [list(r) for r in schedule],
                                                  "draft": draft, "draft_sampling": draft_sampling})
@@ -24,7 +24,6 @@ def write_schedule(run_dir: Path, schedule: list[tuple[int, int, int]], kind: st
 
 def schedule_method(run_dir: str) -> str:
     """The drafter family a schedule was made for (eagle3 for files written before families)."""
-    from spectool.runs import read_json
 
     path = Path(run_dir) / SCHEDULE
     return read_json(path).get("method", "eagle3") if path.exists() else "eagle3"
@@ -34,7 +33,6 @@ def read_schedule(run_dir: str, draft: str | None, draft_sampling: str,
                   flag: str = "--") -> tuple[list[tuple[int, int, int]], str]:
     """The schedule in `run_dir` and the draft to run it with (a sweep's own, which `draft` and
     `draft_sampling` must match). `flag` prefixes option names in errors ("--" or "speculation.")."""
-    from spectool.runs import read_json
 
     path = Path(run_dir) / SCHEDULE
     legacy = Path(run_dir) / "sweep.json"  # sweeps written before schedule.json existed

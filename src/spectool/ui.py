@@ -10,7 +10,7 @@ FILE_WIDTH = 160  # the widest table (train-rl's per-step table) is ~150 columns
 
 
 def console(stderr: bool = False, soft_wrap: bool = False):
-    from rich.console import Console
+    from rich.console import Console  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, soft_wrap=soft_wrap, width=None if stream.isatty() else FILE_WIDTH)

@@ -14,7 +14,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from spectool.config import ExportConfig
+from spectool.data import load_source
+from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS, check_draft, check_tensors
+from spectool.draft.dflash import MASK_EMBEDDING
+from spectool.draft.families import folder_family
+from spectool.draft.vocab import ids_from_d2t
+from spectool.engine.engine import Engine, EngineConfig, Sampling
 from spectool.errors import SpectoolError
+from spectool.frameworks import check_target, snippet
+from spectool.models import HUB_IDS, resolve_model
+from spectool.prompts import encode_prompt
+from spectool.runs import atomic_write_bytes
+from spectool.ui import console
 
 
 @dataclass
@@ -56,10 +67,7 @@ def speculators_config(vllm_cfg: dict, k: int, verifier: str) -> dict:
 
 
 def run(cfg: ExportConfig) -> ExportResult:
-    from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS, check_draft, check_tensors
-    from spectool.draft.dflash import MASK_EMBEDDING
-    from spectool.models import resolve_model
-    from spectool.runs import MANIFEST, atomic_dir, atomic_write_json, claim, make_manifest, read_json
+    from spectool.runs import MANIFEST, atomic_dir, atomic_write_json, claim, make_manifest, read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     cfg.validate()
     src = Path(cfg.draft)
@@ -71,14 +79,12 @@ def run(cfg: ExportConfig) -> ExportResult:
         raise SpectoolError("the draft does not record its policy; pass --model")
     model = resolve_model(model_name)
     check_draft(str(src), model, cfg.k)
-    from spectool.draft.families import folder_family
 
     family = folder_family(src)
     check_tensors(src, model.path, family)
     if family != "eagle3" and cfg.format != "vllm":
         raise SpectoolError(f"--format {cfg.format}: spectool writes the speculators format for EAGLE-3 drafts only; a "
                             f"{family} draft folder is already what vLLM loads: use --format vllm")
-    from spectool.frameworks import check_target, snippet
 
     check_target(cfg.target, read_json(src / "config.json").get("eagle_aux_hidden_state_layer_ids") or [],
                  model.fingerprint["num_hidden_layers"], family)
@@ -117,11 +123,8 @@ def _speculators_weights(src: Path, dest: Path, vocab_size: int) -> None:
     """The weights as the speculators library names them: the decoder layer as `layers.0.*` (vLLM's
     loader maps `midlayer.*` to the same name), and with a reduced vocabulary a `t2d` mask [V] of
     the target ids in it beside `d2t` (vLLM skips t2d)."""
-    import torch
-    from safetensors.torch import load_file, save
-
-    from spectool.draft.vocab import ids_from_d2t
-    from spectool.runs import atomic_write_bytes
+    import torch  # noqa: PLC0415 (heavy, loaded only on this path)
+    from safetensors.torch import load_file, save  # noqa: PLC0415 (heavy, loaded only on this path)
 
     sd = {k.replace("midlayer.", "layers.0.", 1): v for k, v in load_file(str(src)).items()}
     if "d2t" in sd:
@@ -134,7 +137,6 @@ def _speculators_weights(src: Path, dest: Path, vocab_size: int) -> None:
 def _portable_name(model_name: str) -> str:
     """The verifier named without this machine's paths: a hub id as given, the embedded default by
     its hub id, a local folder by its own name."""
-    from spectool.models import HUB_IDS
 
     if model_name in HUB_IDS:
         return HUB_IDS[model_name]
@@ -142,7 +144,7 @@ def _portable_name(model_name: str) -> str:
 
 
 def _draft_data(src: Path) -> str | None:
-    from spectool.runs import MANIFEST, read_json
+    from spectool.runs import MANIFEST, read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     m = read_json(src / MANIFEST) if (src / MANIFEST).exists() else {}
     data = m.get("harvest_data")
@@ -153,11 +155,7 @@ def _draft_data(src: Path) -> str | None:
 
 
 def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family: str) -> float:
-    from transformers import AutoTokenizer
-
-    from spectool.data import load_source
-    from spectool.engine.engine import Engine, EngineConfig, Sampling
-    from spectool.prompts import encode_prompt
+    from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     draft_arg = str(folder)
     engine = Engine(EngineConfig(model_path=model_path, draft_path=draft_arg, k=cfg.k, kv_cache_gib=1, method=family,
@@ -169,8 +167,6 @@ def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family:
 
 
 def render(r: ExportResult) -> None:
-    from spectool.ui import console
-
     acc = f", verified on vLLM: mean acceptance length {r.mean_acceptance_length:.2f}" if r.mean_acceptance_length else ""
     con = console(soft_wrap=True)
     con.print(f"[bold]export[/] {r.format} draft -> {r.out}{acc}")

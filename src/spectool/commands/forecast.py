@@ -13,7 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from spectool.config import ForecastConfig
+from spectool.costmodel import batch_rollout, fit, k_schedule, output_lengths, rl_step_speedup
+from spectool.draft.families import FAMILIES
 from spectool.errors import SpectoolError
+from spectool.plots import pyplot, save
+from spectool.runs import MANIFEST, atomic_write_bytes, atomic_write_json, claim, load_manifest, make_manifest, read_json
+from spectool.schedule import write_schedule
+from spectool.ui import console
 
 ASSUMPTIONS = (
     "step time = a0 + a1*B*(k+1) + a2*B*context + [k>0]*(a5 + a6*B) + k*(a3 + a4*B), fitted on the sweep's rows",
@@ -27,7 +33,6 @@ ASSUMPTIONS = (
 
 def _sweep_rows(sweep_dir: Path, method: str) -> tuple[list[dict], dict]:
     """The sweep's plain rows and `method`'s rows, and the sweep."""
-    from spectool.runs import read_json
 
     path = sweep_dir / "sweep.json"
     if not path.exists():
@@ -54,8 +59,6 @@ def generation_share(cfg: ForecastConfig) -> tuple[float, str]:
     if cfg.generation_share is not None:
         return cfg.generation_share, "given"
     if cfg.rl_run:
-        from spectool.runs import load_manifest
-
         m = load_manifest(Path(cfg.rl_run), "train-rl")
         share = (m.get("summary") or {}).get("mean_gen_share")
         if not share:
@@ -65,17 +68,12 @@ def generation_share(cfg: ForecastConfig) -> tuple[float, str]:
 
 
 def run(cfg: ForecastConfig) -> dict:
-    from spectool.costmodel import batch_rollout, fit, k_schedule, output_lengths, rl_step_speedup
-
     cfg.validate()
     rows, sweep = _sweep_rows(Path(cfg.sweep), cfg.method)
     if cfg.out:  # after the sweep is known to be readable: nothing is claimed for a run that cannot start
-        from spectool.runs import claim
 
         claim(Path(cfg.out), "forecast", cfg)
     try:
-        from spectool.draft.families import FAMILIES
-
         parallel = cfg.method in FAMILIES and FAMILIES[cfg.method].parallel
         model = fit([{**r, "k": r["k"] if r["method"] == cfg.method else 0} for r in rows], parallel=parallel)
     except ValueError as e:
@@ -124,10 +122,6 @@ def run(cfg: ForecastConfig) -> dict:
 
 
 def _write(out: Path, result: dict, cfg: ForecastConfig, trace: list[tuple[int, int]]) -> None:
-    from spectool.plots import pyplot, save
-    from spectool.runs import MANIFEST, atomic_write_bytes, atomic_write_json, make_manifest
-    from spectool.schedule import write_schedule
-
     atomic_write_json(out / "forecast.json", result)
     if result["method"] in ("eagle3", "peagle", "dflash"):  # rollout --k auto runs draft folders of that family
         write_schedule(out, result["schedule"], "forecast", None, result["draft_sampling"], result["method"])
@@ -160,9 +154,7 @@ def _write(out: Path, result: dict, cfg: ForecastConfig, trace: list[tuple[int, 
 
 
 def render(r: dict, out: str | None) -> None:
-    from rich.table import Table
-
-    from spectool.ui import console
+    from rich.table import Table  # noqa: PLC0415 (heavy, loaded only on this path)
 
     c = console()
     ks = list(r["per_batch"][0]["speedup_by_k"])

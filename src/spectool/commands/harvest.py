@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from spectool.harvesting import HarvestConfig, HarvestResult, harvest
+from spectool.ui import console
 
 __all__ = ["HarvestConfig", "run", "render"]
 
@@ -13,8 +14,6 @@ def run(cfg: HarvestConfig) -> HarvestResult:
 
 
 def render(r: HarvestResult) -> None:
-    from spectool.ui import console
-
     c = console(soft_wrap=True)
     c.print(f"[bold]harvest[/] {r.out}: {r.n_records} records ({r.n_new} new), mean reward {r.mean_reward:.3f}, "
             f"{r.tokens_per_s:.1f} generated tokens/s")

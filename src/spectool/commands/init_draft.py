@@ -22,6 +22,9 @@ Workflow (`run`, phase by phase):
 
 from __future__ import annotations
 
+import gc
+import hashlib
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +32,21 @@ from pathlib import Path
 import torch
 
 from spectool.config import InitDraftConfig
+from spectool.data import load_source
+from spectool.draft.checkpoint import draft_metadata, save_draft
+from spectool.draft.families import FAMILIES
+from spectool.draft.mtp_folder import check_trainable, load_mtp, save_mtp_model
 from spectool.draft.training import DraftTrainer
+from spectool.draft.ttt import chain_length, heldout_metrics, ttt_step_loss
+from spectool.draft.vocab import build_vocab, ids_from_d2t
 from spectool.errors import SpectoolError
+from spectool.harvesting import HarvestConfig, harvest
+from spectool.hidden import default_aux_layer_ids
+from spectool.models import fingerprint_mismatch, resolve_model
+from spectool.prompts import encode_prompt
+from spectool.records import load_records
+from spectool.runs import append_jsonl, claim, load_manifest, truncate_jsonl
+from spectool.ui import console
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
 RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset"}  # settings a rerun may change and still resume
@@ -55,7 +71,6 @@ class InitDraftResult:
         """A parallel draft whose held-out agreement is the same at every block position: it proposes
         a context-free guess (measured: DFlash at 246 steps from scratch, docs/drafters.md), where a
         draft that reads the policy's state agrees more at position 1 than further out."""
-        from spectool.draft.families import FAMILIES
 
         top1 = self.heldout["top1"]
         return FAMILIES[self.family].parallel and len(top1) > 1 and max(top1) - min(top1) < 0.02
@@ -64,7 +79,6 @@ class InitDraftResult:
         """Expected acceptance length at k (default: every trained position): T=1 greedy (draft and
         oracle) walked over the records as the engine drafts (exact, ttt.WALKS); T=0 and T=1
         probabilistic chained from the per-position proxies (no exact walk exists for them on T=1 paths)."""
-        from spectool.draft.ttt import chain_length
 
         m = {key: v[:k] for key, v in getattr(self, which).items()}
         return {"T=0": chain_length(m["top1"]), "T=1 greedy": m["walk_greedy"][-1],
@@ -75,7 +89,6 @@ class InitDraftResult:
 def _claim_out(cfg: InitDraftConfig) -> None:
     """Refuse an --out that holds anything but an init-draft run with these settings, before
     anything is written; then record the settings (a rerun of the same command resumes)."""
-    from spectool.runs import claim
 
     claim(Path(cfg.out), "mtp-model" if cfg.method == "mtp" else "draft", cfg, saved_as=RUN_CONFIG,
           may_change=RESUME_MAY_CHANGE, hint=f" (--init-from {cfg.out} warm-starts a new draft from it)")
@@ -83,17 +96,15 @@ def _claim_out(cfg: InitDraftConfig) -> None:
 
 def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
     """The harvest run to train on; harvests first when --data is a data source."""
-    from spectool.runs import MANIFEST
+    from spectool.runs import MANIFEST  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     p = Path(cfg.data)
     if (p / MANIFEST).exists():
         return p
-    from spectool.harvesting import HarvestConfig, harvest
 
     run_dir = Path(cfg.out) / "harvest"
     harvest(HarvestConfig(model=cfg.model, data=cfg.data, out=str(run_dir), split="train", sampling=cfg.harvest,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype))
-    import gc
 
     gc.collect()  # the harvest's engine goes before the policy and the draft take the device
     return run_dir
@@ -112,18 +123,15 @@ class _Data:
 
 def _setup(cfg: InitDraftConfig):
     """Checks, the accelerator, the claimed --out, the training data and the policy on its device."""
-    from accelerate import Accelerator
-    from transformers import AutoModelForCausalLM
-
-    from spectool.models import resolve_model
+    from accelerate import Accelerator  # noqa: PLC0415 (heavy, loaded only on this path)
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 (heavy, loaded only on this path)
 
     model = resolve_model(cfg.model)
     if cfg.method == "mtp":  # fail before any harvesting or training
-        from spectool.draft.mtp_folder import check_trainable
 
         check_trainable(Path(model.path))
     if cfg.init_from:
-        from spectool.draft.checkpoint import check_draft, load_draft
+        from spectool.draft.checkpoint import check_draft, load_draft  # noqa: PLC0415 (binds a name this module uses otherwise)
 
         if not Path(cfg.init_from).exists():
             raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
@@ -161,7 +169,7 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
     """Tokens whose features init-draft will cache: 0 when its cache exists or the harvest's
     --hidden-states shards hold them; a harvest run's exact count; for a data source still to be
     harvested, the most it can produce (n_prompts x samples x (longest prompt + max_tokens))."""
-    from spectool.runs import MANIFEST, read_json
+    from spectool.runs import MANIFEST, read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     if (Path(cfg.out) / ".train" / "features.safetensors").exists():
         return 0
@@ -170,14 +178,10 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
         ids = _layer_ids(cfg, model.fingerprint["num_hidden_layers"])  # what the draft reads (_features)
         if (p / "hidden").is_dir() and read_json(p / MANIFEST).get("aux_layer_ids") == ids:
             return 0
-        from spectool.records import load_records
 
         r = load_records(p)
         return sum(len(a) + len(b) for a, b in zip(r["prompt_ids"], r["response_ids"]))
-    from transformers import AutoTokenizer
-
-    from spectool.data import load_source
-    from spectool.prompts import encode_prompt
+    from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     h = cfg.harvest
     tok = AutoTokenizer.from_pretrained(model.path)
@@ -188,7 +192,6 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
 def _layer_ids(cfg: InitDraftConfig, num_layers: int) -> list[int]:
     """The policy hidden states the draft reads: EAGLE-3's aux layers, or the MTP layer's one (the
     trunk's pre-norm output, id N)."""
-    from spectool.hidden import default_aux_layer_ids
 
     return [num_layers] if cfg.method == "mtp" else default_aux_layer_ids(num_layers)
 
@@ -196,9 +199,8 @@ def _layer_ids(cfg: InitDraftConfig, num_layers: int) -> list[int]:
 def _check_disk_budget(cfg: InitDraftConfig, model) -> None:
     """Refuse, before anything is written, a feature cache over --disk-budget-gb (default: the
     free space where --out will live)."""
-    import shutil
 
-    from spectool.hidden import bytes_per_token
+    from spectool.hidden import bytes_per_token  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     per_token = bytes_per_token(model.fingerprint["hidden_size"], len(_layer_ids(cfg, model.fingerprint["num_hidden_layers"])))
     need = _tokens_to_cache(cfg, model) * per_token
@@ -218,16 +220,10 @@ def _check_disk_budget(cfg: InitDraftConfig, model) -> None:
 
 def _data(cfg: InitDraftConfig, model) -> _Data:
     """The harvest's records, split by prompt (deterministic hash): held-out prompts never train."""
-    import hashlib
-
-    from spectool.records import load_records
-    from spectool.runs import load_manifest
 
     run_dir = _harvest_if_needed(cfg)
     hm = load_manifest(run_dir, "harvest")
     if hm["model_identity"] != model.identity:
-        from spectool.models import fingerprint_mismatch
-
         diff = fingerprint_mismatch(hm.get("model_fingerprint", {}), model.fingerprint)
         raise SpectoolError(f"harvest run {run_dir} was made with model {hm['model']}, not {cfg.model}"
                             + (f" ({'; '.join(diff)}: harvest's model vs this one)" if diff else ""))
@@ -245,13 +241,10 @@ def _data(cfg: InitDraftConfig, model) -> _Data:
 def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
     """(draft, target ids of its vocabulary [Vd], coverage of training responses): fresh, warm
     started with its vocabulary map kept, or warm started and remapped (--remap-vocab)."""
-    from spectool.draft.checkpoint import load_draft, new_draft, remap_vocab
-    from spectool.draft.vocab import build_vocab, ids_from_d2t
-    from spectool.hidden import default_aux_layer_ids
+    from spectool.draft.checkpoint import load_draft, new_draft, remap_vocab  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     responses = [data.records[i]["response_ids"] for i in data.train]
     if cfg.method == "mtp":  # the model's own MTP layers over the full vocabulary, with its lm_head
-        from spectool.draft.mtp_folder import load_mtp
 
         return load_mtp(data.model_path, policy), torch.arange(policy.config.vocab_size), 1.0
     vsize = min(cfg.draft_vocab_size, policy.config.vocab_size)
@@ -278,9 +271,9 @@ def _features(policy, data: _Data, layer_ids: list[int], cache: Path):
     """Per record (ids, aux, last) in the one features format (hidden.py): the cache of an earlier
     run, else the harvest's own --hidden-states shards when they hold these layers, else one
     policy forward per record (batched, on the policy's device), cached for resume and reruns."""
-    from rich.progress import Progress
+    from rich.progress import Progress  # noqa: PLC0415 (binds a name this module uses otherwise)
 
-    from spectool.hidden import bytes_per_token, feature_items, load_features, save_features
+    from spectool.hidden import bytes_per_token, feature_items, load_features, save_features  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     pin = next(policy.parameters()).device.type == "cuda"  # training batches copy from here to the GPU
     if cache.exists():
@@ -305,10 +298,7 @@ def _features(policy, data: _Data, layer_ids: list[int], cache: Path):
 def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats, evaluate, W_dv: torch.Tensor) -> tuple[int, float]:
     """The loop: TTT steps, metrics.jsonl per step, a held-out eval and checkpoint every save_every.
     Returns (training tokens, training seconds)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from spectool.draft.ttt import ttt_step_loss
-    from spectool.runs import append_jsonl, truncate_jsonl
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     metrics_path = Path(cfg.out) / "metrics.jsonl"
     truncate_jsonl(metrics_path, tr.step)  # steps logged after the last checkpoint are redone
@@ -337,9 +327,7 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats, evaluate,
 
 
 def run(cfg: InitDraftConfig) -> InitDraftResult:
-    from spectool.draft.checkpoint import draft_metadata, save_draft
-    from spectool.draft.ttt import heldout_metrics
-    from spectool.runs import MANIFEST, atomic_write_json, make_manifest
+    from spectool.runs import MANIFEST, atomic_write_json, make_manifest  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     cfg.validate()
     t_start = time.perf_counter()
@@ -375,8 +363,6 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     if acc.is_main_process:
         meta = draft_metadata(model, cfg.ttt_steps, coverage=coverage)
         if cfg.method == "mtp":
-            from spectool.draft.mtp_folder import save_mtp_model
-
             save_mtp_model(tr.unwrapped, model.path, out, meta)
         else:
             save_draft(tr.unwrapped, out, extra=meta)
@@ -420,9 +406,7 @@ def _cost_ratio(policy, draft, feat) -> float:
 
 
 def render(r: InitDraftResult) -> None:
-    from rich.table import Table
-
-    from spectool.ui import console
+    from rich.table import Table  # noqa: PLC0415 (heavy, loaded only on this path)
 
     if not r.main_process:
         return

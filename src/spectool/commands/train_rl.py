@@ -27,13 +27,23 @@ from typing import Any, Callable
 
 import torch
 
+from spectool.data import load_source
+from spectool.draft.checkpoint import draft_metadata
+from spectool.draft.refresh import DraftNotLive, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
+from spectool.engine.engine import Engine, EngineConfig, Sampling
 from spectool.errors import SpectoolError
+from spectool.memory import check_train_rl, draft_params, train_rl_plan
+from spectool.models import resolve_model
 from spectool.precision import engine_dtype, logprob_tolerance
+from spectool.prompts import encode_prompt
 from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
 from spectool.rl.grpo import group_advantages
 from spectool.rl.policy import PolicyTrainer, Rollout, check_engine_logprobs, update_within_memory
+from spectool.rl.report import LiveView, plot_run
+from spectool.rl.speculation import resolve
 from spectool.rl.tasks import StepPrompts
+from spectool.runs import MANIFEST, append_jsonl, atomic_dir, atomic_write_json, claim, make_manifest, truncate_jsonl
 from spectool.stats import AcceptanceStats
 
 CHECKPOINTS = "checkpoints"
@@ -81,9 +91,7 @@ class _Run:
 
 def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, total_bytes: int) -> None:
     """Print the one-GPU memory plan and refuse one that cannot fit (memory.py)."""
-    from transformers import AutoConfig
-
-    from spectool.memory import check_train_rl, draft_params, train_rl_plan
+    from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
 
     config, mtp = AutoConfig.from_pretrained(model_path), spec.method == "mtp"
     online = spec.draft_path is not None and cfg.draft_refresh.mode != "frozen"
@@ -98,7 +106,6 @@ def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, tota
 def _refresher(cfg: RLConfig, draft_path: str, trainer: PolicyTrainer):
     """The public DraftRefresher on the trainer's policy, as any outside trainer builds it (the
     policy's own MTP layers: `draft_path` is a model folder holding them)."""
-    from spectool.draft.refresh import DraftRefresher
 
     if cfg.speculation.method == "mtp":
         return DraftRefresher.from_mtp(draft_path, trainer.model, cfg.draft_refresh, seed=cfg.seed)
@@ -107,13 +114,7 @@ def _refresher(cfg: RLConfig, draft_path: str, trainer: PolicyTrainer):
 
 def _setup(cfg: RLConfig) -> _Run:
     """Data, speculation, the checkpoint to resume from, the trainer (and online draft), the engine."""
-    from transformers import AutoTokenizer
-
-    from spectool.data import load_source
-    from spectool.engine.engine import Engine, EngineConfig
-    from spectool.models import resolve_model
-    from spectool.rl.speculation import resolve
-    from spectool.runs import claim, truncate_jsonl
+    from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     out, model = Path(cfg.out), resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.seed)
@@ -206,8 +207,6 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
 
 def _loop(r: _Run, on_step) -> None:
     """Steps start..steps: generate (async: the next step's batch in a thread), train, log."""
-    from spectool.rl.report import LiveView
-    from spectool.runs import append_jsonl
 
     cfg, steps = r.cfg, r.cfg.policy.steps
     pool = ThreadPoolExecutor(max_workers=1) if cfg.rollout.mode == "async" else None
@@ -252,9 +251,6 @@ def _loop(r: _Run, on_step) -> None:
 
 
 def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResult:
-    from spectool.rl.report import plot_run
-    from spectool.runs import MANIFEST, atomic_write_json, make_manifest
-
     cfg.validate()
     t_start = time.perf_counter()
     r = _setup(cfg)
@@ -270,8 +266,6 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
 
 
 def _generate(engine, source, tasks: StepPrompts, step: int, cfg: RLConfig) -> Batch:
-    from spectool.engine.engine import Sampling
-
     r = cfg.rollout
     idx = tasks.for_step(step)
     t0 = time.perf_counter()
@@ -300,7 +294,6 @@ def _batch_metrics(b: Batch) -> dict[str, Any]:
 
 def _push_draft(refresher, engine, step: int):
     """The refreshed draft into the running engine, checked there in the engine's dtype."""
-    from spectool.draft.refresh import DraftNotLive
 
     try:
         return refresher.push(engine)
@@ -309,8 +302,6 @@ def _push_draft(refresher, engine, step: int):
 
 
 def _check_alive(refresher, batch: Batch, step: int) -> None:
-    from spectool.draft.refresh import DraftNotLive
-
     try:
         refresher.check_acceptance(batch.acceptance)
     except DraftNotLive as e:
@@ -318,9 +309,6 @@ def _check_alive(refresher, batch: Batch, step: int) -> None:
 
 
 def _eval_reward(engine, tokenizer, source, eval_tasks, cfg: RLConfig) -> float:
-    from spectool.engine.engine import Sampling
-    from spectool.prompts import encode_prompt
-
     r = cfg.rollout
     greedy = r.eval_samples == 1
     # sampled: the same seeds at every eval (common random numbers: less noise between evals)
@@ -335,7 +323,6 @@ def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, refresher, mo
                      cadence=None) -> None:
     """checkpoints/step-N/{policy (HF folder), draft (vLLM-loadable), state.pt}, written whole
     (runs.atomic_dir), so a crash never leaves a half checkpoint. Older ones are removed."""
-    from spectool.runs import atomic_dir
 
     root = out / CHECKPOINTS
     with atomic_dir(root / f"step-{step:06d}") as tmp:
@@ -343,8 +330,6 @@ def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, refresher, mo
         tokenizer.save_pretrained(tmp / "policy")
         st = {"step": step, "policy": trainer.state_dict()}
         if refresher is not None:
-            from spectool.draft.checkpoint import draft_metadata
-
             where = tmp / ("policy" if cfg.speculation.method == "mtp" else "draft")  # MTP layers: a MiMo policy folder
             refresher.save(where, **draft_metadata(model, refresher.online.ttt_steps, rl_step=step))
             st["draft"] = refresher.state_dict()

@@ -17,8 +17,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from spectool.engine.compat import is_cpu_build
 from spectool.errors import SpectoolError
+from spectool.integrations.trl import SpectoolSpeculation, check_trl_version, task_data
+from spectool.models import resolve_model
 from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
+from spectool.rl.speculation import resolve
+from spectool.runs import MANIFEST, append_jsonl, atomic_write_json, claim, make_manifest, truncate_jsonl
 
 TRL_DIR = "trl"  # TRL's output_dir inside the run folder (its checkpoints)
 DRAFT_IN_CHECKPOINT = "spectool-draft"
@@ -27,7 +32,7 @@ DRAFT_IN_CHECKPOINT = "spectool-draft"
 def grpo_config(cfg: RLConfig, out: Path, cpu: bool):
     """rl.yaml's settings in TRL's names. One optimizer step = prompts_per_step x group_size
     sequences, in micro-batches of policy.micro_batch_size where that divides them."""
-    from trl import GRPOConfig
+    from trl import GRPOConfig  # noqa: PLC0415 (TRL is the optional spectool[trl])
 
     r, p, e = cfg.rollout, cfg.policy, cfg.engine
     seqs = r.prompts_per_step * r.group_size
@@ -46,8 +51,6 @@ def grpo_config(cfg: RLConfig, out: Path, cpu: bool):
 
 def _speculation(cfg: RLConfig, model, saved_draft: str | None):
     """rl.yaml's speculation for TRL; `saved_draft`: the refreshed draft of the checkpoint resumed from."""
-    from spectool.integrations.trl import SpectoolSpeculation
-    from spectool.rl.speculation import resolve
 
     e = cfg.engine
     common = dict(dtype=e.dtype, enforce_eager=e.enforce_eager, logprob_tolerance=cfg.policy.logprob_tolerance or None)
@@ -70,9 +73,7 @@ def _last_checkpoint(out: Path) -> Path | None:
 
 def _callback(out: Path, trainer):
     """metrics.jsonl from TRL's log lines; the refreshed draft saved into every TRL checkpoint."""
-    from transformers import TrainerCallback
-
-    from spectool.runs import append_jsonl
+    from transformers import TrainerCallback  # noqa: PLC0415 (heavy, loaded only on this path)
 
     class SpectoolRunFolder(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kw):
@@ -82,7 +83,7 @@ def _callback(out: Path, trainer):
         def on_save(self, args, state, control, **kw):
             ref = getattr(getattr(trainer, "spectool", None), "refresher", None)
             if ref is not None:
-                import torch
+                import torch  # noqa: PLC0415 (heavy, loaded only on this path)
 
                 folder = Path(args.output_dir) / f"checkpoint-{state.global_step}" / DRAFT_IN_CHECKPOINT
                 ref.save(folder, rl_step=state.global_step)
@@ -93,12 +94,7 @@ def _callback(out: Path, trainer):
 
 def run(cfg: RLConfig) -> dict:
     """The whole run; returns the summary written into the manifest."""
-    import torch
-
-    from spectool.engine.compat import is_cpu_build
-    from spectool.integrations.trl import check_trl_version, task_data
-    from spectool.models import resolve_model
-    from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest, truncate_jsonl
+    import torch  # noqa: PLC0415 (heavy, loaded only on this path)
 
     cfg.validate()
     version = check_trl_version()

@@ -23,6 +23,12 @@ from pathlib import Path
 
 from spectool import subproc
 from spectool.config import VerifyConfig
+from spectool.data import load_source
+from spectool.draft.checkpoint import check_draft
+from spectool.draft.mtp_folder import check_mtp
+from spectool.engine.arms import sample_arm
+from spectool.engine.compat import is_cpu_build
+from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
 from spectool.lossless import (
     ScoreTest,
@@ -33,7 +39,11 @@ from spectool.lossless import (
     token_test,
     welch,
 )
+from spectool.models import resolve_model
 from spectool.precision import LOGPROB_TOLERANCE, engine_dtype
+from spectool.prompts import encode_prompt
+from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
+from spectool.ui import console
 
 
 @dataclass
@@ -86,8 +96,8 @@ def score_tokens(policy, prompt: list[int], responses: list[list[int]], temperat
 
     prompt: [P] ids; responses: [N] lists of <= R ids. Logits only at the R response positions.
     """
-    import torch
-    import torch.nn.functional as F
+    import torch  # noqa: PLC0415 (heavy, loaded only on this path)
+    import torch.nn.functional as F  # noqa: PLC0415 (heavy, loaded only on this path)
 
     dev = next(policy.parameters()).device
     R = max((len(r) for r in responses), default=0)
@@ -165,25 +175,14 @@ def _verdict(results: list[ArmResult], cfg: VerifyConfig) -> tuple[str, list[str
 
 
 def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from spectool.data import load_source
-    from spectool.draft.checkpoint import check_draft
-    from spectool.engine.arms import sample_arm
-    from spectool.engine.compat import is_cpu_build
-    from spectool.models import resolve_model
-    from spectool.prompts import encode_prompt
-    from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
+    import torch  # noqa: PLC0415 (heavy, loaded only on this path)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     cfg.validate()
-    from spectool.engine.proposals import resolve
 
     proposals, proposals_why = resolve(cfg.draft_sampling)
     model = resolve_model(cfg.model)
     if cfg.method == "mtp":
-        from spectool.draft.mtp_folder import check_mtp
-
         note = check_mtp(model.path, cfg.k)
         if note:
             progress(note)
@@ -250,9 +249,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
 
 def render(r: VerifyResult) -> None:
-    from rich.table import Table
-
-    from spectool.ui import console
+    from rich.table import Table  # noqa: PLC0415 (heavy, loaded only on this path)
 
     t = Table(title="lossless check: sampled tokens vs the policy's own distribution")
     t.add_column("")

@@ -28,7 +28,7 @@ def math_equal(predicted: str | None, gold: str) -> float:
     """1.0 when `predicted` is mathematically equal to `gold` (math-verify), else 0.0."""
     if predicted is None:
         return 0.0
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # noqa: PLC0415 (heavy, loaded only on this path)
 
     try:
         gold_p = parse(gold if "$" in gold else f"${gold}$")

@@ -166,8 +166,8 @@ def _gym_source(spec: str, seed: int) -> TaskSource:
     parts = spec.split(":", 2)
     name = parts[1]
     params = _parse_params(parts[2]) if len(parts) == 3 and parts[2] else {}
-    import reasoning_gym
-    from reasoning_gym.factory import DATASETS
+    import reasoning_gym  # noqa: PLC0415 (heavy, loaded only on this path)
+    from reasoning_gym.factory import DATASETS  # noqa: PLC0415 (heavy, loaded only on this path)
 
     if name not in DATASETS:
         close = [n for n in sorted(DATASETS) if name[:4] in n][:8] or sorted(DATASETS)[:8]
@@ -214,7 +214,6 @@ def _parse_params(text: str) -> dict[str, Any]:
 
 def _check_jsonl(path: Path) -> None:
     """Say which line is wrong (the JSON reader's own error names none), or that there are no rows."""
-    import json
 
     rows = 0
     with open(path) as f:
@@ -238,7 +237,7 @@ def _file_source(spec: str, prompt_col: str, answer_col: str) -> TaskSource:
     path = Path(spec)
     if not path.exists():
         raise SpectoolError(f"data file {path} does not exist")
-    import datasets
+    import datasets  # noqa: PLC0415 (heavy, loaded only on this path)
 
     datasets.disable_progress_bars()
     kind = "json" if path.suffix == ".jsonl" else "parquet"
@@ -296,7 +295,7 @@ def _dapo_source() -> TaskSource:
             f"--data dapo needs the Hugging Face hub ({DAPO_HUB_ID}) and it is not reachable from "
             f"this machine. Offline alternatives: {OFFLINE_ALTERNATIVES}."
         )
-    import datasets
+    import datasets  # noqa: PLC0415 (heavy, loaded only on this path)
 
     ds = datasets.load_dataset(DAPO_HUB_ID, split="train")
 

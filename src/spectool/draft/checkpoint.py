@@ -4,15 +4,30 @@ policy identity it was trained for). Families: draft/families.py."""
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 from pathlib import Path
 
 import torch
 
 from spectool.draft.dflash import MASK_EMBEDDING, DFlashConfig, DFlashDraft
+from spectool.draft.families import (
+    FAMILIES,
+    PARALLEL_TOKEN_KEYS,
+    check_folder_family,
+    check_served,
+    family_of_config,
+    folder_family,
+)
 from spectool.draft.model import DraftConfig, Eagle3Draft
+from spectool.draft.preflight import check_folder
+from spectool.draft.vocab import d2t_from_ids
+from spectool.engine.compat import is_cpu_build
 from spectool.errors import SpectoolError
-from spectool.runs import atomic_write_bytes, atomic_write_json
+from spectool.hidden import default_aux_layer_ids
+from spectool.models import fingerprint_mismatch
+from spectool.runs import MANIFEST, atomic_write_bytes, atomic_write_json, read_json
 
 DRAFT_JSON = "draft.json"
 WEIGHTS = "model.safetensors"
@@ -43,9 +58,6 @@ def new_draft(policy, target_ids: torch.Tensor, aux_layer_ids: list[int], num_la
     """A fresh draft of `family` (eagle3 | peagle | dflash) with `num_layers` decoder layers for
     `policy` (a transformers causal LM): embedding and lm_head rows copied from the policy for the
     draft vocabulary `target_ids` [Vd]."""
-    import dataclasses
-
-    from spectool.draft.vocab import d2t_from_ids
 
     token = slot_token(target_ids, policy.config.vocab_size)
     if family == "dflash":
@@ -68,9 +80,6 @@ def remap_vocab(draft: Eagle3Draft, target_ids: torch.Tensor, policy) -> tuple[E
     lm_head rows of tokens in both vocabularies are kept; rows of new tokens come from the policy's
     output embedding when the draft's hidden size is the policy's, else stay freshly initialised.
     Returns (new draft, rows kept). Every other weight is copied as is."""
-    import dataclasses
-
-    from spectool.draft.vocab import d2t_from_ids
 
     c = dataclasses.replace(draft.config, draft_vocab_size=len(target_ids))
     new = draft_class(c)(c).to(draft.lm_head.weight.device)
@@ -92,9 +101,8 @@ def remap_vocab(draft: Eagle3Draft, target_ids: torch.Tensor, policy) -> tuple[E
 
 def save_draft(draft, out: Path, extra: dict | None = None) -> None:
     """Write a vLLM-loadable draft folder (files written atomically)."""
-    import io
 
-    from safetensors.torch import save
+    from safetensors.torch import save  # noqa: PLC0415 (heavy, loaded only on this path)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +119,7 @@ def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
     """Load a draft folder; `policy` (transformers model) supplies the shared embedding.
 
     Accepts spectool drafts and plain public EAGLE-3 folders (config.json + safetensors)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # noqa: PLC0415 (heavy, loaded only on this path)
 
     path = Path(path)
     meta_path = path / DRAFT_JSON
@@ -189,9 +197,6 @@ def check_draft(draft: str, model, k: int, flag: str = "--draft", k_flag: str = 
     or asked for more positions than it was trained on (`model`: a resolved ModelRef). A mismatch
     names the field and both values; `flag` and `k_flag` are the settings as the caller's user
     spells them (--draft / speculation.draft / draft=). Returns the folder as a string."""
-    from spectool.draft.families import check_folder_family, check_served, folder_family
-    from spectool.models import fingerprint_mismatch
-    from spectool.runs import MANIFEST, read_json
 
     d = Path(draft)
     kind = read_json(d / MANIFEST).get("kind") if (d / MANIFEST).exists() else None
@@ -206,12 +211,9 @@ def check_draft(draft: str, model, k: int, flag: str = "--draft", k_flag: str = 
     if method is not None:
         check_folder_family(d, method, flag, method_flag)
     found = folder_family(d)
-    from spectool.draft.preflight import check_folder
 
     check_folder(d, found, model.fingerprint["num_hidden_layers"], model.fingerprint["vocab_size"])
     if found in ("dspark",):
-        from spectool.engine.compat import is_cpu_build
-
         check_served(found, is_cpu_build(), flag)
     meta = read_json(d / DRAFT_JSON) if (d / DRAFT_JSON).exists() else {}
     diff = fingerprint_mismatch(meta.get("policy_fingerprint", {}), model.fingerprint)
@@ -232,9 +234,7 @@ def check_tensors(folder: Path, model_path: str, family: str | None) -> None:
     """A draft folder's weights against what vLLM's drafter of `family` loads (vllm 0.32): the
     family's tensors (families.Family.tensors), DFlash's mask token and embedding, d2t with a
     reduced vocabulary. Refused before an engine starts, naming what is missing."""
-    from safetensors import safe_open
-
-    from spectool.draft.families import FAMILIES
+    from safetensors import safe_open  # noqa: PLC0415 (heavy, loaded only on this path)
 
     path = Path(folder) / WEIGHTS
     if family not in FAMILIES or not FAMILIES[family].tensors:
@@ -270,7 +270,6 @@ def policy_shape(config) -> dict:
 
 def _config_from_vllm(c: dict, policy):
     """The config of a public draft folder (no draft.json): EAGLE-3, P-EAGLE or DFlash."""
-    from spectool.draft.families import PARALLEL_TOKEN_KEYS, family_of_config
 
     fam = family_of_config(c)
     if fam not in ("eagle3", "peagle", "dflash"):
@@ -285,7 +284,6 @@ def _config_from_vllm(c: dict, policy):
         if policy is None:
             raise SpectoolError("draft config.json names no aux layers (eagle_aux_hidden_state_layer_ids / "
                                 "dflash_config.target_layer_ids); pass the policy")
-        from spectool.hidden import default_aux_layer_ids
 
         ids = default_aux_layer_ids(policy.config.num_hidden_layers)
     rope = c.get("rope_parameters") or {}
@@ -318,9 +316,6 @@ def dummy_draft_config(target_config, family: str = "eagle3") -> dict:
     (capped at the policy's), aux layers at vLLM's defaults. With dummy weights its d2t is zeros,
     which maps into the vocabulary. (Public DFlash drafts are deeper: a what-if with this one
     charges one layer's cost.)"""
-    import dataclasses
-
-    from spectool.hidden import default_aux_layer_ids
 
     vocab = min(DUMMY_DRAFT_VOCAB, target_config.vocab_size)
     ids = default_aux_layer_ids(target_config.num_hidden_layers)

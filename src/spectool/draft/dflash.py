@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spectool.draft.model import MLP, DraftBase, DraftConfig, RMSNorm, inverse_frequencies, layer_probe, rope, shape_fields
+from spectool.engine.probe import linear_expected, param_expected
 
 MASK_EMBEDDING = "mask_embedding.pt"  # vLLM's name for a shipped mask embedding (qwen3_dflash.py)
 
@@ -156,7 +157,6 @@ class DFlashDraft(DraftBase):
     def vllm_probe(self, dtype) -> dict:
         """The sums vLLM's DFlash drafter reports for these weights (engine/probe.py), by vLLM's
         module names (q,k,v and gate,up fused)."""
-        from spectool.engine.probe import linear_expected, param_expected
 
         out = {"model.fc": linear_expected([self.fc.weight], dtype),
                "lm_head": linear_expected([self.lm_head.weight], dtype),

@@ -179,7 +179,7 @@ class DraftBase(nn.Module):
 def layer_probe(pre: str, layer: nn.Module, dtype, norms: tuple[str, ...]) -> dict:
     """The probe sums of one decoder layer as vLLM names and fuses it (q,k,v and gate,up stacked):
     `pre` is vLLM's prefix ("model.layers.i."); `norms` the layer's norm modules, by path."""
-    from spectool.engine.probe import linear_expected, param_expected
+    from spectool.engine.probe import linear_expected, param_expected  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     a, m = layer.self_attn, layer.mlp
     out = {pre + "self_attn.qkv_proj": linear_expected([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], dtype),
@@ -230,7 +230,7 @@ class Eagle3Draft(DraftBase):
         """The sums vLLM's drafter reports for these weights in `dtype` (engine/probe.py), keyed
         by vLLM's module names: the decoder layers under model.layers.i (q,k,v and gate,up fused as
         vLLM fuses them), fc and norm under model., the lm_head at the top."""
-        from spectool.engine.probe import linear_expected, output_expected, param_expected
+        from spectool.engine.probe import linear_expected, output_expected, param_expected  # noqa: PLC0415 (binds a name this module uses otherwise)
 
         out = {"model.fc": linear_expected([self.fc.weight], dtype),
                "lm_head": linear_expected([self.lm_head.weight], dtype),

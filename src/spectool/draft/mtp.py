@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spectool.draft.model import MLP, Attention, RMSNorm, chain_attention, inverse_frequencies
+from spectool.engine.probe import linear_expected, param_expected
 from spectool.errors import SpectoolError
 
 # config.json fields that count a model's MTP layers, as vLLM reads them (config/speculative.py)
@@ -125,7 +126,6 @@ class MtpDraft(nn.Module):
         """The sums vLLM's MiMoMTP drafter reports for these weights in `dtype` (engine/probe.py):
         its layers sit at index N + i, the decoder block under mtp_block, q/k/v and gate/up fused;
         input_proj is a plain torch Linear there, reported as a parameter."""
-        from spectool.engine.probe import linear_expected, param_expected
 
         out = {}
         for i, layer in enumerate(self.layers):

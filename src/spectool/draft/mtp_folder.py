@@ -89,7 +89,7 @@ def load_mtp(model_path: str | Path, policy=None, flag: str = "--method mtp") ->
     without MTP layers or with a layout spectool does not train); `policy`: the trainer's model,
     whose embedding and lm_head the draft reads. The policy's shapes are checked against the
     model's config."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # noqa: PLC0415 (heavy, loaded only on this path)
 
     path = Path(model_path)
     draft = MtpDraft(MtpConfig.from_model_config(check_trainable(path, flag)))
@@ -116,7 +116,7 @@ def attach_mtp(folder: str | Path, draft: MtpDraft, meta: dict | None = None) ->
     """Make a transformers-saved trunk folder (train-rl's checkpointed policy, which transformers
     writes as Qwen2) a MiMo model folder vLLM serves with `draft`'s MTP layers: the MTP shard, the
     index listing every shard's tensors, and the MiMo architecture in config.json."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # noqa: PLC0415 (heavy, loaded only on this path)
 
     folder = Path(folder)
     weight_map: dict[str, str] = {}
@@ -136,8 +136,8 @@ def save_mtp_model(draft: MtpDraft, source: str | Path, out: str | Path, meta: d
     file systems), a shard that held MTP tensors is rewritten without them, and the MTP tensors
     go to their own shard listed in model.safetensors.index.json. `out` must be a fresh folder
     (the caller writes it atomically)."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
+    from safetensors import safe_open  # noqa: PLC0415 (heavy, loaded only on this path)
+    from safetensors.torch import save_file  # noqa: PLC0415 (heavy, loaded only on this path)
 
     source, out = Path(source), Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,7 +162,7 @@ def save_mtp_model(draft: MtpDraft, source: str | Path, out: str | Path, meta: d
 def _write_mtp(folder: Path, draft: MtpDraft, weight_map: dict[str, str], dtype: torch.dtype, meta: dict) -> None:
     """The MTP shard (in the checkpoint's dtype), the index listing it beside the trunk's shards
     (`weight_map`), and spectool's record of the layers, each file written whole."""
-    from safetensors.torch import save
+    from safetensors.torch import save  # noqa: PLC0415 (heavy, loaded only on this path)
 
     mtp = {k: v.to(dtype) for k, v in draft.export_state_dict().items()}
     atomic_write_bytes(folder / MTP_WEIGHTS, save(mtp, metadata={"format": "pt"}))
@@ -180,7 +180,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 def _checkpoint_dtype(model_path: Path) -> torch.dtype:
     """The dtype of the checkpoint's MTP tensors (else its first tensor): new ones are saved alike."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # noqa: PLC0415 (heavy, loaded only on this path)
 
     first = None
     for f in _shards(model_path):

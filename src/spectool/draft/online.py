@@ -16,7 +16,10 @@ from pathlib import Path
 
 import torch
 
+from spectool.draft.checkpoint import save_draft
 from spectool.draft.model import Eagle3Draft
+from spectool.draft.mtp import MtpDraft
+from spectool.draft.mtp_folder import attach_mtp
 from spectool.draft.ttt import heldout_metrics, ttt_step_loss
 from spectool.draft.vocab import ids_from_d2t
 
@@ -110,12 +113,9 @@ class OnlineDraft:
 
     def save(self, folder: Path, extra: dict) -> None:
         """A vLLM-loadable draft folder; MTP layers go into `folder` as a saved policy's (attach_mtp)."""
-        from spectool.draft.mtp import MtpDraft
-        from spectool.draft.mtp_folder import attach_mtp
 
         if isinstance(self.draft, MtpDraft):
             attach_mtp(folder, self.draft, extra)
             return
-        from spectool.draft.checkpoint import save_draft
 
         save_draft(self.draft, folder, extra=extra)

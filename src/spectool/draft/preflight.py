@@ -103,7 +103,7 @@ def check_vocab_map(d2t: torch.Tensor, vocab_size: int, where: str) -> None:
 
 def check_folder(folder: Path, family: str | None, num_layers: int, vocab_size: int) -> None:
     """A draft folder's aux layer ids and vocabulary map against the policy (config.json, model.safetensors)."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # noqa: PLC0415 (heavy, loaded only on this path)
 
     cfg = json.loads((folder / "config.json").read_text())
     if family in ("eagle3", "peagle", "dflash"):

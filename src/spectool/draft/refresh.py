@@ -32,10 +32,17 @@ from typing import Any
 
 import torch
 
+from spectool.draft.checkpoint import check_fits, load_draft, policy_shape
+from spectool.draft.mtp import MtpDraft
+from spectool.draft.mtp_folder import load_mtp
 from spectool.draft.online import Features, OnlineDraft, RefreshReport
+from spectool.draft.preflight import check_vocab_map
 from spectool.draft.refresh_policy import RefreshSettings  # noqa: F401  (public: spectool.RefreshSettings)
+from spectool.engine import colocated
+from spectool.engine.probe import compare, distinguishes
 from spectool.errors import SpectoolError
 from spectool.hidden import aux_sites, decoder, hook_input, to_store
+from spectool.models import fingerprint_mismatch
 from spectool.stats import AcceptanceStats
 
 DEAD_P = 1e-3  # a drafter whose acceptance would reach 0 with less than this probability is dead
@@ -72,8 +79,6 @@ class DraftRefresher:
                  device: str | torch.device | None = None, seed: int = 0):
         """`draft`: an Eagle3Draft or the policy's MTP layers (MtpDraft); `policy`: the trainer's
         transformers causal LM (wrapped by accelerate/DDP/FSDP or not); hooks are attached at once."""
-        from spectool.draft.checkpoint import check_fits, policy_shape
-        from spectool.draft.mtp import MtpDraft
 
         self.settings = s = settings or RefreshSettings()
         self.meta = dict(meta or {})
@@ -100,8 +105,6 @@ class DraftRefresher:
     def from_folder(cls, folder: str | Path, policy, settings: RefreshSettings | None = None, **kw) -> "DraftRefresher":
         """From a spectool draft or export folder (or a plain EAGLE-3 folder); refuses a draft made
         for another policy, naming the field."""
-        from spectool.draft.checkpoint import load_draft
-        from spectool.models import fingerprint_mismatch
 
         folder = Path(folder)
         pol = _unwrap(policy)
@@ -118,7 +121,6 @@ class DraftRefresher:
     def from_mtp(cls, model_path: str | Path, policy, settings: RefreshSettings | None = None, **kw) -> "DraftRefresher":
         """The policy's own MTP layers (a model folder that has them: MiMo layout), refreshed like a
         draft; the trunk is never touched (the hooks read it detached)."""
-        from spectool.draft.mtp_folder import load_mtp
 
         draft = load_mtp(model_path, _unwrap(policy), flag="speculation.method: mtp")
         return cls(draft, policy, settings, {"folder": str(model_path), "method": "mtp"}, **kw)
@@ -225,15 +227,12 @@ class DraftRefresher:
         """The draft's weights into the running engine's drafter (a `vllm.LLM` built with
         worker_extension_cls=spectool's, or spectool's Engine), then the probe check in the
         engine's dtype. Raises DraftNotLive when the engine does not hold them."""
-        from spectool.engine import colocated
-        from spectool.engine.probe import compare, distinguishes
 
         llm = getattr(llm, "llm", llm)  # spectool's Engine holds its LLM
         t = time.perf_counter()
         dtype = colocated.served_dtype(llm)
         state = self.draft.export_state_dict()
         if "d2t" in state:  # the pre-flight check of the map the engine will propose with (draft/preflight.py)
-            from spectool.draft.preflight import check_vocab_map
 
             check_vocab_map(state["d2t"], self.policy.config.vocab_size, "the refreshed draft")
         colocated.send_weights(llm, "spectool_reload_draft", state)
@@ -290,6 +289,6 @@ class DraftRefresher:
 
 def _unwrap(model):
     """The transformers model inside accelerate/DDP/FSDP/DeepSpeed wrappers."""
-    from accelerate.utils import extract_model_from_parallel
+    from accelerate.utils import extract_model_from_parallel  # noqa: PLC0415 (heavy, loaded only on this path)
 
     return extract_model_from_parallel(model)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from spectool.runs import atomic_torch_save
+
 
 class DraftTrainer:
     """The draft under accelerate with its AdamW + warm-up/cosine schedule, resumable at any
@@ -54,8 +56,6 @@ class DraftTrainer:
         self.step += 1
 
     def save(self) -> None:
-        from spectool.runs import atomic_torch_save
-
         if self.acc.is_main_process:
             atomic_torch_save({"draft": self.unwrapped.state_dict(), "opt": self.opt.state_dict(),
                                "sched": self.sched.state_dict(), "step": self.step}, self.ckpt)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from spectool.draft.loss import acceptance_metrics, greedy_walk, ttt_loss
 
@@ -21,7 +22,6 @@ def collate_features(items, prompt_lens, device: torch.device | str = "cpu"):
     """Right-pad a list of (ids, aux, last) -> ids [B,T], aux [B,T,3H], last [B,T,H] float32 on
     `device`; P [B], L [B] on the host. The half-size features travel as they are stored and are
     padded and widened on the device (half the bytes over PCIe, no float32 copy on the host)."""
-    from torch.nn.utils.rnn import pad_sequence
 
     def padded(ts, dtype):
         return pad_sequence([t.to(device, non_blocking=True).to(dtype) for t in ts], batch_first=True)

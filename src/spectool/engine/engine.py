@@ -15,15 +15,22 @@ Callers building an Engine must sit under `if __name__ == "__main__":` (vLLM spa
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from spectool.constants import DEFAULT_K, GPU_MEMORY_UTILIZATION
+from spectool.draft.families import FAMILIES
+from spectool.draft.preflight import check_positions, draft_position_range
 from spectool.engine import colocated
 from spectool.engine.colocated import WORKER_EXTENSION
+from spectool.engine.compat import support
+from spectool.engine.logs import native_stderr_to_log, route
+from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
+from spectool.precision import engine_dtype
 from spectool.stats import AcceptanceStats
 
 
@@ -100,8 +107,6 @@ class Engine:
     """A running vLLM engine; `generate` returns completions plus the engine's acceptance counters."""
 
     def __init__(self, cfg: EngineConfig):
-        from spectool.engine.logs import native_stderr_to_log, route
-
         # the speculative_config vLLM will get (the user's, passed through in `extra`, replaces spectool's)
         check_exact_verification(cfg.extra.get("speculative_config") or speculative_config(cfg),
                                  what_if=bool(cfg.synthetic_acceptance))
@@ -114,15 +119,11 @@ class Engine:
         self.sampler_fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
         self.draft_positions = None  # the drafter's position range, checked before each generation
         if self.has_draft and not cfg.dummy_weights and not cfg.synthetic_acceptance:
-            from spectool.draft.preflight import draft_position_range
-
             self.draft_positions = draft_position_range(cfg.draft_path, cfg.model_path, cfg.method,
                                                         cfg.extra.get("hf_overrides"))
 
     def _start(self, cfg: EngineConfig, cpu: bool, quiet: bool):
-        from vllm import LLM
-
-        from spectool.precision import engine_dtype
+        from vllm import LLM  # noqa: PLC0415 (vLLM loads only with the engine, after its environment is set)
 
         self.dtype = engine_dtype(cfg.dtype)
         kwargs: dict[str, Any] = dict(
@@ -150,9 +151,7 @@ class Engine:
         self, prompts: list[list[int]], sampling: Sampling
     ) -> tuple[list[list[Completion]], AcceptanceStats]:
         """prompts: token ids per prompt. Returns [prompt][sample] completions and acceptance deltas."""
-        from vllm import SamplingParams, TokensPrompt
-
-        from spectool.draft.preflight import check_positions
+        from vllm import SamplingParams, TokensPrompt  # noqa: PLC0415 (vLLM loads only with the engine, after its environment is set)
 
         longest = max((len(p) + (sampling.max_tokens_each[i] if sampling.max_tokens_each else sampling.max_tokens)
                        for i, p in enumerate(prompts)), default=0)
@@ -211,7 +210,6 @@ class Engine:
     @property
     def has_draft(self) -> bool:
         """Whether a trained drafter runs (an EAGLE-3 draft or the model's MTP layers)."""
-        from spectool.draft.families import FAMILIES
 
         fam = FAMILIES.get(self.cfg.method)
         return fam is not None and (not fam.folder or bool(self.cfg.draft_path))
@@ -236,10 +234,9 @@ class Engine:
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         del llm, core
-        import gc
 
         gc.collect()
-        import torch
+        import torch  # noqa: PLC0415 (heavy, loaded only on this path)
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -268,7 +265,6 @@ def spectool_kwargs(cfg: EngineConfig, cpu: bool) -> dict[str, Any]:
     """What spectool adds to any `vllm.LLM(...)`, its own or one an RL framework builds: the
     draft's speculative_config, the worker extension (weight reloads, the draft probe, the CPU
     sampler fix), the counters, the dtype and eager mode; on the CPU build, whole prompts."""
-    from spectool.precision import engine_dtype
 
     kwargs: dict[str, Any] = dict(dtype=engine_dtype(cfg.dtype), enforce_eager=cfg.enforce_eager,
                                   disable_log_stats=False,  # needed for LLM.get_metrics()
@@ -309,7 +305,6 @@ def check_exact_verification(spec: dict | None, what_if: bool = False, where: st
 def prepare_environment(cfg: EngineConfig) -> bool:
     """Process environment for an engine about to start (CPU build: in-process engine, KV cache
     size; GPU: spawned workers). Refuses an unsupported vLLM. Returns whether it is the CPU build."""
-    from spectool.engine.compat import support
 
     cpu = support().cpu_build
     if cpu:
@@ -321,8 +316,6 @@ def prepare_environment(cfg: EngineConfig) -> bool:
 
 def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
     """vLLM's speculative_config for the configured method, or None for plain decoding."""
-    from spectool.draft.families import FAMILIES
-    from spectool.engine.proposals import resolve as resolve_proposals
 
     fam = FAMILIES.get(cfg.method)
     if cfg.method == "ngram":
@@ -354,7 +347,7 @@ def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
 
 def default_max_len(model_path: str) -> int:
     """spectool's context length for an engine: min(2048, the model's limit)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
 
     return min(2048, int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 2048)))
 
@@ -378,8 +371,6 @@ def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool) -> str:
                 "(train-rl: engine.gpu_memory_utilization), lower it when another process shares the GPU, or raise "
                 "it when the model and its KV cache do not fit.")
     if _refused_precision(msg):
-        from spectool.precision import engine_dtype
-
         served = engine_dtype(cfg.dtype)
         other = "float32" if served == "bfloat16" else "bfloat16"
         return (f"vLLM could not start {cfg.model_path} in {served}: the attention or matmul backend refuses that "

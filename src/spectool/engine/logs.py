@@ -27,7 +27,7 @@ def route(log_path: str | Path | None) -> Path | None:
     if verbose():
         return None
     if log_path is None:
-        from spectool.models import cache_dir
+        from spectool.models import cache_dir  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
         log_path = cache_dir() / "logs" / "engine.log"
     path = Path(log_path)
@@ -37,7 +37,7 @@ def route(log_path: str | Path | None) -> Path | None:
         os.environ[ENV] = str(path)
         logging.getLogger(__name__).info(f"vLLM's log: {path} (spectool --verbose shows it here)")
     os.environ["VLLM_LOGGING_STREAM"] = "ext://spectool.engine.logs.STREAM"
-    import warnings
+    import warnings  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     # vLLM's own deprecation notices at import (torch.distributed.reduce_op, ...): the user can do nothing about them
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
@@ -71,7 +71,7 @@ def _unraisable_to_log(u) -> None:
     CPUDNNLGEMMHandler.__del__ under torch.compile: "Please convert all Tensors to FakeTensors first")
     go to the engine log: Python prints them as "Exception ignored in ..." with a traceback, in the
     middle of a command's output, about nothing the user did or can change. Others keep Python's hook."""
-    import traceback
+    import traceback  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     owner = getattr(u.object, "__module__", None) or getattr(type(u.object), "__module__", "") or ""  # the __del__'s
     if owner.split(".")[0] not in ("vllm", "torch"):

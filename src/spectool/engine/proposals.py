@@ -16,6 +16,7 @@ At T=0 both propose the argmax; the mode only matters at T>0.
 from __future__ import annotations
 
 from spectool.constants import DRAFT_SAMPLING
+from spectool.engine.compat import is_cpu_build
 
 BY_BUILD = {"cpu": "greedy", "gpu": "probabilistic"}
 WHY = {
@@ -32,7 +33,6 @@ def resolve(setting: str) -> tuple[str, str]:
         raise ValueError(setting)
     if setting != "auto":
         return setting, "set by the user"
-    from spectool.engine.compat import is_cpu_build
 
     build = "cpu" if is_cpu_build() else "gpu"
     return BY_BUILD[build], WHY[build]

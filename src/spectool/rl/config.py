@@ -140,7 +140,7 @@ class RLConfig:
 
 
 def to_yaml(cfg: RLConfig) -> str:
-    import yaml
+    import yaml  # noqa: PLC0415 (heavy, loaded only on this path)
 
     return yaml.safe_dump(cfg.as_dict(), sort_keys=False)
 
@@ -192,7 +192,7 @@ def _coerce(value: Any, default: Any, key: str) -> Any:
 
 
 def _set(tree: dict, assignment: str) -> None:
-    import yaml
+    import yaml  # noqa: PLC0415 (heavy, loaded only on this path)
 
     if "=" not in assignment:
         raise SpectoolError(f"--set {assignment!r} must look like section.key=value")
@@ -208,7 +208,7 @@ def _set(tree: dict, assignment: str) -> None:
 
 def load_config(path: str | None, overrides: list[str] = ()) -> RLConfig:
     """The validated config: template defaults <- YAML file <- --set overrides."""
-    import yaml
+    import yaml  # noqa: PLC0415 (heavy, loaded only on this path)
 
     tree: dict = {}
     if path:

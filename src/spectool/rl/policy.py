@@ -16,7 +16,9 @@ from typing import Callable, Iterator
 
 import torch
 
+from spectool.engine.probe import torch_dtype
 from spectool.errors import SpectoolError
+from spectool.precision import logprob_gaps, trainer_autocast
 from spectool.rl.grpo import grpo_loss
 
 
@@ -45,10 +47,8 @@ class PolicyTrainer:
     def __init__(self, model_path: str, lr: float, temperature: float, eps_low: float, eps_high: float,
                  kl_beta: float, micro_batch_size: int, max_grad_norm: float, seed: int = 0,
                  engine_dtype: str = "float32"):
-        from accelerate import Accelerator
-        from transformers import AutoModelForCausalLM
-
-        from spectool.errors import SpectoolError
+        from accelerate import Accelerator  # noqa: PLC0415 (heavy, loaded only on this path)
+        from transformers import AutoModelForCausalLM  # noqa: PLC0415 (heavy, loaded only on this path)
 
         torch.manual_seed(seed)
         self.acc = Accelerator(cpu=not torch.cuda.is_available())
@@ -77,7 +77,6 @@ class PolicyTrainer:
         """The weights to send to the rollout engine (transformers names), in the engine's dtype
         (it rounds them to it anyway; a bfloat16 copy is half the bytes), one tensor at a time:
         a consumer that streams them (colocated.send_weights) never holds the whole model twice."""
-        from spectool.engine.probe import torch_dtype
 
         dt = torch_dtype(self.engine_dtype)
         for k, v in self.unwrapped.state_dict().items():
@@ -85,7 +84,6 @@ class PolicyTrainer:
 
     def _token_logprobs(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """ids, attn: [B, T] -> logprobs of ids[:, 1:] at the sampling temperature [B, T-1]."""
-        from spectool.precision import trainer_autocast
 
         with trainer_autocast(self.engine_dtype, ids.device):
             out = model(input_ids=ids, attention_mask=attn)
@@ -179,7 +177,6 @@ def check_engine_logprobs(engine, trainer: PolicyTrainer, rollouts: list[Rollout
     """Engine vs trainer logprobs of a few sampled sequences, after the weight sync; a mean gap
     over `tol` (train-rl's policy.logprob_tolerance; precision.py says why the mean) stops the run:
     the engine is not running the trained weights."""
-    from spectool.precision import logprob_gaps
 
     few = rollouts[:4]
     prompts, resps = [r.prompt_ids for r in few], [r.response_ids for r in few]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spectool.plots import pyplot, save
+from spectool.ui import console
+
 STAGES = [("gen_s", "generation"), ("update_s", "policy update"), ("sync_s", "weight sync"),
           ("check_s", "logprob check"), ("refresh_s", "draft refresh"), ("eval_s", "held-out eval")]
 
@@ -12,15 +15,13 @@ class LiveView:
     """A progress bar plus a table of the last steps, redrawn after every step."""
 
     def __init__(self, cfg, start: int, history: list[dict], rows: int = 8):
-        from spectool.ui import console
-
         self.total, self.start, self.rows = cfg.policy.steps, start, rows
         self.history = list(history)
         self.console = console()
         self.live = None
 
     def __enter__(self):
-        from rich.live import Live
+        from rich.live import Live  # noqa: PLC0415 (heavy, loaded only on this path)
 
         self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
         self.live.__enter__()
@@ -34,10 +35,10 @@ class LiveView:
         self.live.update(self._render())
 
     def _render(self):
-        from rich.console import Group
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-        from rich.text import Text
+        from rich.console import Group  # noqa: PLC0415 (heavy, loaded only on this path)
+        from rich.progress_bar import ProgressBar  # noqa: PLC0415 (heavy, loaded only on this path)
+        from rich.table import Table  # noqa: PLC0415 (heavy, loaded only on this path)
+        from rich.text import Text  # noqa: PLC0415 (heavy, loaded only on this path)
 
         done = self.history[-1]["step"] if self.history else self.start
         t = Table(title=f"train-rl  step {done}/{self.total}", expand=False)
@@ -76,7 +77,6 @@ def staleness_curve(history: list[dict]) -> dict[int, dict]:
 def plot_run(history: list[dict], out: Path) -> list[str]:
     """reward.png, acceptance.png and staleness.png (when speculative, refreshed), stage_times.png; returns the
     file names."""
-    from spectool.plots import pyplot, save
 
     plt = pyplot()
     if not history:
@@ -140,9 +140,7 @@ def plot_run(history: list[dict], out: Path) -> list[str]:
 
 
 def render_summary(result) -> None:
-    from rich.table import Table
-
-    from spectool.ui import console
+    from rich.table import Table  # noqa: PLC0415 (heavy, loaded only on this path)
 
     h = result.metrics
     t = Table(title=f"train-rl: {result.out}", show_header=False)

@@ -8,7 +8,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from spectool.draft.checkpoint import check_draft
+from spectool.draft.mtp_folder import check_mtp
+from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.rl.config import RLConfig
+from spectool.schedule import read_schedule, schedule_method
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +29,6 @@ class Speculation:
 def resolve(cfg: RLConfig, model) -> Speculation:
     """`model`: the resolved policy (models.ModelRef); a draft for another policy, or trained for
     fewer positions than k, is refused, naming the setting."""
-    from spectool.draft.checkpoint import check_draft
-    from spectool.engine.proposals import resolve as resolve_proposals
 
     s = cfg.speculation
     if not s.enabled:
@@ -34,16 +36,12 @@ def resolve(cfg: RLConfig, model) -> Speculation:
     proposals, why = resolve_proposals(s.draft_sampling)
     log.info(f"train-rl: draft proposals {proposals} ({why})")
     if s.method == "mtp":
-        from spectool.draft.mtp_folder import check_mtp
-
         note = check_mtp(model.path, s.k, "speculation.method: mtp")  # refreshing them: DraftRefresher.from_mtp
         if note:
             log.info(f"train-rl: {note}")
         return Speculation(None, model.path, s.k, "mtp", proposals)
     schedule, folder, method = None, s.draft, s.method
     if s.k == "auto":
-        from spectool.schedule import read_schedule, schedule_method
-
         schedule, folder = read_schedule(s.sweep, s.draft, proposals, flag="speculation.")
         method = schedule_method(s.sweep)  # the family the sweep chose (its draft folder's)
     k = max(k for _, _, k in schedule) if schedule else s.k

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from spectool.prompts import encode_prompt
 from spectool.rl.config import RLConfig
 
 
@@ -13,8 +14,6 @@ class StepPrompts:
     """Prompts of step n: a fixed pool, walked in a seeded order per epoch (a function of n)."""
 
     def __init__(self, source, tokenizer, cfg: RLConfig):
-        from spectool.prompts import encode_prompt
-
         want = min(cfg.policy.steps * cfg.rollout.prompts_per_step, 4096)
         self.tasks = source.tasks("train", want)
         self.ids = [encode_prompt(tokenizer, t.prompt) for t in self.tasks]

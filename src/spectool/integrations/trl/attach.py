@@ -11,8 +11,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spectool.constants import OWN_MTP as MTP
+from spectool.draft.families import folder_family
+from spectool.draft.refresh import DraftRefresher
+from spectool.engine import colocated
+from spectool.engine.compat import support
+from spectool.engine.engine import (
+    EngineConfig,
+    check_exact_verification,
+    default_max_len,
+    prepare_environment,
+    spectool_kwargs,
+)
+from spectool.engine.probe import torch_dtype
+from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
 from spectool.integrations.trl import internals
+from spectool.precision import logprob_gaps, logprob_tolerance
 
 if TYPE_CHECKING:  # settings.py calls into this module
     from spectool.integrations.trl.settings import SpectoolSpeculation
@@ -24,20 +38,11 @@ CHECK_ROWS = 2  # sequences of the last training batch whose logprobs are checke
 @contextlib.contextmanager
 def speculative_llm(spec: SpectoolSpeculation):
     """While the trainer is built: TRL's `LLM` name points at a wrapper adding spectool's kwargs."""
-    from spectool.engine.engine import (
-        EngineConfig,
-        check_exact_verification,
-        default_max_len,
-        prepare_environment,
-        spectool_kwargs,
-    )
 
     vg = internals.llm_module()
     real = vg.LLM
 
     def speculative_llm(*args: Any, **kwargs: Any):
-        from spectool.draft.families import folder_family
-
         mtp = spec.draft == MTP
         method = "mtp" if mtp else (spec.draft and folder_family(spec.draft)) or "eagle3"  # the folder's family
         ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=None if mtp else spec.draft and str(spec.draft),
@@ -62,12 +67,7 @@ class _Attached:
     """spectool's pieces on a built GRPOTrainer: sync + check, refresher, callback, metrics."""
 
     def __init__(self, spec: SpectoolSpeculation, trainer):
-        from transformers import TrainerCallback
-
-        from spectool.draft.refresh import DraftRefresher
-        from spectool.engine import colocated
-        from spectool.engine.compat import support
-        from spectool.precision import logprob_tolerance
+        from transformers import TrainerCallback  # noqa: PLC0415 (heavy, loaded only on this path)
 
         self.spec, self.trainer = spec, trainer
         self.vg = internals.vllm_generation(trainer)
@@ -90,8 +90,6 @@ class _Attached:
 
         self.cadence = spec.refresh.policy()
         if spec.draft is not None:
-            from spectool.engine.proposals import resolve
-
             log.info("spectool in TRL: draft proposals %s (%s); draft refresh %s", *resolve(spec.draft_sampling),
                      spec.refresh.mode)
         self.gen_s = 0.0  # generation seconds since the last step end (the cadence's cost side)
@@ -124,8 +122,6 @@ class _Attached:
         """TRL's own parameter walk (it gathers FSDP/DeepSpeed shards and merges PEFT adapters),
         copied in the engine's dtype, then spectool's in-place reload (vLLM's reload_weights, the
         CPU lm_head repacked) and the prefix cache dropped."""
-        from spectool.engine import colocated
-        from spectool.engine.probe import torch_dtype
 
         dt = torch_dtype(self.dtype)  # one host copy per tensor, taken while TRL holds it gathered / merged
         state = ((name, p.detach().to("cpu", dt, copy=True)) for name, p in internals.named_params(self.vg))
@@ -145,7 +141,6 @@ class _Attached:
 
     def _check_logprobs(self) -> None:
         """Engine vs trainer logprobs of the last training batch's first rows, right after a sync."""
-        from spectool.engine import colocated
 
         if self._rows is None:  # the first sync comes before any training forward
             return
@@ -153,7 +148,6 @@ class _Attached:
         prompts, resps = [s[:1] for s in seqs], [s[1:] for s in seqs]
         got = colocated.sequence_logprobs(self.llm, prompts, resps)
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        from spectool.precision import logprob_gaps
 
         want = []
         with torch.no_grad(), self.trainer.accelerator.autocast():
@@ -175,8 +169,6 @@ class _Attached:
     # --- per step ---------------------------------------------------------------------------------
 
     def on_step_end(self, step: int) -> None:
-        from spectool.engine import colocated
-
         now = colocated.acceptance(self.llm)
         delta, self._counters = now - self._counters, now
         if delta.num_drafts:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from spectool.data import load_source
 from spectool.errors import SpectoolError
 
 
 def task_data(data: str, n: int, seed: int = 0, split: str = "train"):
     """A spectool data source as TRL wants it: a `datasets.Dataset` of chat prompts (with a
     `task_id` column) and a reward function scoring completions with the source's own verifier."""
-    from datasets import Dataset
-
-    from spectool.data import load_source
+    from datasets import Dataset  # noqa: PLC0415 (heavy, loaded only on this path)
 
     source = load_source(data, seed=seed)
     if not source.verifiable:

@@ -5,8 +5,12 @@ TrainerCallback)."""
 
 from __future__ import annotations
 
+import inspect
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
 from typing import Any
 
+from spectool.engine.compat import parse_version
 from spectool.errors import SpectoolError
 
 TESTED_TRL = ("1.16.0", "1.17.0")  # [from, to): the releases this integration was run against
@@ -16,10 +20,6 @@ VLLM_GENERATION_METHODS = ("sync_weights", "generate", "_iter_named_params")
 
 def check_trl_version(version: str | None = None) -> str:
     """The installed TRL, refused outside TESTED_TRL with the range and the install command."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    from spectool.engine.compat import parse_version
 
     try:
         version = version or dist_version("trl")
@@ -35,7 +35,7 @@ def check_trl_version(version: str | None = None) -> str:
 
 def llm_module():
     """The module whose `LLM` name TRL calls to build its colocated engine (patched while the trainer is built)."""
-    import trl.generation.vllm_generation as module
+    import trl.generation.vllm_generation as module  # noqa: PLC0415 (TRL is the optional spectool[trl])
 
     return module
 
@@ -58,9 +58,8 @@ def log_metric(trainer, key: str, value: float) -> None:
 
 def missing() -> list[str]:
     """The private names above that the installed TRL lacks (empty within TESTED_TRL)."""
-    import inspect
 
-    from trl import GRPOTrainer
+    from trl import GRPOTrainer  # noqa: PLC0415 (TRL is the optional spectool[trl])
 
     gone = [f"VLLMGeneration.{m}" for m in VLLM_GENERATION_METHODS if not hasattr(llm_module().VLLMGeneration, m)]
     if not hasattr(llm_module(), "LLM"):

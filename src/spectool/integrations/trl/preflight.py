@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from spectool.constants import OWN_MTP as MTP
+from spectool.draft.checkpoint import check_draft as check_folder
+from spectool.draft.mtp_folder import load_mtp
+from spectool.draft.preflight import check_positions, draft_position_range
 from spectool.errors import SpectoolError
+from spectool.memory import draft_params, trl_plan
+from spectool.prompts import encode_messages
 
 if TYPE_CHECKING:  # settings.py calls into this module
     from spectool.integrations.trl.settings import SpectoolSpeculation
@@ -38,14 +43,11 @@ def check_args(args) -> None:
 def check_draft(spec: SpectoolSpeculation, model, args) -> None:
     """The draft against the policy TRL will train (draft.checkpoint.check_draft: the policy's fingerprint, the
     positions trained for k), before any engine starts."""
-    from spectool.draft.checkpoint import check_draft as check_folder
-    from spectool.models import resolve_model
+    from spectool.models import resolve_model  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
     k = max([spec.k] + [k for _, _, k in spec.k_schedule or []])
     if spec.draft == MTP:
-        from spectool.draft.mtp_folder import load_mtp
-
         if not path:
             raise SpectoolError('draft="mtp" needs the model as a folder path (its MTP layers are read from it)')
         load_mtp(resolve_model(path).path, flag='draft="mtp"')
@@ -58,7 +60,6 @@ def check_draft(spec: SpectoolSpeculation, model, args) -> None:
 def _check_positions(spec: SpectoolSpeculation, model_path: str, args) -> None:
     """TRL's longest sequence (max_prompt_length + max_completion_length, where this TRL has the former)
     against the drafter's position range (draft/preflight.py)."""
-    from spectool.draft.preflight import check_positions, draft_position_range
 
     mtp = spec.draft == MTP
     have = draft_position_range(None if mtp else str(spec.draft), model_path, MTP if mtp else "eagle3", None)
@@ -72,10 +73,9 @@ def check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_by
     one that cannot fit when nothing shards or shrinks the trainer (one process, no DeepSpeed or
     FSDP, no PEFT), where the arithmetic is plain."""
 
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
 
-    from spectool.memory import draft_params, trl_plan
-    from spectool.models import resolve_config, resolve_model
+    from spectool.models import resolve_config, resolve_model  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     model = trainer_kwargs.get("model")
     if isinstance(model, str):  # a folder is read by its config alone; a name is resolved as TRL would load it
@@ -126,13 +126,12 @@ def _longest_prompt(trainer_kwargs: dict, path: str | None) -> int:
     if tok is None:
         if not path:
             return 0
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
         try:
             tok = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError):  # a folder with a config alone
             return 0
-    from spectool.prompts import encode_messages
 
     prompts = data.select(range(min(PROMPTS_MEASURED, len(data))))["prompt"]  # conversational: lists of messages
     return max(len(encode_messages(tok, p) if isinstance(p, list) else tok(p)["input_ids"]) for p in prompts)

@@ -8,9 +8,14 @@ from typing import Any
 
 import torch
 
-from spectool.constants import DEFAULT_K, K_MAX, K_MIN, OWN_MTP, k_in_range
+from spectool.constants import DEFAULT_K, DRAFT_SAMPLING, K_MAX, K_MIN, OWN_MTP, k_in_range
 from spectool.draft.refresh_policy import RefreshSettings
+from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
+from spectool.integrations.trl.attach import attach, speculative_llm
+from spectool.integrations.trl.internals import check_trl_version
+from spectool.integrations.trl.preflight import check_args, check_draft, check_memory
+from spectool.schedule import read_schedule
 
 MTP = OWN_MTP  # SpectoolSpeculation(draft=MTP): the policy's own MTP layers draft
 
@@ -49,8 +54,6 @@ class SpectoolSpeculation:
                    **settings: Any) -> "SpectoolSpeculation":
         """k per batch size from a sweep-k run (with the draft it measured) or a forecast (give
         the draft); vLLM then picks k by the live batch size as TRL's batch shrinks into its tail."""
-        from spectool.engine.proposals import resolve
-        from spectool.schedule import read_schedule
 
         draft_sampling = resolve(draft_sampling)[0]
         schedule, folder = read_schedule(sweep, draft, draft_sampling, flag="")
@@ -60,8 +63,6 @@ class SpectoolSpeculation:
                    **settings)
 
     def validate(self) -> None:
-        from spectool.constants import DRAFT_SAMPLING
-
         if not k_in_range(self.k):
             raise SpectoolError(f"k = {self.k}: must be in [{K_MIN}, {K_MAX}]")
         if self.draft_sampling not in DRAFT_SAMPLING:
@@ -74,11 +75,7 @@ class SpectoolSpeculation:
         """Build TRL's GRPOTrainer (or a subclass) with speculative rollouts; refuses what cannot
         work before anything starts. Returns the trainer, ready for `train()`."""
         # the pieces that use this class import it: imported here, not at the top, to keep the import graph a tree
-        from trl import GRPOTrainer
-
-        from spectool.integrations.trl.attach import attach, speculative_llm
-        from spectool.integrations.trl.internals import check_trl_version
-        from spectool.integrations.trl.preflight import check_args, check_draft, check_memory
+        from trl import GRPOTrainer  # noqa: PLC0415 (TRL is the optional spectool[trl])
 
         check_trl_version()
         self.validate()
