@@ -20,10 +20,8 @@ from spectool.engine.compat import is_cpu_build
 
 BY_BUILD = {"cpu": "greedy", "gpu": "probabilistic"}
 WHY = {
-    "cpu": "auto on the CPU build: probabilistic proposals are accepted more often at T=1 but were slower here "
-           "(docs/results.md, Draft proposals)",
-    "gpu": "auto on a GPU build: probabilistic proposals reach the overlap bound sum min(p, q) at T>0, and the "
-           "draft's probabilities cost little next to a GPU verify step (not yet measured by spectool on a GPU)",
+    "cpu": "auto: the CPU build, where probabilistic proposals measured slower (docs/results.md)",
+    "gpu": "auto: a GPU build, where they are accepted more often at T>0 (not yet measured by spectool there)",
 }
 
 
