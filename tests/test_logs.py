@@ -11,7 +11,8 @@ import sys
 
 def _dying(module: str):
     ns: dict = {}
-    source = "class Dying:\n    def __del__(self):\n        raise AssertionError('Please convert all Tensors to FakeTensors first')\n"
+    source = ("class Dying:\n    def __del__(self):\n"
+              "        raise AssertionError('Please convert all Tensors to FakeTensors first')\n")
     exec(source, {"__name__": module}, ns)
     return ns["Dying"]()
 
