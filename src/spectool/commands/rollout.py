@@ -54,10 +54,6 @@ class RolloutResult:
     parallel: bool = False  # a parallel drafter: one draft forward per verify step
     timed_tokens: int = 0  # --compare: tokens each arm's timing rests on (passes over the prompts)
 
-    @property
-    def concurrency(self) -> int:
-        return self.n_completions
-
     def why(self) -> str | None:
         """One line: why speculation won or lost here, from what was measured (acceptance length, the cost of a
         speculative step against a plain one, the sequences decoded at once), and where it would pay."""
@@ -69,7 +65,7 @@ class RolloutResult:
                   else f"{self.k} draft forwards" if isinstance(self.k, int) else "the draft forwards")
         verify = f"{self.k + 1} tokens" if isinstance(self.k, int) else "k + 1 tokens"
         head = (f"{'won' if s >= 1 else 'lost'}: each verify step emitted {al:.2f} tokens per sequence and cost "
-                f"{step_cost:.2f} plain decoding steps ({drafts} + the policy on {verify}, {self.concurrency} "
+                f"{step_cost:.2f} plain decoding steps ({drafts} + the policy on {verify}, {self.n_completions} "
                 f"sequences at once, {self.dtype})")
         if s >= 1:
             return head + "."
@@ -153,17 +149,20 @@ def run(cfg: RolloutConfig) -> RolloutResult:
 
 
 def _warm_up(engine, tokenizer, source, tasks, cfg: RolloutConfig) -> None:
-    """Every prompt at the run's sampling, up to WARM_UP_TOKENS each: the engine compiles the step shapes of this
-    batch (speculation's vary with the tokens accepted) before anything is timed. Two prompts of 16 tokens did
-    not: the first timed pass of a k=3 engine at 13 sequences then paid for compiling."""
+    """With --compare, every prompt at the run's sampling, up to WARM_UP_TOKENS each: the engine compiles the step
+    shapes of this batch (speculation's vary with the tokens accepted) before anything is timed. Two prompts of 16
+    tokens did not: the first timed pass of a k=3 engine at 13 sequences then paid for compiling. Without it,
+    nothing is compared, and two short greedy prompts start the engine's compilation."""
     s = cfg.sampling
+    if not cfg.compare:
+        rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))
+        return
     rollout_tasks(engine, tokenizer, source, tasks,
                   SamplingConfig(len(tasks), s.samples, min(s.max_tokens, WARM_UP_TOKENS), s.temperature, s.top_p, s.seed))
 
 
 def _time_more(engine, tokenizer, source, tasks, sampling: SamplingConfig, tokens: int, seconds: float) -> tuple[int, float]:
     """(tokens, seconds) after more timed passes over the same prompts and seeds, until MIN_TIMED_S."""
-
     while seconds < MIN_TIMED_S:
         _, _, n, s = rollout_tasks(engine, tokenizer, source, tasks, sampling)
         tokens, seconds = tokens + n, seconds + s

@@ -323,14 +323,13 @@ def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
                                 "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     elif fam is not None and (cfg.draft_path or not fam.folder):  # a trained drafter (MTP: the model's own layers)
         spec = {**fam.speculative_entries(cfg.draft_path), "num_speculative_tokens": cfg.k}
-        if resolve_proposals(cfg.draft_sampling)[0] != "greedy":
-            spec["draft_sample_method"] = resolve_proposals(cfg.draft_sampling)[0]
     elif cfg.draft_path:
         spec = {"method": cfg.method, "model": cfg.draft_path, "num_speculative_tokens": cfg.k}
-        if resolve_proposals(cfg.draft_sampling)[0] != "greedy":
-            spec["draft_sample_method"] = resolve_proposals(cfg.draft_sampling)[0]
     else:
         return None
+    proposals = resolve_proposals(cfg.draft_sampling)[0]
+    if cfg.method != "ngram" and proposals != "greedy":  # a drafter's proposals (vLLM's default: greedy)
+        spec["draft_sample_method"] = proposals
     if cfg.synthetic_acceptance:
         spec["rejection_sample_method"] = "synthetic"
         if "rates" in cfg.synthetic_acceptance:

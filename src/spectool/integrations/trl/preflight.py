@@ -47,14 +47,16 @@ def check_draft(spec: SpectoolSpeculation, model, args) -> None:
 
     path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
     k = max([spec.k] + [k for _, _, k in spec.k_schedule or []])
-    if spec.draft == MTP:
-        if not path:
+    if not path:
+        if spec.draft == MTP:
             raise SpectoolError('draft="mtp" needs the model as a folder path (its MTP layers are read from it)')
-        load_mtp(resolve_model(path).path, flag='draft="mtp"')
-    elif path:
-        check_folder(spec.draft, resolve_model(path), k, flag="draft", k_flag="k =")
-    if path:
-        _check_positions(spec, resolve_model(path).path, args)
+        return
+    policy = resolve_model(path)  # once: resolving fingerprints the tokenizer
+    if spec.draft == MTP:
+        load_mtp(policy.path, flag='draft="mtp"')
+    else:
+        check_folder(spec.draft, policy, k, flag="draft", k_flag="k =")
+    _check_positions(spec, policy.path, args)
 
 
 def _check_positions(spec: SpectoolSpeculation, model_path: str, args) -> None:
