@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import os
 import sys
 import types
 import typing
@@ -330,8 +331,9 @@ def train_rl(
             from spectool.commands.train_rl_trl import run as run_trl  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
             summary = run_trl(cfg)
-            typer.echo(f"train-rl (TRL) -> {cfg.out}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                                                   for k, v in summary.items()))
+            if os.environ.get("RANK", "0") == "0":  # under accelerate launch: the main process says it
+                    typer.echo(f"train-rl (TRL) -> {cfg.out}: " + ", ".join(
+                    f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
             return
         from spectool.commands.train_rl import run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
         from spectool.rl.report import render_summary  # noqa: PLC0415 (a torch-free, fast `spectool --help`)

@@ -3,7 +3,9 @@
 The trainer hands over features it already computed in its own training forward (detached: no
 gradient reaches the policy), the draft keeps them in a bounded buffer, and every N policy steps
 it trains on them with its own optimizer, learning rate and warm-up, unrolled over all `ttt_steps`
-draft positions (NeMo RL trains only position 1 online). The targets are the policy's next-token
+draft positions (NeMo RL trains only position 1 online). Under a data-parallel launcher every rank
+holds the same draft and its own rollouts' features; the gradients are averaged over the ranks at
+every step (ranks.py), so the draft stays one. The targets are the policy's next-token
 distributions, lm_head(last hidden state), read with the policy's current lm_head; the draft's
 token embedding follows the policy's, as it does inside vLLM (the draft shares the policy's).
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from spectool import ranks
 from spectool.draft.checkpoint import save_draft
 from spectool.draft.model import Eagle3Draft
 from spectool.draft.mtp import MtpDraft
@@ -61,8 +64,8 @@ class OnlineDraft:
         self.target_ids = ids_from_d2t(draft.d2t).to(self.device)  # [Vd] policy id of each draft id
         if hasattr(draft, "mask_embedding"):  # DFlash: vLLM re-reads it from the folder's mask_embedding.pt at
             draft.mask_embedding.requires_grad_(False)  # every reload, so online it stays as exported
-        params = [p for p in draft.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        self.params = [p for p in draft.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(warmup_steps, 1)))
 
     def add(self, feats: list[Features]) -> None:
@@ -88,6 +91,7 @@ class OnlineDraft:
                                     W_dv, self.ttt_steps, self.step_decay, self.device, self.loss)
             self.opt.zero_grad()
             loss.backward()
+            ranks.average_grads(self.params)  # data-parallel ranks: one draft, trained on every rank's rollouts
             self.opt.step()
             self.sched.step()
             self.steps += 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import shutil
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from spectool import ranks
 from spectool.draft.checkpoint import check_fits, load_draft, policy_shape
 from spectool.draft.mtp import MtpDraft
 from spectool.draft.mtp_folder import load_mtp
@@ -45,6 +47,7 @@ from spectool.hidden import aux_sites, decoder, hook_input, to_store
 from spectool.models import fingerprint_mismatch
 from spectool.stats import AcceptanceStats
 
+CHECKPOINT_STATE = "refresher.pt"  # beside the draft in a checkpoint folder (DraftRefresher.checkpoint)
 DEAD_P = 1e-3  # a drafter whose acceptance would reach 0 with less than this probability is dead
 
 
@@ -109,10 +112,7 @@ class DraftRefresher:
         folder = Path(folder)
         pol = _unwrap(policy)
         draft, meta = load_draft(folder, pol)
-        want = meta.get("policy_fingerprint", {})
-        have = {"architecture": (getattr(pol.config, "architectures", None) or [type(pol.config).__name__])[0],
-                **{k: getattr(pol.config, k) for k in ("hidden_size", "vocab_size", "num_hidden_layers")}}
-        diff = fingerprint_mismatch(want, have)
+        diff = fingerprint_mismatch(meta.get("policy_fingerprint", {}), _fingerprint(pol))
         if diff:
             raise SpectoolError(f"draft {folder} was trained for another policy ({meta.get('policy')}): " + "; ".join(diff))
         return cls(draft, policy, settings, {**meta, "folder": str(folder)}, **kw)
@@ -239,31 +239,51 @@ class DraftRefresher:
         want = self.draft.vllm_probe(dtype)
         check = compare(colocated.draft_probe(llm), want)
         power = self._last_push is None or distinguishes(self._last_push, want)
-        if not check.ok:
-            raise DraftNotLive(
-                f"the engine's drafter does not hold the refreshed draft ({dtype}): modules outside the {dtype} "
-                f"tolerance {check.mismatched[:4]}, missing {check.missing[:4]} (worst {check.max_excess:.3g}x the "
-                "tolerance). The draft reload did not take; the trainer's draft is intact (save it with .save()).")
+        failed = None if check.ok else (
+            f"the engine's drafter does not hold the refreshed draft ({dtype}): modules outside the {dtype} "
+            f"tolerance {check.mismatched[:4]}, missing {check.missing[:4]} (worst {check.max_excess:.3g}x the "
+            "tolerance). The draft reload did not take; the trainer's draft is intact (save it with .save()).")
+        raise_on_any_rank(failed, DraftNotLive)  # a collective: every rank learns of any rank's failure
+        self.check_one_draft(state, "after the refresh")
         self._last_push = want
         self._pushed_at = self.captured  # the features captured after this are the engine's next rollouts
-        return PushReport(dtype, check.modules, check.max_excess, power, time.perf_counter() - t)
+        excess = ranks.stats({"excess": check.max_excess})["excess"][2]  # the worst rank's
+        return PushReport(dtype, check.modules, excess, power, time.perf_counter() - t)
+
+    def check_one_draft(self, state: dict[str, torch.Tensor] | None = None, when: str = "") -> str:
+        """A collective: the digest of the draft's weights (as pushed: export_state_dict) gathered
+        from every data-parallel rank; raises on all ranks when they differ. Returns the digest."""
+        mine = ranks.digest(state if state is not None else self.draft.export_state_dict())
+        every = ranks.gather(mine)
+        if len(set(every)) > 1:
+            raise SpectoolError(
+                f"the draft's weights differ across data-parallel ranks {when} (digests by rank: "
+                f"{', '.join(d[:12] for d in every)}): every rank must start from the same draft folder and train "
+                "in the same launch (its gradients are averaged over the ranks). The run stops here; TRL's last "
+                "checkpoint is intact")
+        return mine
 
     def check_acceptance(self, stats: AcceptanceStats) -> None:
         """After a push, the engine's counters over the rollouts it generated next, once their
         features were captured (the trainer's forward over them): a drafter that accepts nothing
         where the pushed draft, measured on those very rollouts, agrees with the policy at rate r
         at position 1 is dead (the field's most reported failure: NeMo RL #2646, vLLM #52479).
-        Raises DraftNotLive when (1 - r)^drafts < DEAD_P: zero would be that unlikely if it lived."""
+        Raises DraftNotLive when (1 - r)^drafts < DEAD_P: zero would be that unlikely if it lived.
+        A collective under a data-parallel launcher: every rank checks its own engine, and all stop
+        when any rank's drafter is dead."""
+        raise_on_any_rank(self._dead(stats), DraftNotLive)
+
+    def _dead(self, stats: AcceptanceStats) -> str | None:
         n = stats.num_drafts
         fresh = self.captured - (self._pushed_at if self._pushed_at is not None else self.captured)
         if n == 0 or stats.num_accepted_tokens > 0 or fresh <= 0:
-            return
+            return None
         rate = self.expected_rate(self.online.buffer[-min(fresh, len(self.online.buffer)):])
         if rate > 0 and (1 - rate) ** n < DEAD_P:
-            raise DraftNotLive(
-                f"the engine's drafter accepted 0 of {n} drafts after the last refresh, while the pushed draft agrees "
-                f"with the policy at position 1 on {rate:.0%} of those rollouts' tokens: the drafter is dead (a weight "
-                "sync or sleep/wake lost its weights?). Check the engine's speculative config and sleep mode.")
+            return (f"the engine's drafter accepted 0 of {n} drafts after the last refresh, while the pushed draft "
+                    f"agrees with the policy at position 1 on {rate:.0%} of those rollouts' tokens: the drafter is dead "
+                    "(a weight sync or sleep/wake lost its weights?). Check the engine's speculative config and sleep mode.")
+        return None
 
     def expected_rate(self, feats: list[Features]) -> float:
         """Position-1 acceptance the draft should reach on `feats` (the lower of its greedy
@@ -285,6 +305,77 @@ class DraftRefresher:
         """A vLLM-loadable draft folder, carrying the source draft's metadata (its policy)."""
         meta = {k: v for k, v in self.meta.items() if k not in ("config", "folder")}
         self.online.save(Path(folder), extra={**meta, "ttt_steps": self.online.ttt_steps, **extra})
+
+    def checkpoint(self, folder: str | Path, state: dict[str, Any], **meta: Any) -> None:
+        """Everything to go on training this draft exactly where it is: the draft as vLLM loads it
+        (`save`), and beside it CHECKPOINT_STATE with its weights, the optimizer and schedule, the
+        sampler, the policy it was made for and the caller's `state` (a trainer's cadence and history).
+        Written whole or not at all (a new folder renamed into place). The feature buffer is not
+        kept: after a resume it refills from the next rollouts."""
+        folder = Path(folder)
+        tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
+        for f in (tmp, old):
+            shutil.rmtree(f, ignore_errors=True)
+        self.save(tmp, **meta)
+        torch.save({"weights": _own_weights(self.draft), "online": self.online.state_dict(),
+                    "policy_fingerprint": _fingerprint(self.policy), "captured": self.captured,
+                    "last_push": self._last_push, "state": state}, tmp / CHECKPOINT_STATE)
+        if folder.exists():
+            folder.rename(old)
+        tmp.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def restore(self, folder: str | Path) -> dict[str, Any]:
+        """The draft, optimizer and sampler as `checkpoint` wrote them into `folder`; returns the
+        caller's state. Refuses a checkpoint made for another policy or another draft shape,
+        naming what differs, and leaves this refresher as it was."""
+        folder = Path(folder)
+        try:
+            st = torch.load(folder / CHECKPOINT_STATE, map_location="cpu", weights_only=False)
+        except (OSError, RuntimeError, EOFError) as e:
+            raise SpectoolError(f"{folder / CHECKPOINT_STATE} cannot be read ({e}): the checkpoint's draft is "
+                                "incomplete; resume from an earlier checkpoint") from None
+        diff = fingerprint_mismatch(st["policy_fingerprint"], _fingerprint(self.policy))
+        if diff:
+            raise SpectoolError(f"the draft in {folder} was made for another policy ({'; '.join(diff)}): resume with "
+                                "the policy that checkpoint trained, or give the trainer a new output_dir")
+        mine = _own_weights(self.draft)
+        shapes = {k: tuple(v.shape) for k, v in st["weights"].items()}
+        if shapes != {k: tuple(v.shape) for k, v in mine.items()}:
+            bad = sorted(set(shapes) ^ set(mine)) or [k for k in mine if tuple(mine[k].shape) != shapes[k]]
+            raise SpectoolError(f"the draft in {folder} has another shape than this run's draft ({bad[:4]}): it was "
+                                "saved by a run with another draft; resume with that draft, or a new output_dir")
+        with torch.no_grad():
+            for k, v in self.draft.state_dict().items():
+                if k in st["weights"]:
+                    v.copy_(st["weights"][k])
+        self.online.load_state_dict(st["online"])
+        self.captured, self._last_push, self._pushed_at = st["captured"], st["last_push"], None
+        return st["state"]
+
+
+def _fingerprint(policy) -> dict[str, Any]:
+    """What a draft is made for: the policy's architecture and the shapes it reads."""
+    c = policy.config
+    return {"architecture": (getattr(c, "architectures", None) or [type(c).__name__])[0],
+            **{k: getattr(c, k) for k in ("hidden_size", "vocab_size", "num_hidden_layers")}}
+
+
+def _own_weights(draft) -> dict[str, torch.Tensor]:
+    """The draft's own tensors (the token embedding is the policy's, re-read at every refresh)."""
+    return {k: v.detach().cpu().clone() for k, v in draft.state_dict().items() if not k.startswith("embed_tokens.")}
+
+
+def raise_on_any_rank(failure: str | None, error: type[Exception] = SpectoolError) -> None:
+    """A collective: every data-parallel rank raises `error` when any rank failed (naming the
+    ranks), so no rank waits forever in a later collective for one that stopped."""
+    every = ranks.gather(failure)
+    failed = [(r, f) for r, f in enumerate(every) if f]
+    if not failed:
+        return
+    if len(every) == 1:
+        raise error(failed[0][1])
+    raise error("; ".join(f"rank {r}: {f}" for r, f in failed))
 
 
 def _unwrap(model):

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from spectool import ranks
 from spectool.constants import OWN_MTP as MTP
 from spectool.draft.families import folder_family
-from spectool.draft.refresh import DraftRefresher
+from spectool.draft.refresh import CHECKPOINT_STATE, DraftRefresher, raise_on_any_rank
+from spectool.draft.refresh_policy import RefreshPolicy
 from spectool.engine import colocated
 from spectool.engine.compat import support
 from spectool.engine.engine import (
@@ -27,11 +33,13 @@ from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
 from spectool.integrations.trl import internals
 from spectool.precision import logprob_gaps, logprob_tolerance
+from spectool.stats import AcceptanceStats
 
 if TYPE_CHECKING:  # settings.py calls into this module
     from spectool.integrations.trl.settings import SpectoolSpeculation
 
 log = logging.getLogger(__name__)
+DRAFT_IN_CHECKPOINT = "spectool-draft"  # inside each of TRL's checkpoint-N folders
 CHECK_ROWS = 2  # sequences of the last training batch whose logprobs are checked after each sync
 
 
@@ -88,6 +96,8 @@ class _Attached:
         elif spec.refresh.refreshes and spec.draft:
             self.refresher = DraftRefresher.from_folder(spec.draft, trainer.model, spec.refresh, seed=spec.seed)
 
+        if self.refresher is not None:  # every rank loaded the same draft (a collective under accelerate launch)
+            self.refresher.check_one_draft(when="at the start")
         self.cadence = spec.refresh.policy()
         if spec.draft is not None:
             log.info("spectool in TRL: draft proposals %s (%s); draft refresh %s", *resolve(spec.draft_sampling),
@@ -106,8 +116,57 @@ class _Attached:
             def on_step_end(self, args, state, control, **kw):
                 attached.on_step_end(state.global_step)
 
+            def on_save(self, args, state, control, **kw):
+                if state.is_world_process_zero:  # the draft is one across ranks: the main process writes it
+                    attached.save(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}",
+                                  state.global_step)
+
         trainer.add_callback(SpectoolCallback())
+        self._trl_train = trainer.train
+        trainer.train = self._train
         trainer.spectool = self  # for users and tests: the refresher, the engine, the metrics
+
+    # --- checkpoint and resume ---------------------------------------------------------------------
+
+    def _train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        """TRL's train(), with the refreshed draft of the checkpoint it resumes from restored first."""
+        ckpt = resume_from_checkpoint
+        if ckpt is True:  # TRL's own rule: the newest checkpoint in output_dir (TRL raises if there is none)
+            ckpt = get_last_checkpoint(self.trainer.args.output_dir)
+        if ckpt:
+            self.restore(Path(ckpt))
+        return self._trl_train(resume_from_checkpoint, *args, **kwargs)
+
+    def save(self, checkpoint: Path, step: int) -> None:
+        """The refreshed draft, its optimizer and this run's refresh history into TRL's checkpoint."""
+        if self.refresher is None:  # a frozen draft is the folder the run was given
+            return
+        self.refresher.checkpoint(checkpoint / DRAFT_IN_CHECKPOINT,
+                                  {"cadence": asdict(self.cadence), "history": self.history, "step": step},
+                                  rl_step=step)
+
+    def restore(self, checkpoint: Path) -> None:
+        """Every rank: the checkpoint's draft into the refresher and the engine (pushed and checked),
+        its refresh history and cadence back; refused (on every rank) for another policy."""
+        if self.refresher is None:
+            return
+        folder = checkpoint / DRAFT_IN_CHECKPOINT
+        if not (folder / CHECKPOINT_STATE).exists():
+            log.warning("%s holds no spectool draft (it was saved without spectool's refresh): the draft restarts "
+                        "from %s, without its refreshes", checkpoint, self.spec.draft)
+            return
+        failure, saved = None, {}
+        try:
+            saved = self.refresher.restore(folder)
+        except SpectoolError as e:
+            failure = str(e)
+        raise_on_any_rank(failure)
+        self.cadence = RefreshPolicy(**saved["cadence"])
+        self.history = list(saved["history"])
+        self.refresher.push(self.llm)
+        self.pending_check = True  # the restored drafter must accept on the next rollouts
+        log.info("spectool: the refreshed draft of %s restored (%d refreshes, %d draft steps)", checkpoint,
+                 len(self.history), self.refresher.online.steps)
 
     def _timed_generate(self, *args, **kwargs):
         t = time.perf_counter()
@@ -156,46 +215,66 @@ class _Attached:
                 lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
                 want.append(lp.gather(-1, ids[0, 1:, None])[:, 0].tolist())
         mean, worst = logprob_gaps(got, want)
-        self._log("logprob_check_mean_diff", mean)
-        self._log("logprob_check_max_diff", worst)
-        if not mean <= self.tolerance:
-            raise SpectoolError(
-                f"after TRL's weight sync the engine's logprobs differ from the trainer's by {mean:.3g} nats on average "
-                f"(max {worst:.3g}; > {self.tolerance} for a {self.dtype} engine): the engine is not running the trained "
-                "weights. "
-                "TRL's last checkpoint is intact; try policy_sync='spectool' (or 'trl'), or set logprob_tolerance "
-                "if the engine runs in lower precision than the trainer")
+        gaps = ranks.stats({"mean": mean, "max": worst})  # every rank's engine against its own trainer
+        self._log("logprob_check_mean_diff", gaps["mean"][0])
+        self._log("logprob_check_max_diff", gaps["max"][2])
+        raise_on_any_rank(None if mean <= self.tolerance else (
+            f"after TRL's weight sync the engine's logprobs differ from the trainer's by {mean:.3g} nats on average "
+            f"(max {worst:.3g}; > {self.tolerance} for a {self.dtype} engine): the engine is not running the trained "
+            "weights. "
+            "TRL's last checkpoint is intact; try policy_sync='spectool' (or 'trl'), or set logprob_tolerance "
+            "if the engine runs in lower precision than the trainer"))
 
     # --- per step ---------------------------------------------------------------------------------
 
     def on_step_end(self, step: int) -> None:
+        """Every rank at once (each call below that reads other ranks is a collective)."""
         now = colocated.acceptance(self.llm)
         delta, self._counters = now - self._counters, now
-        if delta.num_drafts:
-            self._log("acceptance_length", delta.mean_acceptance_length)
-            for i, rate in enumerate(delta.per_position_rate):
-                self._log(f"acceptance_pos{i + 1}", rate)
+        pooled = self._log_acceptance(delta)
         if self.refresher is None:
             return
         if self.pending_check:
-            self.refresher.check_acceptance(delta)
+            self.refresher.check_acceptance(delta)  # every rank's engine; all stop if one drafter is dead
             self.pending_check = False
-        staleness = self.cadence.observe(delta.mean_acceptance_length if delta.num_drafts else None, self.gen_s)
+        gen = ranks.stats({"gen_s": self.gen_s, "features": len(self.refresher.online.buffer)})
+        # the cadence reads the ranks' pooled numbers, so every rank takes the same decision
+        staleness = self.cadence.observe(pooled.mean_acceptance_length if pooled.num_drafts else None, gen["gen_s"][2])
         self._log("staleness", staleness)
         self.gen_s = 0.0
-        if self.cadence.due(step) and self.refresher.online.buffer:
+        if self.cadence.due(step) and gen["features"][1] > 0:
             t = time.perf_counter()
             rep = self.refresher.refresh(self.spec.refresh.steps_per_refresh)
             pushed = self.refresher.push(self.llm)
-            spent = time.perf_counter() - t
-            self.cadence.refreshed(spent)
+            r = ranks.stats({"spent": time.perf_counter() - t, "loss": rep.loss, "top1": rep.top1_after[0]})
+            self.cadence.refreshed(r["spent"][2])
             self.pending_check = True
-            self._log("draft_loss", rep.loss)
-            self._log("draft_top1_pos1", rep.top1_after[0])
+            self._log("draft_loss", r["loss"][0])
+            self._log("draft_loss_max", r["loss"][2])
+            self._log("draft_top1_pos1", r["top1"][0])
+            self._log("draft_top1_pos1_min", r["top1"][1])
             self._log("draft_check_excess", pushed.max_excess)
-            self._log("refresh_s", spent)
-            self.history.append({"step": step, "reason": self.cadence.reason, "loss": rep.loss, "check_excess": pushed.max_excess,
-                                 "has_power": pushed.has_power})
+            self._log("draft_steps", rep.steps)
+            self._log("refresh_s", r["spent"][2])
+            self.history.append({"step": step, "reason": self.cadence.reason, "loss": r["loss"][0],
+                                 "check_excess": pushed.max_excess, "has_power": pushed.has_power})
+
+    def _log_acceptance(self, delta: AcceptanceStats) -> AcceptanceStats:
+        """The step's acceptance pooled over the ranks' engines (every rank's counters added up),
+        and the lowest rank's; returns the pooled counters."""
+        k = self.spec.k
+        per_pos = (delta.accepted_per_pos + [0] * k)[:k]
+        n, proposed, accepted, *at = ranks.total([delta.num_drafts, delta.num_draft_tokens,
+                                                  delta.num_accepted_tokens, *per_pos])
+        pooled = AcceptanceStats(n, proposed, accepted, at)
+        lowest = ranks.stats({"al": delta.mean_acceptance_length if delta.num_drafts else math.inf})["al"][1]
+        if n:
+            self._log("acceptance_length", pooled.mean_acceptance_length)
+            if math.isfinite(lowest):
+                self._log("acceptance_length_min", lowest)
+            for i, rate in enumerate(pooled.per_position_rate):
+                self._log(f"acceptance_pos{i + 1}", rate)
+        return pooled
 
     def _log(self, key: str, value: float) -> None:
         internals.log_metric(self.trainer, f"spectool/{key}", value)

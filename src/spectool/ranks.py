@@ -1,0 +1,86 @@
+"""The data-parallel group a trainer runs in (accelerate launch, torchrun: torch.distributed's default
+group), as the online draft sees it. One process without a group is a group of one, and every
+function here is then the identity. Collectives go through torch.distributed itself (gloo on the
+CPU, NCCL on GPUs); nothing here starts processes or groups: the launcher does.
+
+Every function is a collective: all ranks call it at the same point, in the same order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+
+
+def world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _device() -> torch.device:
+    """Where this group's collectives take tensors: the current GPU for NCCL, the host otherwise."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def average_grads(params: Iterable[torch.nn.Parameter]) -> None:
+    """Every rank's gradients replaced by their mean over the ranks (what DDP does for a module; the
+    draft trains through several forwards per step, which DDP's hooks do not follow). One flat
+    all-reduce per call; parameters without a gradient are left out on every rank alike."""
+    if world() == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads]).to(_device())  # [sum of numels]
+    dist.all_reduce(flat)  # SUM: gloo has no AVG
+    flat /= world()
+    i = 0
+    for g in grads:
+        g.copy_(flat[i : i + g.numel()].view_as(g))
+        i += g.numel()
+
+
+def stats(values: dict[str, float]) -> dict[str, tuple[float, float, float]]:
+    """Each value's (mean, min, max) over the ranks; every rank passes the same keys."""
+    keys = sorted(values)
+    if world() == 1:
+        return {k: (values[k],) * 3 for k in keys}
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=_device())
+    rows = [torch.empty_like(t) for _ in range(world())]
+    dist.all_gather(rows, t)
+    per_rank = torch.stack(rows).cpu()  # [world, keys]
+    return {k: (float(per_rank[:, i].mean()), float(per_rank[:, i].min()), float(per_rank[:, i].max()))
+            for i, k in enumerate(keys)}
+
+
+def total(counts: list[int]) -> list[int]:
+    """Element-wise sums of integer counters over the ranks (the same length on every rank)."""
+    if world() == 1:
+        return list(counts)
+    t = torch.tensor(counts, dtype=torch.int64, device=_device())
+    dist.all_reduce(t)
+    return [int(x) for x in t.cpu()]
+
+
+def gather(obj: Any) -> list[Any]:
+    """Every rank's picklable `obj`, in rank order."""
+    if world() == 1:
+        return [obj]
+    out: list[Any] = [None] * world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> str:
+    """A hash of named tensors' exact values (the same bits give the same digest on every rank)."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
