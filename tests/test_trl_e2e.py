@@ -132,9 +132,22 @@ def test_train_rl_backend_trl_runs_rl_yaml_and_resumes(tiny_policy, random_draft
     m = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in m] == [1, 2, 3]
     assert all(r["spectool/acceptance_length"] >= 1 and "spectool/draft_check_excess" in r for r in m)
+    # the resumed run went on training the checkpoint's draft: its optimizer steps continue (2 a refresh)
+    assert [r["spectool/draft_steps"] for r in m] == [2, 4, 6]
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["backend"] == "trl" and manifest["resumed_from"] == 2
-    r = spectool(*args, "--set", "policy.steps=4", "--set", "policy.lr=2e-3", check=False, env=env)
+    assert manifest["backend"] == "trl" and manifest["resumed_from"] == 2 and manifest["processes"] == 1
+    # a checkpoint's draft made for another policy is refused, naming the field; the checkpoint stays as it was
+    import torch
+
+    state = out / "trl" / "checkpoint-3" / "spectool-draft" / "refresher.pt"
+    st = torch.load(state, weights_only=False)
+    st["policy_fingerprint"]["num_hidden_layers"] = 12
+    torch.save(st, state)
+    before = state.read_bytes()
+    r = spectool(*args, "--set", "policy.steps=4", check=False, env={"MASTER_PORT": str(_free_port())})
+    assert r.returncode != 0 and "made for another policy (num_hidden_layers: 12 vs 4)" in r.stderr
+    assert state.read_bytes() == before
+    r = spectool(*args, "--set", "policy.steps=5", "--set", "policy.lr=2e-3", check=False, env=env)
     assert r.returncode != 0 and "policy.lr" in r.stderr
 
 

