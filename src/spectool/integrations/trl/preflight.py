@@ -101,7 +101,7 @@ def check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_by
                     micro_tokens=args.per_device_train_batch_size * (prompt + args.max_completion_length),
                     ref_model=args.beta != 0, shards=world if sharded else 1,
                     trainable_fraction=0.0 if peft else 1.0, checkpointing=bool(args.gradient_checkpointing),
-                    draft_params=draft, draft_embedding=not mtp)
+                    draft_params=draft, draft_embedding=not mtp, processes=world)
     plan.notes.append(f"activations: the longest of the first {PROMPTS_MEASURED} prompts ({prompt} tokens) + "
                       "max_completion_length" if prompt else "activations count completions only (no prompts read)")
     if peft:
