@@ -64,18 +64,22 @@ def main() -> None:
         wall = launch(n, run, a, policy, draft, data)
         m = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         steady = [r["step_time"] for r in m[1:]] or [m[0]["step_time"]]  # the first step carries compile/warm-up
+        manifest = json.loads((run / "manifest.json").read_text())
         rows[n] = {"wall": wall, "step": statistics.mean(steady), "first": m[0]["step_time"],
+                   "train": manifest["summary"]["seconds"] / len(m),  # TRL's train(): generation, update, refresh
                    "al": statistics.mean(r["spectool/acceptance_length"] for r in m),
                    "al_min": statistics.mean(r.get("spectool/acceptance_length_min", float("nan")) for r in m),
                    "refresh": statistics.mean(r.get("spectool/refresh_s", 0.0) for r in m),
-                   "processes": json.loads((run / "manifest.json").read_text())["processes"]}
+                   "processes": manifest["processes"]}
     print(f"train-rl --backend trl, tiny policy, {a.steps} steps x {a.prompts} prompts x {a.group} samples (split over "
           f"the processes), max {a.max_tokens} tokens, k={a.k}, refresh every step; {os.cpu_count()} CPU cores")
-    print(f"{'processes':>9} {'step s (2..)':>12} {'step 1 s':>8} {'refresh s':>9} {'accept len':>10} "
-          f"{'lowest rank':>11} {'run wall s':>10} {'step vs 1':>9}")
+    print("step s: TRL's step_time (steps 2..; step 1 carries the warm-up); train s/step: train()'s seconds over the "
+          "steps, refreshes and syncs included")
+    print(f"{'processes':>9} {'step s':>7} {'step 1 s':>8} {'train s/step':>12} {'refresh s':>9} {'accept len':>10} "
+          f"{'lowest rank':>11} {'run wall s':>10} {'train vs 1':>10}")
     for n, r in rows.items():
-        print(f"{r['processes']:>9} {r['step']:12.2f} {r['first']:8.2f} {r['refresh']:9.2f} {r['al']:10.2f} "
-              f"{r['al_min']:11.2f} {r['wall']:10.1f} {rows[1]['step'] / r['step']:8.2f}x")
+        print(f"{r['processes']:>9} {r['step']:7.2f} {r['first']:8.2f} {r['train']:12.2f} {r['refresh']:9.2f} "
+              f"{r['al']:10.2f} {r['al_min']:11.2f} {r['wall']:10.1f} {rows[1]['train'] / r['train']:9.2f}x")
 
 
 if __name__ == "__main__":

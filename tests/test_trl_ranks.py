@@ -64,6 +64,23 @@ def _saved(checkpoint: Path) -> dict:
             "draft_steps": st["online"]["steps"], "refreshes": len(st["state"]["history"])}
 
 
+def test_the_refreshers_cross_rank_path_without_an_engine(tiny_policy, random_draft, tmp_path):
+    """Two processes (torchrun, gloo), each with its own features: one draft after the refresh, and
+    what stops every rank (a draft that differs, a failure on one rank)."""
+    script = SCRIPT.with_name("refresher_ranks.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           str(script), str(tmp_path), str(tiny_policy), str(random_draft)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-5000:]
+    a, b = _ranks(tmp_path, 2)
+    assert a["features"] != b["features"] and a["loss"] != b["loss"]  # each rank trained on its own rollouts
+    assert a["start"] == b["start"] and a["after"] == b["after"] != a["start"] and a["steps"] == b["steps"] == 3
+    for x in (a, b):  # every rank stops, not just the one that differs or failed
+        assert "differ across data-parallel ranks after the refresh" in x["differ"]
+        assert x["one_failed"] == "rank 1: its engine lost the draft"
+        assert x["stats"] == [0.5, 0.0, 1.0] and x["total"] == [3, 20]
+
+
 @pytest.mark.engine
 def test_two_processes_hold_one_draft_and_resume_it(tiny_policy, random_draft, sums, tmp_path):
     out = tmp_path / "trl"
