@@ -118,3 +118,35 @@ def test_two_processes_hold_one_draft_and_resume_it(tiny_policy, random_draft, s
     r = _launch(1, out, tiny_policy, random_draft, sums, 3, "--resume", check=False)
     assert r.returncode != 0 and "made for another policy (hidden_size: 256 vs 128)" in r.stderr
     assert state.read_bytes() == before
+
+
+@pytest.mark.engine
+def test_train_rl_backend_trl_under_accelerate_launch_with_two_processes(tiny_policy, random_draft, sums, tmp_path):
+    """The documented command: `accelerate launch --num_processes 2 -m spectool.cli train-rl --backend trl`:
+    the step's sequences split over the ranks, one metrics.jsonl and manifest (the main process's),
+    a second launch resumes both ranks from the checkpoint with the refreshed draft."""
+    out = tmp_path / "run"
+    sets = [f"model={tiny_policy}", f"data={sums}", f"out={out}", f"speculation.draft={random_draft}",
+            "speculation.k=2", "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_tokens=16",
+            "rollout.eval_every=0", "policy.steps=2", "policy.lr=1e-3", "policy.micro_batch_size=4",
+            "draft_refresh.every=1", "draft_refresh.steps_per_refresh=2", "engine.enforce_eager=true",
+            "checkpoint_every=2"]
+
+    def launch(*more: str):
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(_free_port()), "-m", "spectool.cli", "train-rl", "--backend", "trl",
+               *[x for s in [*sets, *more] for x in ("--set", s)]]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-5000:]
+        return r
+
+    first = launch()
+    assert first.stdout.count("train-rl (TRL) ->") == 1  # said once, by the main process
+    launch("policy.steps=3")
+    m = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in m] == [1, 2, 3]  # one line a step, not one per rank
+    assert [r["spectool/draft_steps"] for r in m] == [2, 4, 6]  # the checkpoint's draft went on training
+    assert all(1 <= r["spectool/acceptance_length_min"] <= r["spectool/acceptance_length"] for r in m)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["processes"] == 2 and manifest["resumed_from"] == 2
