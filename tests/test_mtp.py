@@ -218,3 +218,33 @@ def test_train_rl_refreshes_the_mtp_layer_online_and_resumes(tiny_mimo, sums, tm
     saved = _safetensors(ck)
     base = _safetensors(tiny_mimo)
     assert not torch.equal(saved["model.mtp_layers.0.input_proj.weight"], base["model.mtp_layers.0.input_proj.weight"])
+
+
+@pytest.mark.engine
+def test_train_rl_backend_trl_refreshes_the_mtp_layer_and_resumes_it(tiny_mimo, sums, tmp_path):
+    """The same through TRL's GRPOTrainer: the refreshed MTP layer goes into TRL's checkpoint and a
+    longer rerun goes on training it (its optimizer steps continue)."""
+    out = tmp_path / "rl"
+    sets = [f"model={tiny_mimo}", f"data={sums}", f"out={out}", "speculation.method=mtp", "speculation.k=2",
+            "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_tokens=16", "rollout.eval_every=0",
+            "policy.lr=1e-3", "policy.micro_batch_size=4", "draft_refresh.every=1", "draft_refresh.steps_per_refresh=3",
+            "draft_refresh.ttt_steps=2", "engine.enforce_eager=true", "checkpoint_every=2"]
+
+    def run(steps):
+        return spectool("train-rl", "--backend", "trl", *[a for s in [*sets, f"policy.steps={steps}"] for a in ("--set", s)],
+                        env={"MASTER_PORT": str(_free_port())})
+
+    run(2)
+    assert (out / "trl" / "checkpoint-2" / "spectool-draft" / "refresher.pt").exists()
+    run(3)
+    m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in m] == [1, 2, 3] and [r["spectool/draft_steps"] for r in m] == [3, 6, 9]
+    assert all(r["spectool/draft_check_excess"] <= 1 for r in m)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -219,15 +219,32 @@ def _two_refreshed_steps(draft: str, model, sums, tmp_path):
     ds, reward = task_data(str(sums), 64)
     spec = SpectoolSpeculation(draft, k=2, enforce_eager=True,
                                refresh=RefreshSettings(every=1, steps_per_refresh=3, lr=3e-3, warmup_steps=0, batch_size=4))
-    trainer = spec.grpo_trainer(model=str(model), reward_funcs=reward, args=_args(tmp_path / "trl", max_steps=2),
-                                train_dataset=ds)
+    trainer = spec.grpo_trainer(model=str(model), reward_funcs=reward, train_dataset=ds,
+                                args=_args(tmp_path / "trl", max_steps=2, save_strategy="steps", save_steps=2))
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 2 and all("spectool/acceptance_pos2" in h for h in logs)
     assert logs[1]["spectool/logprob_check_max_diff"] < 1e-3
     assert [r["step"] for r in trainer.spectool.history] == [1, 2]
     assert all(r["check_excess"] <= 1 and r["has_power"] for r in trainer.spectool.history)
+    _restores_its_checkpoint(trainer, tmp_path / "trl" / "checkpoint-2")
     return trainer
+
+
+def _restores_its_checkpoint(trainer, checkpoint):
+    """TRL's checkpoint carries this family's refreshed draft: after the draft is spoiled, restoring
+    brings back its weights, optimizer steps and history, and pushes them into the engine (checked there)."""
+    import torch
+
+    ref = trainer.spectool.refresher
+    saved = {k: v.clone() for k, v in ref.draft.state_dict().items()}
+    with torch.no_grad():
+        for p in ref.online.params:
+            p.add_(0.01)
+    ref.online.steps, trainer.spectool.history = 0, []
+    trainer.spectool.restore(checkpoint)
+    assert all(torch.equal(v, saved[k]) for k, v in ref.draft.state_dict().items())
+    assert ref.online.steps == 6 and [r["step"] for r in trainer.spectool.history] == [1, 2]
 
 
 @pytest.mark.engine

@@ -24,7 +24,7 @@ from spectool import ranks
 from spectool.draft.refresh import raise_on_any_rank
 from spectool.engine.compat import is_cpu_build
 from spectool.errors import SpectoolError
-from spectool.integrations.trl import SpectoolSpeculation, check_trl_version, task_data
+from spectool.integrations.trl import MTP, SpectoolSpeculation, check_trl_version, task_data
 from spectool.models import resolve_model
 from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
 from spectool.rl.speculation import resolve
@@ -64,13 +64,10 @@ def _speculation(cfg: RLConfig, model):
     e = cfg.engine
     common = dict(dtype=e.dtype, enforce_eager=e.enforce_eager, logprob_tolerance=cfg.policy.logprob_tolerance or None)
     spec = resolve(cfg, model)
-    if spec.method == "mtp":
-        raise SpectoolError("speculation.method: mtp with backend: trl is not offered by train-rl yet (its TRL "
-                            "checkpoints would not carry the refreshed MTP layers); use backend: builtin, or the TRL "
-                            "integration directly: SpectoolSpeculation(\"mtp\").grpo_trainer(...)")
     if spec.draft_path is None:  # plain decoding, with spectool's engine settings, weight sync and logprob guard
         return SpectoolSpeculation(None, **common)
-    return SpectoolSpeculation(spec.draft_path, k=max(spec.k, 1), draft_sampling=spec.proposals,
+    draft = MTP if spec.method == "mtp" else spec.draft_path  # MTP: the policy's own layers, refreshed like a draft
+    return SpectoolSpeculation(draft, k=max(spec.k, 1), draft_sampling=spec.proposals,
                                k_schedule=spec.schedule, refresh=cfg.draft_refresh, seed=cfg.seed, **common)
 
 

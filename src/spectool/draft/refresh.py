@@ -86,6 +86,8 @@ class DraftRefresher:
         self.settings = s = settings or RefreshSettings()
         self.meta = dict(meta or {})
         self.policy = _unwrap(policy)
+        # what the draft is made for, read now: a trainer's save_pretrained rewrites config.architectures later
+        self.policy_fingerprint = _fingerprint(self.policy)
         if isinstance(draft, MtpDraft):
             draft.follow(self.policy)
         else:
@@ -308,17 +310,21 @@ class DraftRefresher:
 
     def checkpoint(self, folder: str | Path, state: dict[str, Any], **meta: Any) -> None:
         """Everything to go on training this draft exactly where it is: the draft as vLLM loads it
-        (`save`), and beside it CHECKPOINT_STATE with its weights, the optimizer and schedule, the
-        sampler, the policy it was made for and the caller's `state` (a trainer's cadence and history).
+        (`save`; not MTP layers, which are served inside their policy), and beside it CHECKPOINT_STATE
+        with its weights, the optimizer and schedule, the sampler, the policy it was made for and the
+        caller's `state` (a trainer's cadence and history).
         Written whole or not at all (a new folder renamed into place). The feature buffer is not
         kept: after a resume it refills from the next rollouts."""
         folder = Path(folder)
         tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
         for f in (tmp, old):
             shutil.rmtree(f, ignore_errors=True)
-        self.save(tmp, **meta)
+        if isinstance(self.draft, MtpDraft):  # MTP layers are served with their trunk: TRL's checkpoint holds the
+            tmp.mkdir(parents=True)          # policy, and CHECKPOINT_STATE the layers
+        else:
+            self.save(tmp, **meta)
         torch.save({"weights": _own_weights(self.draft), "online": self.online.state_dict(),
-                    "policy_fingerprint": _fingerprint(self.policy), "captured": self.captured,
+                    "policy_fingerprint": self.policy_fingerprint, "captured": self.captured,
                     "last_push": self._last_push, "state": state}, tmp / CHECKPOINT_STATE)
         if folder.exists():
             folder.rename(old)
@@ -335,7 +341,7 @@ class DraftRefresher:
         except (OSError, RuntimeError, EOFError) as e:
             raise SpectoolError(f"{folder / CHECKPOINT_STATE} cannot be read ({e}): the checkpoint's draft is "
                                 "incomplete; resume from an earlier checkpoint") from None
-        diff = fingerprint_mismatch(st["policy_fingerprint"], _fingerprint(self.policy))
+        diff = fingerprint_mismatch(st["policy_fingerprint"], self.policy_fingerprint)
         if diff:
             raise SpectoolError(f"the draft in {folder} was made for another policy ({'; '.join(diff)}): resume with "
                                 "the policy that checkpoint trained, or give the trainer a new output_dir")
