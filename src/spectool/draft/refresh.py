@@ -18,6 +18,11 @@ outer forward (never in a gradient-checkpointing recompute), detached: no gradie
 policy, no second forward runs. Response tokens are told by `capture(prompt_lens)` or, when the
 trainer passes `labels` (TRL), by the labelled columns. A sequence seen before (a trainer that
 reuses a batch for several iterations) is kept once.
+
+Under a data-parallel launcher (accelerate launch, torchrun) every rank holds one refresher over its
+own rollouts and the draft stays one: gradients averaged over the ranks (online.py), the draft's
+digest compared after every push, any rank's failed check raised on all (ranks.py). `checkpoint` and
+`restore` keep the draft, its optimizer and a trainer's state across a resume.
 """
 
 from __future__ import annotations

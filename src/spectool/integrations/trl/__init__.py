@@ -19,7 +19,11 @@ What it does to stock TRL (tested: trl 1.16, colocate mode), all from outside TR
   refreshes the draft as `refresh` says (spectool.RefreshSettings: every N steps, or when it pays), pushes it
   into the engine and proves it took;
 - acceptance length, per-position acceptance, draft loss, refresh time and the logprob check go
-  into TRL's own metrics (TensorBoard, W&B, `log_history`).
+  into TRL's own metrics (TensorBoard, W&B, `log_history`), reduced over the ranks;
+- the refreshed draft, its optimizer and the refresh history go into every TRL checkpoint (the main
+  process writes `checkpoint-N/spectool-draft`) and come back with `train(resume_from_checkpoint=...)`;
+- under `accelerate launch` every rank's engine holds one draft: the refresher's gradients are
+  averaged over the ranks and the drafts' digests compared after every push (spectool/ranks.py).
 Refused up front: server mode (a frozen draft goes through `spectool export --for trl-serve`), sleep
 mode (level 2 drops the drafter's weights and vLLM does not restore them: vllm#52479), a TRL
 outside the tested range.
