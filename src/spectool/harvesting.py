@@ -15,17 +15,11 @@ from pathlib import Path
 
 from spectool.config import SamplingConfig
 from spectool.constants import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check_dtype, check_gpu_memory
+from spectool.engine.compat import NO_OFFLINE_DATA_PARALLEL
 from spectool.errors import check
 
 log = logging.getLogger(__name__)
 
-# vLLM's offline LLM refuses data_parallel_size > 1 in one process ("not supported for single-process usage and
-# may hang", vllm/entrypoints/llm.py, 0.32): its data parallelism is one process per replica, and harvest is one
-# process writing one resumable run folder.
-DATA_PARALLEL_REFUSED = (
-    "must be 1: vLLM's offline engine runs data parallelism only as one process per replica, and harvest drives one "
-    "engine from one process. For N replicas run N harvests on disjoint prompts into N folders (--data gym:...:seed=i "
-    "or split files), and init-draft each; or use --tensor-parallel-size for a policy too large for one device")
 CPU_CHUNK_PROMPTS = 16  # prompts per shard on the CPU build: the unit of resume
 GPU_CHUNK_SEQUENCES = 1024  # sequences per generate call on a GPU: few enough waves to run at engine speed
 
@@ -68,7 +62,9 @@ class HarvestConfig:
     def validate(self) -> None:
         check_dtype(self.dtype)
         check(self.tensor_parallel_size >= 1, "--tensor-parallel-size", self.tensor_parallel_size, "must be >= 1")
-        check(self.data_parallel_size == 1, "--data-parallel-size", self.data_parallel_size, DATA_PARALLEL_REFUSED)
+        check(self.data_parallel_size == 1, "--data-parallel-size", self.data_parallel_size,
+              f"must be 1: {NO_OFFLINE_DATA_PARALLEL}, and harvest is one process writing one resumable run folder; "
+              "--tensor-parallel-size N puts N devices under its one engine")
         check(bool(self.out), "--out", self.out, "must name the run directory")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         check_gpu_memory(self.gpu_memory_utilization)

@@ -82,5 +82,6 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
         t = tensors[name].detach().to("cpu").contiguous()
         h.update(name.encode())
         h.update(str(t.dtype).encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.view(-1).view(torch.uint8).numpy())  # the tensor's own bytes, not a copy
     return h.hexdigest()

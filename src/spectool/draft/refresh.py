@@ -257,9 +257,12 @@ class DraftRefresher:
         excess = ranks.stats({"excess": check.max_excess})["excess"][2]  # the worst rank's
         return PushReport(dtype, check.modules, excess, power, time.perf_counter() - t)
 
-    def check_one_draft(self, state: dict[str, torch.Tensor] | None = None, when: str = "") -> str:
+    def check_one_draft(self, state: dict[str, torch.Tensor] | None = None, when: str = "") -> str | None:
         """A collective: the digest of the draft's weights (as pushed: export_state_dict) gathered
-        from every data-parallel rank; raises on all ranks when they differ. Returns the digest."""
+        from every data-parallel rank; raises on all ranks when they differ. Returns the digest (None
+        in one process, where there is nothing to compare and the hash is not worth its seconds)."""
+        if ranks.world() == 1:
+            return None
         mine = ranks.digest(state if state is not None else self.draft.export_state_dict())
         every = ranks.gather(mine)
         if len(set(every)) > 1:

@@ -151,7 +151,11 @@ class _Attached:
         if self.refresher is None:
             return
         folder = checkpoint / DRAFT_IN_CHECKPOINT
-        if not (folder / CHECKPOINT_STATE).exists():
+        seen = ranks.gather((folder / CHECKPOINT_STATE).exists())  # the main process wrote it: do all ranks read it?
+        raise_on_any_rank(None if all(seen) or not any(seen) else (
+            f"{folder} is read by ranks {[r for r, x in enumerate(seen) if x]} only: TRL's output_dir must be on a "
+            "file system every rank reads"))
+        if not any(seen):
             log.warning("%s holds no spectool draft (it was saved without spectool's refresh): the draft restarts "
                         "from %s, without its refreshes", checkpoint, self.spec.draft)
             return
