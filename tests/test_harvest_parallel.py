@@ -1,6 +1,6 @@
 """harvest at scale through vLLM's own parallelism: tensor parallelism passed through (on the CPU
-build, worker processes bound to their share of the cores), data parallelism refused with the reason
-(vLLM's offline engine runs it only as one process per replica)."""
+build, worker processes bound to their share of the cores); data parallelism as one engine replica per
+process of a launcher (torchrun), each on its share of the prompts, into one resumable run folder."""
 
 from __future__ import annotations
 
@@ -31,8 +31,48 @@ def test_harvest_with_two_tensor_parallel_workers(tiny_policy, sums, tmp_path):
     assert "VllmWorker-0" in log and "VllmWorker-1" in log
 
 
-def test_harvest_data_parallel_is_refused_with_the_reason(tiny_policy, sums, tmp_path):
+@pytest.mark.engine
+def test_harvest_with_two_data_parallel_replicas_under_torchrun(tiny_policy, sums, tmp_path):
+    import subprocess
+    import sys
+
+    from spectool.records import load_records, shard_paths
+
+    out = tmp_path / "h"
+
+    def launch(prompts: int):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+               "-m", "spectool.cli", "harvest", "--model", str(tiny_policy), "--data", str(sums), "--out", str(out),
+               "--n-prompts", str(prompts), "--max-tokens", "8", "--hidden-states", "--data-parallel-size", "2"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "SPECTOOL_ENFORCE_EAGER": "1"})
+        assert r.returncode == 0, r.stderr[-5000:]
+        return r
+
+    r = launch(33)  # 17 prompts for replica 0 (two shards), 16 for replica 1 (one)
+    assert r.stdout.count("records (33 new)") == 1  # the main process reports the run, once
+    # replica d writes shards d, d + 2, ...: shard 1 is replica 1's
+    assert [p.stem for p in shard_paths(out)] == ["shard-00000", "shard-00001", "shard-00002"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["records"] == manifest["prompts"] == 33
+    launch(40)  # a resume with more prompts: only the 7 new ones, in new shards after the old ones
+    records = load_records(out)
+    assert len(records) == len(set(records["prompt_id"])) == 40
+    shards = [p.stem for p in shard_paths(out)]
+    assert shards == [f"shard-{i:05d}" for i in range(5)]
+    assert sorted(p.stem for p in (out / "hidden").glob("*.safetensors")) == shards  # each shard's features beside it
+
+
+def test_harvest_data_parallel_without_a_launcher_is_refused(tiny_policy, sums, tmp_path):
     r = spectool("harvest", "--model", str(tiny_policy), "--data", str(sums), "--out", str(tmp_path / "h"),
                  "--data-parallel-size", "2", check=False)
-    assert r.returncode == 2 and "--data-parallel-size" in r.stderr and "one process per replica" in r.stderr
+    assert r.returncode == 2 and "--data-parallel-size" in r.stderr and "torchrun --nproc_per_node 2" in r.stderr
     assert not (tmp_path / "h").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

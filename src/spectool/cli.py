@@ -255,7 +255,9 @@ def harvest(cfg: HarvestConfig) -> None:
     """Run the policy on in-domain prompts (vLLM) and store its rollouts: the draft's training data."""
     from spectool.commands.harvest import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
-    render(run(cfg))
+    result = run(cfg)
+    if os.environ.get("RANK", "0") == "0":  # --data-parallel-size under a launcher: the main process reports
+        render(result)
 
 
 @settings_command("init-draft")

@@ -5,18 +5,24 @@ Workflow: resolve model + data -> open (or resume) the run directory -> start vL
 chunk by chunk, each chunk written as one atomic Parquet shard (plus, with --hidden-states, one
 safetensors shard of aux hidden states) -> final manifest. A killed harvest resumes at the first
 prompt not in a finished shard; a run made with other settings is refused.
+
+At scale, through vLLM: --tensor-parallel-size splits the policy over devices; --data-parallel-size N
+runs N engine replicas, one per process of a launcher (`torchrun --nproc_per_node N -m spectool.cli
+harvest ...`: vLLM's external-launcher mode, as TRL's colocate engines run), each on every N-th
+prompt, writing its own shards into the one run folder (the main process claims it and writes the
+manifest once every replica is done).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from spectool.config import SamplingConfig
 from spectool.constants import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check_dtype, check_gpu_memory
-from spectool.engine.compat import NO_OFFLINE_DATA_PARALLEL
-from spectool.errors import check
+from spectool.errors import SpectoolError, check
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +63,19 @@ class HarvestConfig:
     tensor_parallel_size: int = 1
     """vLLM's tensor parallelism: the policy split over N GPUs (on the CPU build, N worker processes)."""
     data_parallel_size: int = 1
-    """vLLM's data parallelism: N engine replicas (refused with the reason where harvest's engine cannot run it)."""
+    """vLLM's data parallelism: N engine replicas, one per process: launch with `torchrun --nproc_per_node N`
+    (times --tensor-parallel-size)."""
 
     def validate(self) -> None:
         check_dtype(self.dtype)
         check(self.tensor_parallel_size >= 1, "--tensor-parallel-size", self.tensor_parallel_size, "must be >= 1")
-        check(self.data_parallel_size == 1, "--data-parallel-size", self.data_parallel_size,
-              f"must be 1: {NO_OFFLINE_DATA_PARALLEL}, and harvest is one process writing one resumable run folder; "
-              "--tensor-parallel-size N puts N devices under its one engine")
+        procs, launched = self.data_parallel_size * self.tensor_parallel_size, int(os.environ.get("WORLD_SIZE", "1"))
+        # vLLM's offline engine runs data parallelism only as one process per replica (vllm.LLM refuses it in one)
+        check(self.data_parallel_size == 1 or launched == procs, "--data-parallel-size", self.data_parallel_size,
+              f"runs one engine replica per process (vLLM's offline engine refuses data parallelism inside one): "
+              f"launch {procs} processes, `torchrun --nproc_per_node {procs} -m spectool.cli harvest ... "
+              f"--data-parallel-size {self.data_parallel_size}` (this launch has {launched})")
+        check(self.data_parallel_size >= 1, "--data-parallel-size", self.data_parallel_size, "must be >= 1")
         check(bool(self.out), "--out", self.out, "must name the run directory")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         check_gpu_memory(self.gpu_memory_utilization)
@@ -90,7 +101,7 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     from spectool.engine.engine import Engine, EngineConfig  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from spectool.generation import rollout_tasks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from spectool.models import resolve_model  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-    from spectool.records import load_records, shard_paths, write_shard  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.records import load_records, next_shard_index, write_shard  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from spectool.runs import MANIFEST, atomic_write_json, claim, load_manifest, make_manifest  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     cfg.validate()
@@ -98,10 +109,27 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
     out = Path(cfg.out)
+    replicas = cfg.data_parallel_size
+    if replicas > 1:  # the launcher's process group (gloo on the CPU, NCCL on GPUs), which vLLM's engines then join
+        from accelerate import PartialState  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
+        PartialState()
+    from spectool import ranks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.draft.refresh import raise_on_any_rank  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
+    replica, writer = divmod(ranks.rank(), cfg.tensor_parallel_size)  # a tensor-parallel group is one replica
+    writer = writer == 0  # its first process writes its shards
     chunk = chunk_prompts(cfg.sampling.samples, is_cpu_build())
-    # more prompts (or another GPU share) may resume a run; the model is compared by identity, not name
-    claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
-          may_change={"sampling.n_prompts", "gpu_memory_utilization", "tensor_parallel_size"})
+    failure = None
+    if ranks.rank() == 0:  # the main process owns the run folder; the other replicas stop with it if refused
+        try:
+            # more prompts (or another GPU share) may resume a run; the model is compared by identity, not name
+            claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
+                  may_change={"sampling.n_prompts", "gpu_memory_utilization", "tensor_parallel_size",
+                              "data_parallel_size"})
+        except SpectoolError as e:
+            failure = str(e)
+    raise_on_any_rank(failure)
     if (out / MANIFEST).exists():
         chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
     from spectool.data.sources import MIX_SEPARATOR, mix_counts  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
@@ -110,11 +138,13 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
                              model_fingerprint=model.fingerprint,
                              data=cfg.data, chunk_prompts=chunk, status="running",
                              prompts_per_source=mix_counts(cfg.data, tasks, source) if MIX_SEPARATOR in cfg.data else None)
-    atomic_write_json(out / MANIFEST, manifest)
-
     done = set(load_records(out)["prompt_id"])
     todo = [t for t in tasks if t.id not in done]
-    n_shards = len(shard_paths(out))
+    first = next_shard_index(out)  # every replica reads the same folder, before any of them writes
+    ranks.gather(None)  # ... so the main process writes nothing before all have read it
+    if ranks.rank() == 0:
+        atomic_write_json(out / MANIFEST, manifest)
+    mine = todo[replica::replicas]  # replica d takes every d-th prompt; its j-th shard is first + d + j * replicas
     tokenizer = AutoTokenizer.from_pretrained(model.path)
     from spectool.hidden import default_aux_layer_ids  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
@@ -130,32 +160,44 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
         share, plan = harvest_plan(AutoConfig.from_pretrained(model.path), share,
                                    torch.cuda.get_device_properties(0).total_memory)
         log.info(plan.text())
+    # every process of a launch starts its engine (they join one group), even a replica with no prompts left
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
                                  gpu_memory_utilization=share, dtype=cfg.dtype,
-                                 tensor_parallel_size=cfg.tensor_parallel_size)) if todo else None
-    policy = _load_policy(model.path) if cfg.hidden_states and todo else None  # after the engine's start-up check
+                                 tensor_parallel_size=cfg.tensor_parallel_size,
+                                 external_launcher=replicas > 1)) if todo else None
+    policy = _load_policy(model.path) if cfg.hidden_states and mine and writer else None  # after the engine's check
     n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = 0, 0, 0.0, 0, 0
-    with Progress(TextColumn("harvest"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                  TimeRemainingColumn()) as bar:
-        job = bar.add_task("", total=len(tasks), completed=len(tasks) - len(todo), rate="")
-        for i in range(0, len(todo), chunk):
-            part = todo[i : i + chunk]
-            # Per-chunk seed: a resumed harvest samples exactly what an uninterrupted one would.
-            s = SamplingConfig(**{**asdict(cfg.sampling), "seed": cfg.sampling.seed + n_shards})
+    with Progress(TextColumn("harvest" if replicas == 1 else f"harvest, replica {replica}"), BarColumn(),
+                  MofNCompleteColumn(), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                  disable=not writer) as bar:
+        job = bar.add_task("", total=len(tasks) if replicas == 1 else len(mine),
+                           completed=len(tasks) - len(todo) if replicas == 1 else 0, rate="")
+        for j, i in enumerate(range(0, len(mine), chunk)):
+            part = mine[i : i + chunk]
+            index = first + replica + j * replicas
+            # Per-shard seed: a resumed harvest samples exactly what an uninterrupted one would.
+            s = SamplingConfig(**{**asdict(cfg.sampling), "seed": cfg.sampling.seed + index})
             rows, _, toks, secs = rollout_tasks(engine, tokenizer, source, part, s)
-            if policy is not None:
-                hidden_bytes += _store_hidden(policy, rows, layer_ids, out / "hidden" / f"shard-{n_shards:05d}.safetensors")
-                hidden_tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
-            write_shard(out, n_shards, rows)
-            n_shards += 1
-            n_new += len(rows)
             n_tokens += toks
             gen_s += secs
             bar.update(job, advance=len(part), rate=f"{n_tokens / gen_s:.0f} tok/s")
+            if not writer:  # the replica's other tensor-parallel processes generated the same rows
+                continue
+            if policy is not None:
+                hidden_bytes += _store_hidden(policy, rows, layer_ids, out / "hidden" / f"shard-{index:05d}.safetensors")
+                hidden_tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+            write_shard(out, index, rows)
+            n_new += len(rows)
 
     fix, dtype = (engine.sampler_fix, engine.dtype) if engine else (None, None)
+    # every replica's shards are written before the main process counts them (and before vLLM leaves the group)
+    n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = (
+        sum(x) for x in zip(*ranks.gather((n_new, n_tokens if writer else 0, gen_s if writer else 0.0,
+                                           hidden_bytes, hidden_tokens))))
     if engine:
         engine.close()  # the next stage (init-draft's policy and training) finds the device free
+    if ranks.rank() != 0:
+        return HarvestResult(str(out), 0, n_new, 0.0, 0.0, None)  # the main process reports the run
     records = load_records(out)
     mean_reward = float(sum(records["reward"]) / max(len(records), 1))
     manifest.update(status="complete", records=len(records), prompts=len(set(records["prompt_id"])),
@@ -164,7 +206,7 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     atomic_write_json(out / MANIFEST, manifest)
     return HarvestResult(
         out=str(out), n_records=len(records), n_new=n_new, mean_reward=mean_reward,
-        tokens_per_s=n_tokens / gen_s if gen_s else 0.0,
+        tokens_per_s=n_tokens / gen_s * replicas if gen_s else 0.0,  # replicas generate side by side
         hidden_bytes_per_token=hidden_bytes / hidden_tokens if hidden_tokens else None,
     )
 
@@ -173,7 +215,8 @@ def _load_policy(path: str):
     import torch  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from transformers import AutoModelForCausalLM  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    # this process's GPU (a launcher's LOCAL_RANK: one replica per device)
+    dev = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev).eval()
 
 

@@ -42,6 +42,11 @@ def shard_paths(run_dir: Path) -> list[Path]:
     return sorted((Path(run_dir) / RECORDS_DIR).glob("shard-*.parquet"))
 
 
+def next_shard_index(run_dir: Path) -> int:
+    """One past the highest shard index (shards of parallel replicas may leave gaps after a crash)."""
+    return max((int(p.stem.split("-")[1]) for p in shard_paths(run_dir)), default=-1) + 1
+
+
 def write_shard(run_dir: Path, index: int, rows: list[dict[str, Any]]) -> Path:
     import datasets as ds  # noqa: PLC0415 (heavy, loaded only on this path)
 

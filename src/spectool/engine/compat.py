@@ -26,10 +26,6 @@ from functools import lru_cache
 
 from spectool.errors import SpectoolError
 
-# vLLM's offline `LLM` refuses data_parallel_size > 1 in one process ("not supported for single-process usage
-# and may hang", vllm/entrypoints/llm.py in 0.32): its data parallelism is one process per replica (an external
-# launcher, as TRL's colocate mode runs it). Tensor parallelism goes through `LLM(tensor_parallel_size=N)`.
-NO_OFFLINE_DATA_PARALLEL = "vLLM's offline engine runs data parallelism only as one process per replica"
 MIN_VERSION = (0, 26)
 # Releases spectool has run with (GPU: the offline 0.26.0 bundle on an H100; CPU: every test here).
 # Others in range start with a warning naming these; 0.33.0 was reviewed from source only.

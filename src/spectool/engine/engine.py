@@ -64,6 +64,9 @@ class EngineConfig:
     # vLLM's tensor parallelism: the policy split over this many GPUs (on the CPU build, worker processes,
     # each bound to its share of this process's cores: _cpu_environment)
     tensor_parallel_size: int = 1
+    # one engine per process of a launcher (torchrun, accelerate launch): vLLM's external-launcher mode, the
+    # engine joins the launcher's process group; replicas (tensor-parallel groups) are independent
+    external_launcher: bool = False
     # True: no torch.compile (7 s start on CPU instead of 35-110 s, ~35% slower decode)
     enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1")
     extra: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is
@@ -151,6 +154,8 @@ class Engine:
             gpu_memory_utilization=cfg.gpu_memory_utilization,  # the CPU build's own: spectool_kwargs
             tensor_parallel_size=cfg.tensor_parallel_size,
         )
+        if cfg.external_launcher:
+            kwargs["distributed_executor_backend"] = "external_launcher"
         if quiet:
             kwargs["use_tqdm_on_load"] = False
         if cfg.dummy_weights:
