@@ -94,6 +94,7 @@ def test_two_processes_hold_one_draft_and_resume_it(tiny_policy, random_draft, s
     assert a["rows"] == b["rows"] and len(a["rows"]) == 2
     for row in a["rows"]:
         assert 1.0 <= row["spectool/acceptance_length_min"] <= row["spectool/acceptance_length"]
+        assert row["spectool/acceptance_pos1_min"] <= row["spectool/acceptance_pos1"]
         assert row["spectool/draft_loss"] <= row["spectool/draft_loss_max"]
         assert row["spectool/draft_top1_pos1_min"] <= row["spectool/draft_top1_pos1"]
     assert [h["step"] for h in a["history"]] == [1, 2] and all(h["has_power"] for h in a["history"])

@@ -264,20 +264,24 @@ class _Attached:
                                  "check_excess": pushed.max_excess, "has_power": pushed.has_power})
 
     def _log_acceptance(self, delta: AcceptanceStats) -> AcceptanceStats:
-        """The step's acceptance pooled over the ranks' engines (every rank's counters added up),
-        and the lowest rank's; returns the pooled counters."""
+        """The step's acceptance, overall and per position, pooled over the ranks' engines (every
+        rank's counters added up), and the lowest rank's (`_min`); returns the pooled counters."""
         k = self.spec.k
         per_pos = (delta.accepted_per_pos + [0] * k)[:k]
         n, proposed, accepted, *at = ranks.total([delta.num_drafts, delta.num_draft_tokens,
                                                   delta.num_accepted_tokens, *per_pos])
         pooled = AcceptanceStats(n, proposed, accepted, at)
-        lowest = ranks.stats({"al": delta.mean_acceptance_length if delta.num_drafts else math.inf})["al"][1]
+        names = ["acceptance_length", *(f"acceptance_pos{i + 1}" for i in range(k))]
+        mine = [delta.mean_acceptance_length, *(a / delta.num_drafts for a in per_pos)] if delta.num_drafts \
+            else [math.inf] * (k + 1)  # no drafts on this rank: not its minimum
+        lowest = ranks.stats(dict(zip(names, mine)))
         if n:
             self._log("acceptance_length", pooled.mean_acceptance_length)
-            if math.isfinite(lowest):
-                self._log("acceptance_length_min", lowest)
             for i, rate in enumerate(pooled.per_position_rate):
                 self._log(f"acceptance_pos{i + 1}", rate)
+            for key, (_, low, _) in lowest.items():
+                if math.isfinite(low):
+                    self._log(f"{key}_min", low)
         return pooled
 
     def _log(self, key: str, value: float) -> None:
