@@ -17,7 +17,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from spectool import RefreshSettings, ranks
-from spectool.draft.refresh import DraftRefresher, raise_on_any_rank
+from spectool.draft.refresh import DraftRefresher
 from spectool.errors import SpectoolError
 
 
@@ -49,7 +49,7 @@ def main(out: str, policy_path: str, draft: str) -> None:
         with torch.no_grad():
             next(p for p in refresher.draft.parameters() if p.requires_grad).add_(1e-3)
     differ = caught(lambda: refresher.check_one_draft(when="after the refresh"))
-    one_failed = caught(lambda: raise_on_any_rank("its engine lost the draft" if r == 1 else None))
+    one_failed = caught(lambda: ranks.raise_on_any("its engine lost the draft" if r == 1 else None))
     record = {"start": start, "after": after, "features": features, "loss": rep.loss, "steps": rep.steps,
               "differ": differ, "one_failed": one_failed, "stats": ranks.stats({"x": float(r)})["x"],
               "total": ranks.total([r + 1, 10])}

@@ -115,10 +115,9 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
 
         PartialState()
     from spectool import ranks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-    from spectool.draft.refresh import raise_on_any_rank  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
-    replica, writer = divmod(ranks.rank(), cfg.tensor_parallel_size)  # a tensor-parallel group is one replica
-    writer = writer == 0  # its first process writes its shards
+    replica, tp_rank = divmod(ranks.rank(), cfg.tensor_parallel_size)  # a tensor-parallel group is one replica
+    writer = tp_rank == 0  # its first process writes its shards
     chunk = chunk_prompts(cfg.sampling.samples, is_cpu_build())
     failure = None
     if ranks.rank() == 0:  # the main process owns the run folder; the other replicas stop with it if refused
@@ -129,7 +128,7 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
                               "data_parallel_size"})
         except SpectoolError as e:
             failure = str(e)
-    raise_on_any_rank(failure)
+    ranks.raise_on_any(failure)
     if (out / MANIFEST).exists():
         chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
     from spectool.data.sources import MIX_SEPARATOR, mix_counts  # noqa: PLC0415 (a torch-free, fast `spectool --help`)

@@ -14,6 +14,8 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
+from spectool.errors import SpectoolError
+
 
 def world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -85,3 +87,15 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
         if t.numel():
             h.update(t.view(-1).view(torch.uint8).numpy())  # the tensor's own bytes, not a copy
     return h.hexdigest()
+
+
+def raise_on_any(failure: str | None, error: type[Exception] = SpectoolError) -> None:
+    """A collective: every data-parallel rank raises `error` when any rank failed (naming the
+    ranks), so no rank waits forever in a later collective for one that stopped."""
+    every = gather(failure)
+    failed = [(r, f) for r, f in enumerate(every) if f]
+    if not failed:
+        return
+    if len(every) == 1:
+        raise error(failed[0][1])
+    raise error("; ".join(f"rank {r}: {f}" for r, f in failed))

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from spectool import ranks
-from spectool.draft.refresh import raise_on_any_rank
 from spectool.engine.compat import is_cpu_build
 from spectool.errors import SpectoolError
 from spectool.integrations.trl import MTP, SpectoolSpeculation, check_trl_version, task_data
@@ -109,7 +108,7 @@ def run(cfg: RLConfig) -> dict:
             truncate_jsonl(out / "metrics.jsonl", int(ckpt.name.split("-")[1]) if ckpt else 0)
         except SpectoolError as e:
             failure = str(e)
-    raise_on_any_rank(failure)
+    ranks.raise_on_any(failure)
     trainer = spec.grpo_trainer(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
     trainer.add_callback(_callback(out))
     t = time.perf_counter()

@@ -250,7 +250,7 @@ class DraftRefresher:
             f"the engine's drafter does not hold the refreshed draft ({dtype}): modules outside the {dtype} "
             f"tolerance {check.mismatched[:4]}, missing {check.missing[:4]} (worst {check.max_excess:.3g}x the "
             "tolerance). The draft reload did not take; the trainer's draft is intact (save it with .save()).")
-        raise_on_any_rank(failed, DraftNotLive)  # a collective: every rank learns of any rank's failure
+        ranks.raise_on_any(failed, DraftNotLive)  # a collective: every rank learns of any rank's failure
         self.check_one_draft(state, "after the refresh")
         self._last_push = want
         self._pushed_at = self.captured  # the features captured after this are the engine's next rollouts
@@ -281,7 +281,7 @@ class DraftRefresher:
         Raises DraftNotLive when (1 - r)^drafts < DEAD_P: zero would be that unlikely if it lived.
         A collective under a data-parallel launcher: every rank checks its own engine, and all stop
         when any rank's drafter is dead."""
-        raise_on_any_rank(self._dead(stats), DraftNotLive)
+        ranks.raise_on_any(self._dead(stats), DraftNotLive)
 
     def _dead(self, stats: AcceptanceStats) -> str | None:
         n = stats.num_drafts
@@ -378,18 +378,6 @@ def _fingerprint(policy) -> dict[str, Any]:
 def _own_weights(draft) -> dict[str, torch.Tensor]:
     """The draft's own tensors (the token embedding is the policy's, re-read at every refresh)."""
     return {k: v.detach().cpu().clone() for k, v in draft.state_dict().items() if not k.startswith("embed_tokens.")}
-
-
-def raise_on_any_rank(failure: str | None, error: type[Exception] = SpectoolError) -> None:
-    """A collective: every data-parallel rank raises `error` when any rank failed (naming the
-    ranks), so no rank waits forever in a later collective for one that stopped."""
-    every = ranks.gather(failure)
-    failed = [(r, f) for r, f in enumerate(every) if f]
-    if not failed:
-        return
-    if len(every) == 1:
-        raise error(failed[0][1])
-    raise error("; ".join(f"rank {r}: {f}" for r, f in failed))
 
 
 def _unwrap(model):

@@ -17,7 +17,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from spectool import ranks
 from spectool.constants import OWN_MTP as MTP
 from spectool.draft.families import folder_family
-from spectool.draft.refresh import CHECKPOINT_STATE, DraftRefresher, raise_on_any_rank
+from spectool.draft.refresh import CHECKPOINT_STATE, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
 from spectool.engine import colocated
 from spectool.engine.compat import support
@@ -152,7 +152,7 @@ class _Attached:
             return
         folder = checkpoint / DRAFT_IN_CHECKPOINT
         seen = ranks.gather((folder / CHECKPOINT_STATE).exists())  # the main process wrote it: do all ranks read it?
-        raise_on_any_rank(None if all(seen) or not any(seen) else (
+        ranks.raise_on_any(None if all(seen) or not any(seen) else (
             f"{folder} is read by ranks {[r for r, x in enumerate(seen) if x]} only: TRL's output_dir must be on a "
             "file system every rank reads"))
         if not any(seen):
@@ -164,7 +164,7 @@ class _Attached:
             saved = self.refresher.restore(folder)
         except SpectoolError as e:
             failure = str(e)
-        raise_on_any_rank(failure)
+        ranks.raise_on_any(failure)
         self.cadence = RefreshPolicy(**saved["cadence"])
         self.history = list(saved["history"])
         self.refresher.push(self.llm)
@@ -222,7 +222,7 @@ class _Attached:
         gaps = ranks.stats({"mean": mean, "max": worst})  # every rank's engine against its own trainer
         self._log("logprob_check_mean_diff", gaps["mean"][0])
         self._log("logprob_check_max_diff", gaps["max"][2])
-        raise_on_any_rank(None if mean <= self.tolerance else (
+        ranks.raise_on_any(None if mean <= self.tolerance else (
             f"after TRL's weight sync the engine's logprobs differ from the trainer's by {mean:.3g} nats on average "
             f"(max {worst:.3g}; > {self.tolerance} for a {self.dtype} engine): the engine is not running the trained "
             "weights. "
