@@ -5,6 +5,8 @@ and the trainer side of the draft probe in float32 and bfloat16."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -144,3 +146,35 @@ def test_probe_tells_a_changed_draft_in_the_engine_dtype(random_draft, dtype):
     assert distinguishes(want, new)
     stale = compare({n: e.value for n, e in want.items()}, new)
     assert not stale.ok and stale.mismatched
+
+
+def test_a_checkpoint_gives_back_the_draft_its_optimizer_and_the_callers_state(random_draft, policy, tmp_path):
+    """checkpoint -> restore continues training exactly where it was; a checkpoint for another
+    policy or another draft shape is refused and the refresher stays as it was."""
+    from spectool.draft.refresh import CHECKPOINT_STATE
+    from spectool.errors import SpectoolError
+
+    r = _refresher(random_draft, policy)
+    with r.capture([3, 3]):
+        policy(input_ids=torch.tensor([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18]])).logits.sum().backward()
+    r.refresh(3)
+    folder = tmp_path / "ckpt" / "spectool-draft"
+    r.checkpoint(folder, {"history": [1, 2]}, rl_step=7)
+    r.checkpoint(folder, {"history": [1, 2, 3]}, rl_step=8)  # over an earlier one: replaced whole
+    assert (folder / "config.json").exists() and not list(folder.parent.glob("*.tmp")) and not list(folder.parent.glob("*.old"))
+    saved = {k: v.clone() for k, v in r.draft.state_dict().items()}
+    moments = {i: {k: v.clone() for k, v in s.items()} for i, s in r.online.opt.state_dict()["state"].items()}
+    r.refresh(2)  # trained on: weights, optimizer and step count move on
+    assert r.online.steps == 5
+
+    assert r.restore(folder) == {"history": [1, 2, 3]}
+    assert all(torch.equal(v, saved[k]) for k, v in r.draft.state_dict().items()) and r.online.steps == 3
+    assert all(torch.equal(v, moments[i][k]) for i, s in r.online.opt.state_dict()["state"].items() for k, v in s.items())
+
+    st = torch.load(folder / CHECKPOINT_STATE, weights_only=False)
+    for field, change, said in (("policy_fingerprint", {"vocab_size": 999}, "made for another policy (vocab_size: 999"),
+                                ("weights", {"fc.weight": torch.zeros(3, 3)}, "another shape")):
+        torch.save({**st, field: {**st[field], **change}}, folder / CHECKPOINT_STATE)
+        with pytest.raises(SpectoolError, match=re.escape(said)):
+            r.restore(folder)
+        assert r.online.steps == 3

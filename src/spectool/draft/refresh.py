@@ -353,16 +353,15 @@ class DraftRefresher:
         if diff:
             raise SpectoolError(f"the draft in {folder} was made for another policy ({'; '.join(diff)}): resume with "
                                 "the policy that checkpoint trained, or give the trainer a new output_dir")
-        mine = _own_weights(self.draft)
-        shapes = {k: tuple(v.shape) for k, v in st["weights"].items()}
-        if shapes != {k: tuple(v.shape) for k, v in mine.items()}:
-            bad = sorted(set(shapes) ^ set(mine)) or [k for k in mine if tuple(mine[k].shape) != shapes[k]]
+        own = {k: v for k, v in self.draft.state_dict().items() if not k.startswith("embed_tokens.")}
+        mine, shapes = ({k: tuple(v.shape) for k, v in w.items()} for w in (own, st["weights"]))
+        if shapes != mine:
+            bad = sorted(set(shapes) ^ set(mine)) or [k for k in mine if mine[k] != shapes[k]]
             raise SpectoolError(f"the draft in {folder} has another shape than this run's draft ({bad[:4]}): it was "
                                 "saved by a run with another draft; resume with that draft, or a new output_dir")
         with torch.no_grad():
-            for k, v in self.draft.state_dict().items():
-                if k in st["weights"]:
-                    v.copy_(st["weights"][k])
+            for k, v in own.items():
+                v.copy_(st["weights"][k])
         self.online.load_state_dict(st["online"])
         self.captured, self._last_push, self._pushed_at = st["captured"], st["last_push"], None
         return st["state"]
@@ -376,7 +375,7 @@ def _fingerprint(policy) -> dict[str, Any]:
 
 
 def _own_weights(draft) -> dict[str, torch.Tensor]:
-    """The draft's own tensors (the token embedding is the policy's, re-read at every refresh)."""
+    """A copy of the draft's own tensors (the token embedding is the policy's, re-read at every refresh)."""
     return {k: v.detach().cpu().clone() for k, v in draft.state_dict().items() if not k.startswith("embed_tokens.")}
 
 
