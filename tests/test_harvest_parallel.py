@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from clirun import spectool
+from clirun import free_port, spectool
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_harvest_with_two_data_parallel_replicas_under_torchrun(tiny_policy, sum
     out = tmp_path / "h"
 
     def launch(prompts: int):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
                "-m", "spectool.cli", "harvest", "--model", str(tiny_policy), "--data", str(sums), "--out", str(out),
                "--n-prompts", str(prompts), "--max-tokens", "8", "--hidden-states", "--data-parallel-size", "2"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
@@ -68,11 +68,3 @@ def test_harvest_data_parallel_without_a_launcher_is_refused(tiny_policy, sums, 
                  "--data-parallel-size", "2", check=False)
     assert r.returncode == 2 and "--data-parallel-size" in r.stderr and "torchrun --nproc_per_node 2" in r.stderr
     assert not (tmp_path / "h").exists()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

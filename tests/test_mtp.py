@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from clirun import spectool
+from clirun import free_port, spectool
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +232,7 @@ def test_train_rl_backend_trl_refreshes_the_mtp_layer_and_resumes_it(tiny_mimo, 
 
     def run(steps):
         return spectool("train-rl", "--backend", "trl", *[a for s in [*sets, f"policy.steps={steps}"] for a in ("--set", s)],
-                        env={"MASTER_PORT": str(_free_port())})
+                        env={"MASTER_PORT": str(free_port())})
 
     run(2)
     assert (out / "trl" / "checkpoint-2" / "spectool-draft" / "refresher.pt").exists()
@@ -240,11 +240,3 @@ def test_train_rl_backend_trl_refreshes_the_mtp_layer_and_resumes_it(tiny_mimo, 
     m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in m] == [1, 2, 3] and [r["spectool/draft_steps"] for r in m] == [3, 6, 9]
     assert all(r["spectool/draft_check_excess"] <= 1 for r in m)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -116,7 +116,7 @@ def test_a_draft_for_another_policy_is_refused(random_draft, sums, tmp_path):
 def test_train_rl_backend_trl_runs_rl_yaml_and_resumes(tiny_policy, random_draft, sums, tmp_path):
     """The same rl.yaml through TRL: metrics.jsonl, TRL checkpoints with the refreshed draft beside
     them, a longer rerun resumes from the last one (nothing repeated), other settings are refused."""
-    from clirun import spectool
+    from clirun import free_port, spectool
 
     out = tmp_path / "run"
     sets = [f"model={tiny_policy}", f"data={sums}", f"out={out}", f"speculation.draft={random_draft}",
@@ -125,10 +125,10 @@ def test_train_rl_backend_trl_runs_rl_yaml_and_resumes(tiny_policy, random_draft
             "draft_refresh.every=1", "draft_refresh.steps_per_refresh=2", "draft_refresh.ttt_steps=3",
             "engine.enforce_eager=true", "checkpoint_every=2"]
     args = ["train-rl", "--backend", "trl"] + [x for s in sets for x in ("--set", s)]
-    env = {"MASTER_PORT": str(_free_port())}  # an in-process TRL run of this session may hold the default port
+    env = {"MASTER_PORT": str(free_port())}  # an in-process TRL run of this session may hold the default port
     spectool(*args, env=env)
     assert (out / "trl" / "checkpoint-2" / "spectool-draft" / "config.json").exists()
-    spectool(*args, "--set", "policy.steps=3", env={"MASTER_PORT": str(_free_port())})
+    spectool(*args, "--set", "policy.steps=3", env={"MASTER_PORT": str(free_port())})
     m = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in m] == [1, 2, 3]
     assert all(r["spectool/acceptance_length"] >= 1 and "spectool/draft_check_excess" in r for r in m)
@@ -144,19 +144,14 @@ def test_train_rl_backend_trl_runs_rl_yaml_and_resumes(tiny_policy, random_draft
     st["policy_fingerprint"]["num_hidden_layers"] = 12
     torch.save(st, state)
     before = state.read_bytes()
-    r = spectool(*args, "--set", "policy.steps=4", check=False, env={"MASTER_PORT": str(_free_port())})
+    r = spectool(*args, "--set", "policy.steps=4", check=False, env={"MASTER_PORT": str(free_port())})
     assert r.returncode != 0 and "made for another policy (num_hidden_layers: 12 vs 4)" in r.stderr
     assert state.read_bytes() == before
     r = spectool(*args, "--set", "policy.steps=5", "--set", "policy.lr=2e-3", check=False, env=env)
     assert r.returncode != 0 and "policy.lr" in r.stderr
 
 
-def _free_port() -> int:
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.engine
@@ -168,6 +163,8 @@ def test_the_readme_trl_example_runs_as_written(tiny_policy, random_draft, sums,
     import sys
     from pathlib import Path
 
+    from clirun import free_port
+
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = re.search(r"<!-- trl-example -->\n```python\n(.*?)```", readme, re.S).group(1)
     for old, new in (('"runs/demo/export"', repr(str(random_draft))), ('resolve_model("smollm2-135m")',
@@ -177,7 +174,7 @@ def test_the_readme_trl_example_runs_as_written(tiny_policy, random_draft, sums,
         code = code.replace(old, new)
     script = tmp_path / "trl_grpo.py"
     script.write_text(code)
-    env = {**__import__("os").environ, "MASTER_PORT": str(_free_port()), "SPECTOOL_ENFORCE_EAGER": "1"}
+    env = {**__import__("os").environ, "MASTER_PORT": str(free_port()), "SPECTOOL_ENFORCE_EAGER": "1"}
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "spectool/draft_loss" in r.stdout + r.stderr

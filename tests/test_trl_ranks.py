@@ -18,6 +18,8 @@ import torch
 
 from spectool import ranks
 
+from clirun import free_port
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs spectool[trl]")
 SCRIPT = Path(__file__).with_name("trl_ranks.py")
 
@@ -34,7 +36,7 @@ def _launch(processes: int, out: Path, policy, draft, data, steps: int, *flags: 
     without GPUs the group is gloo on the CPU)."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(_free_port())]
+              "--main_process_port", str(free_port())]
     launch += ["--multi_gpu"] if processes > 1 else []
     cmd = [*launch, str(SCRIPT), str(out), str(policy), str(draft), str(data), str(steps), *flags]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
@@ -44,12 +46,7 @@ def _launch(processes: int, out: Path, policy, draft, data, steps: int, *flags: 
     return r
 
 
-def _free_port() -> int:
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ranks(out: Path, n: int) -> list[dict]:
@@ -68,7 +65,7 @@ def test_the_refreshers_cross_rank_path_without_an_engine(tiny_policy, random_dr
     """Two processes (torchrun, gloo), each with its own features: one draft after the refresh, and
     what stops every rank (a draft that differs, a failure on one rank)."""
     script = SCRIPT.with_name("refresher_ranks.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(script), str(tmp_path), str(tiny_policy), str(random_draft)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-5000:]
@@ -136,7 +133,7 @@ def test_train_rl_backend_trl_under_accelerate_launch_with_two_processes(tiny_po
     def launch(*more: str):
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(_free_port()), "-m", "spectool.cli", "train-rl", "--backend", "trl",
+               "--main_process_port", str(free_port()), "-m", "spectool.cli", "train-rl", "--backend", "trl",
                *[x for s in [*sets, *more] for x in ("--set", s)]]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-5000:]

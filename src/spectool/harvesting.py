@@ -22,7 +22,7 @@ from pathlib import Path
 
 from spectool.config import SamplingConfig
 from spectool.constants import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check_dtype, check_gpu_memory
-from spectool.errors import SpectoolError, check
+from spectool.errors import check
 
 log = logging.getLogger(__name__)
 
@@ -119,16 +119,11 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     replica, tp_rank = divmod(ranks.rank(), cfg.tensor_parallel_size)  # a tensor-parallel group is one replica
     writer = tp_rank == 0  # its first process writes its shards
     chunk = chunk_prompts(cfg.sampling.samples, is_cpu_build())
-    failure = None
-    if ranks.rank() == 0:  # the main process owns the run folder; the other replicas stop with it if refused
-        try:
-            # more prompts (or another GPU share) may resume a run; the model is compared by identity, not name
-            claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
-                  may_change={"sampling.n_prompts", "gpu_memory_utilization", "tensor_parallel_size",
-                              "data_parallel_size"})
-        except SpectoolError as e:
-            failure = str(e)
-    ranks.raise_on_any(failure)
+    # the main process owns the run folder, the other replicas stop with it if refused; more prompts (or another
+    # GPU share, another parallelism) may resume a run; the model is compared by identity, not name
+    ranks.together(lambda: claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
+                                 may_change={"sampling.n_prompts", "gpu_memory_utilization", "tensor_parallel_size",
+                                             "data_parallel_size"}), main_only=True)
     if (out / MANIFEST).exists():
         chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
     from spectool.data.sources import MIX_SEPARATOR, mix_counts  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
@@ -140,7 +135,7 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     done = set(load_records(out)["prompt_id"])
     todo = [t for t in tasks if t.id not in done]
     first = next_shard_index(out)  # every replica reads the same folder, before any of them writes
-    ranks.gather(None)  # ... so the main process writes nothing before all have read it
+    ranks.barrier()  # ... so the main process writes nothing before all have read it
     if ranks.rank() == 0:
         atomic_write_json(out / MANIFEST, manifest)
     mine = todo[replica::replicas]  # replica d takes every d-th prompt; its j-th shard is first + d + j * replicas

@@ -9,12 +9,14 @@ Every function is a collective: all ranks call it at the same point, in the same
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from spectool.errors import SpectoolError
+
+T = TypeVar("T")
 
 
 def world() -> int:
@@ -99,3 +101,22 @@ def raise_on_any(failure: str | None, error: type[Exception] = SpectoolError) ->
     if len(every) == 1:
         raise error(failed[0][1])
     raise error("; ".join(f"rank {r}: {f}" for r, f in failed))
+
+
+def together(fn: Callable[[], T], main_only: bool = False) -> T | None:
+    """A collective: `fn()` on every rank (`main_only`: on the main process alone; the others get
+    None), a SpectoolError it raises raised on every rank (raise_on_any)."""
+    failure, result = None, None
+    if not main_only or rank() == 0:
+        try:
+            result = fn()
+        except SpectoolError as e:
+            failure = str(e)
+    raise_on_any(failure)
+    return result
+
+
+def barrier() -> None:
+    """Every rank waits here for the others."""
+    if world() > 1:
+        dist.barrier()

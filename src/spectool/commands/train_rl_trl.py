@@ -101,14 +101,12 @@ def run(cfg: RLConfig) -> dict:
     # TRL's arguments start accelerate's process group (gloo on the CPU, NCCL on GPUs) when launched with several
     args = grpo_config(cfg, out, cpu=is_cpu_build() or not torch.cuda.is_available(),
                        world=int(os.environ.get("WORLD_SIZE", "1")))
-    failure = None
-    if ranks.rank() == 0:  # the main process owns the run folder; the others stop with it if it is refused
-        try:
-            claim(out, "train-rl", cfg.as_dict(), may_change=RESUMABLE_KEYS_IGNORED, flag="out")
-            truncate_jsonl(out / "metrics.jsonl", int(ckpt.name.split("-")[1]) if ckpt else 0)
-        except SpectoolError as e:
-            failure = str(e)
-    ranks.raise_on_any(failure)
+
+    def own_folder() -> None:  # the main process owns the run folder; the others stop with it if it is refused
+        claim(out, "train-rl", cfg.as_dict(), may_change=RESUMABLE_KEYS_IGNORED, flag="out")
+        truncate_jsonl(out / "metrics.jsonl", int(ckpt.name.split("-")[1]) if ckpt else 0)
+
+    ranks.together(own_folder, main_only=True)
     trainer = spec.grpo_trainer(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
     trainer.add_callback(_callback(out))
     t = time.perf_counter()

@@ -159,12 +159,7 @@ class _Attached:
             log.warning("%s holds no spectool draft (it was saved without spectool's refresh): the draft restarts "
                         "from %s, without its refreshes", checkpoint, self.spec.draft)
             return
-        failure, saved = None, {}
-        try:
-            saved = self.refresher.restore(folder)
-        except SpectoolError as e:
-            failure = str(e)
-        ranks.raise_on_any(failure)
+        saved = ranks.together(lambda: self.refresher.restore(folder))
         self.cadence = RefreshPolicy(**saved["cadence"])
         self.history = list(saved["history"])
         self.refresher.push(self.llm)
