@@ -116,3 +116,29 @@ def random_draft(tiny_policy, tmp_path_factory):
     out = tmp_path_factory.mktemp("random_draft")
     save_draft(d, out, extra=draft_metadata(resolve_model(str(tiny_policy)), 3))
     return out
+
+
+def make_moe_policy(folder: Path, family: str = "qwen3_moe", layers: int = 4, hidden: int = 128, seed: int = 0) -> Path:
+    """A random tiny mixture-of-experts policy (4 experts, 2 active per token), which transformers 5
+    holds with its experts fused (mlp.experts.gate_up_proj) and saves per expert, as vLLM loads it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tok = make_tokenizer(folder)
+    torch.manual_seed(seed)
+    moe = {"qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1,
+                             mlp_only_layers=[], norm_topk_prob=True),
+           "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+           "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+           "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                             decoder_sparse_step=1, mlp_only_layers=[])}[family]
+    cfg = AutoConfig.for_model(
+        family, vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=1024,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False, rope_theta=10000.0, **moe)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.float32)
+    with torch.no_grad():  # a sharper next-token distribution than init gives (less uniform samples)
+        model.get_output_embeddings().weight.mul_(8.0)
+    model.save_pretrained(folder)
+    return folder

@@ -27,6 +27,7 @@ from spectool.engine.compat import is_cpu_build
 from spectool.errors import SpectoolError
 from spectool.hidden import default_aux_layer_ids
 from spectool.models import fingerprint_mismatch
+from spectool.policy_weights import embeddings
 from spectool.runs import MANIFEST, atomic_write_bytes, atomic_write_json, read_json
 
 DRAFT_JSON = "draft.json"
@@ -67,9 +68,10 @@ def new_draft(policy, target_ids: torch.Tensor, aux_layer_ids: list[int], num_la
                                   num_hidden_layers=num_layers, family=family,
                                   ptd_token_id=token if family == "peagle" else None)
     draft = draft_class(cfg)(cfg)
+    emb, head = embeddings(policy)  # [V, H] each
     with torch.no_grad():
-        draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
-        draft.lm_head.weight.copy_(policy.get_output_embeddings().weight[target_ids])
+        draft.embed_tokens.weight.copy_(emb)
+        draft.lm_head.weight.copy_(head[target_ids])
         draft.d2t.copy_(d2t_from_ids(target_ids))
     return draft
 
@@ -89,7 +91,7 @@ def remap_vocab(draft: Eagle3Draft, target_ids: torch.Tensor, policy) -> tuple[E
     slot[draft.draft_to_target_ids().cpu()] = torch.arange(draft.config.draft_vocab_size)
     src = slot[target_ids]  # [Vd'] old row, or -1 for a token new to the draft
     shared = src >= 0
-    W = policy.get_output_embeddings().weight  # [V, H_policy]
+    W = embeddings(policy)[1]  # [V, H_policy]
     with torch.no_grad():
         new.lm_head.weight[shared] = draft.lm_head.weight[src[shared]]
         if W.shape[1] == c.hidden_size:
@@ -154,9 +156,8 @@ def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
                             f"unexpected {unexpected}")
     if policy is not None:
         check_fits(cfg, policy_shape(policy.config), path)
-        if not has_embed:
-            with torch.no_grad():
-                draft.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
+        if not has_embed:  # a collective under FSDP2 (every rank loads the draft)
+            draft.follow(*embeddings(policy))
     return draft, meta
 
 

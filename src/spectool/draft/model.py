@@ -167,10 +167,11 @@ class DraftBase(nn.Module):
     def draft_to_target_ids(self) -> torch.Tensor:
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
-    def follow(self, policy) -> None:
-        """Read tokens with the policy's current embedding, as vLLM's drafter shares the target's."""
+    def follow(self, embed: torch.Tensor, head: torch.Tensor) -> None:
+        """Read tokens with the policy's current embedding [V, H], as vLLM's drafter shares the
+        target's (policy_weights.embeddings gives both, whole; `head` is the MTP layers' concern)."""
         with torch.no_grad():
-            self.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
+            self.embed_tokens.weight.copy_(embed)
 
     def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
         return self.unroll(aux, input_ids, steps, start)

@@ -111,10 +111,10 @@ class MtpDraft(nn.Module):
         self._embed: torch.Tensor | None = None  # [V, H] the policy's input embedding
         self._head: torch.Tensor | None = None  # [V, H] the policy's output embedding
 
-    def follow(self, policy) -> None:
-        """Read tokens and logits with the policy's current embedding and lm_head (no copy)."""
-        self._embed = policy.get_input_embeddings().weight.detach()
-        self._head = policy.get_output_embeddings().weight.detach()
+    def follow(self, embed: torch.Tensor, head: torch.Tensor) -> None:
+        """Read tokens and logits with the policy's current embedding and lm_head, both [V, H]
+        (policy_weights.embeddings: the parameters themselves, or their gathered copies when sharded)."""
+        self._embed, self._head = embed, head
 
     # --- weights as the checkpoint and vLLM hold them ---------------------------------------------
 
@@ -160,7 +160,8 @@ class MtpDraft(nn.Module):
         keys (engine KV cache), and predicts x[t+j+2]. Returns steps x [B, T - start, V].
         """
         if self._embed is None:
-            raise SpectoolError("MtpDraft.follow(policy) first: the MTP layer reads the policy's embedding and lm_head")
+            raise SpectoolError("MtpDraft.follow(*policy_weights.embeddings(policy)) first: the MTP layer reads the "
+                                "policy's embedding and lm_head")
         B, T, _ = aux.shape
         layer = self.layers[0]  # vLLM's MiMoMTP runs layer 0 at every step
         causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()  # [T, T]

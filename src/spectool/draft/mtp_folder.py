@@ -22,6 +22,7 @@ from spectool.draft.mtp import (
     mtp_layer_count,
 )
 from spectool.errors import SpectoolError
+from spectool.policy_weights import embeddings
 from spectool.runs import atomic_write_bytes, atomic_write_json
 
 
@@ -108,7 +109,7 @@ def load_mtp(model_path: str | Path, policy=None, flag: str = "--method mtp") ->
                 if getattr(draft.config, a) != getattr(pc, k)]
         if diff:
             raise SpectoolError(f"the MTP layers of {path} were made for another policy: " + "; ".join(diff))
-        draft.follow(policy)
+        draft.follow(*embeddings(policy))
     return draft
 
 

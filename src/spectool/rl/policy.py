@@ -18,6 +18,7 @@ import torch
 
 from spectool.engine.probe import torch_dtype
 from spectool.errors import SpectoolError
+from spectool.policy_weights import checkpoint_layout
 from spectool.precision import logprob_gaps, trainer_autocast
 from spectool.rl.grpo import grpo_loss
 
@@ -74,13 +75,15 @@ class PolicyTrainer:
         return self.acc.unwrap_model(self.model)
 
     def engine_state(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The weights to send to the rollout engine (transformers names), in the engine's dtype
-        (it rounds them to it anyway; a bfloat16 copy is half the bytes), one tensor at a time:
-        a consumer that streams them (colocated.send_weights) never holds the whole model twice."""
+        """The weights to send to the rollout engine, in the checkpoint layout vLLM loads (a
+        mixture of experts' fused experts split per expert: policy_weights.checkpoint_layout) and the
+        engine's dtype (it rounds them to it anyway; a bfloat16 copy is half the bytes), a decoder
+        layer at a time: a consumer that streams them (colocated.send_weights) never holds the whole
+        model twice."""
 
         dt = torch_dtype(self.engine_dtype)
-        for k, v in self.unwrapped.state_dict().items():
-            yield k, v.detach().to(dt)
+        model = self.unwrapped
+        yield from checkpoint_layout(model, ((k, v.detach().to(dt)) for k, v in model.state_dict().items()))
 
     def _token_logprobs(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """ids, attn: [B, T] -> logprobs of ids[:, 1:] at the sampling temperature [B, T-1]."""

@@ -28,8 +28,9 @@ Refused up front: server mode (a frozen draft goes through `spectool export --fo
 mode (level 2 drops the drafter's weights and vLLM does not restore them: vllm#52479), a TRL
 outside the tested range.
 
-The package: settings.py (SpectoolSpeculation, grpo_trainer), preflight.py (refusals before anything starts),
-attach.py (what runs inside the trainer), data.py (task_data), internals.py (every private TRL name, checked).
+The package: speculation.py (the settings), settings.py (SpectoolSpeculation: them and grpo_trainer), preflight.py
+(refusals before anything starts), attach.py (what runs inside the trainer), data.py (task_data), internals.py (every
+private TRL name, checked).
 """
 
 from spectool.integrations.trl.data import task_data

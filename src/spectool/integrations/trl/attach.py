@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
@@ -32,11 +32,10 @@ from spectool.engine.probe import torch_dtype
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
 from spectool.integrations.trl import internals
+from spectool.integrations.trl.speculation import SpeculationSettings
+from spectool.policy_weights import checkpoint_layout
 from spectool.precision import logprob_gaps, logprob_tolerance
 from spectool.stats import AcceptanceStats
-
-if TYPE_CHECKING:  # settings.py calls into this module
-    from spectool.integrations.trl.settings import SpectoolSpeculation
 
 log = logging.getLogger(__name__)
 DRAFT_IN_CHECKPOINT = "spectool-draft"  # inside each of TRL's checkpoint-N folders
@@ -44,7 +43,7 @@ CHECK_ROWS = 2  # sequences of the last training batch whose logprobs are checke
 
 
 @contextlib.contextmanager
-def speculative_llm(spec: SpectoolSpeculation):
+def speculative_llm(spec: SpeculationSettings):
     """While the trainer is built: TRL's `LLM` name points at a wrapper adding spectool's kwargs."""
 
     vg = internals.llm_module()
@@ -74,7 +73,7 @@ def speculative_llm(spec: SpectoolSpeculation):
 class _Attached:
     """spectool's pieces on a built GRPOTrainer: sync + check, refresher, callback, metrics."""
 
-    def __init__(self, spec: SpectoolSpeculation, trainer):
+    def __init__(self, spec: SpeculationSettings, trainer):
         from transformers import TrainerCallback  # noqa: PLC0415 (heavy, loaded only on this path)
 
         self.spec, self.trainer = spec, trainer
@@ -183,6 +182,7 @@ class _Attached:
 
         dt = torch_dtype(self.dtype)  # one host copy per tensor, taken while TRL holds it gathered / merged
         state = ((name, p.detach().to("cpu", dt, copy=True)) for name, p in internals.named_params(self.vg))
+        state = checkpoint_layout(internals.policy_model(self.vg), state)  # MoE experts per expert, as vLLM loads them
         # streamed in chunks; colocate: every process has its engine
         colocated.send_weights(self.llm, "spectool_reload_policy", state)
         self.llm.reset_prefix_cache()
@@ -285,5 +285,5 @@ class _Attached:
 
 
 
-def attach(spec: SpectoolSpeculation, trainer) -> "_Attached":
+def attach(spec: SpeculationSettings, trainer) -> "_Attached":
     return _Attached(spec, trainer)

@@ -51,6 +51,11 @@ def named_params(generation) -> Any:
     return generation._iter_named_params()
 
 
+def policy_model(generation) -> Any:
+    """The policy VLLMGeneration syncs (`.model`: the trainer's, possibly wrapped by accelerate or PEFT)."""
+    return generation.model
+
+
 def log_metric(trainer, key: str, value: float) -> None:
     """Into TRL's own metrics (GRPOTrainer._metrics["train"]): averaged and logged with TRL's at its next log step."""
     trainer._metrics["train"][key].append(float(value))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,11 +13,9 @@ from spectool.draft.checkpoint import check_draft as check_folder
 from spectool.draft.mtp_folder import load_mtp
 from spectool.draft.preflight import check_positions, draft_position_range
 from spectool.errors import SpectoolError
+from spectool.integrations.trl.speculation import SpeculationSettings
 from spectool.memory import draft_params, trl_plan
 from spectool.prompts import encode_messages
-
-if TYPE_CHECKING:  # settings.py calls into this module
-    from spectool.integrations.trl.settings import SpectoolSpeculation
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +37,7 @@ def check_args(args) -> None:
                             "over accelerate processes works: each process has its own engine)")
 
 
-def check_draft(spec: SpectoolSpeculation, model, args) -> None:
+def check_draft(spec: SpeculationSettings, model, args) -> None:
     """The draft against the policy TRL will train (draft.checkpoint.check_draft: the policy's fingerprint, the
     positions trained for k), before any engine starts."""
     from spectool.models import resolve_model  # noqa: PLC0415 (binds a name this module uses otherwise)
@@ -59,7 +56,7 @@ def check_draft(spec: SpectoolSpeculation, model, args) -> None:
     _check_positions(spec, policy.path, args)
 
 
-def _check_positions(spec: SpectoolSpeculation, model_path: str, args) -> None:
+def _check_positions(spec: SpeculationSettings, model_path: str, args) -> None:
     """TRL's longest sequence (max_prompt_length + max_completion_length, where this TRL has the former)
     against the drafter's position range (draft/preflight.py)."""
 
@@ -70,7 +67,7 @@ def _check_positions(spec: SpectoolSpeculation, model_path: str, args) -> None:
                     "GRPOConfig's max_prompt_length + max_completion_length")
 
 
-def check_memory(spec: SpectoolSpeculation, args, trainer_kwargs: dict, total_bytes: int | None = None) -> None:
+def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_bytes: int | None = None) -> None:
     """Print the plan of one GPU (TRL's policy and its colocated engine, memory.trl_plan); refuse
     one that cannot fit when nothing shards or shrinks the trainer (one process, no DeepSpeed or
     FSDP, no PEFT), where the arithmetic is plain."""

@@ -1,0 +1,67 @@
+"""What a user sets to get speculative rollouts inside TRL's GRPOTrainer: the settings alone, validated
+(settings.py adds the trainer they build; attach.py and preflight.py read these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spectool.constants import DEFAULT_K, DRAFT_SAMPLING, K_MAX, K_MIN, OWN_MTP, k_in_range
+from spectool.draft.refresh_policy import RefreshSettings
+from spectool.engine.proposals import resolve
+from spectool.errors import SpectoolError
+from spectool.schedule import read_schedule
+
+MTP = OWN_MTP  # SpectoolSpeculation(draft=MTP): the policy's own MTP layers draft
+
+
+@dataclass
+class SpeculationSettings:
+    """Speculative rollouts with a spectool draft inside TRL's GRPOTrainer (colocate mode)."""
+
+    draft: str | None
+    """A spectool draft or export folder (init-draft / export; EAGLE-3, P-EAGLE or DFlash: its family is
+    read from the folder), made for the trained policy; "mtp":
+    the policy's own MTP layers (a MiMo-layout model); None: plain decoding with spectool's engine
+    settings, policy sync and logprob guard (a baseline)."""
+    k: int = DEFAULT_K
+    """Draft tokens per verify step."""
+    draft_sampling: str = "auto"
+    """auto (per build by measurement, engine/proposals.py) | greedy | probabilistic: how the draft proposes (all exact)."""
+    k_schedule: list[tuple[int, int, int]] | None = None
+    """Per batch size k, [(batch_from, batch_to, k)] (sweep-k / forecast's recommendation)."""
+    refresh: RefreshSettings = field(default_factory=RefreshSettings)
+    """How and when the draft refreshes (spectool.RefreshSettings, rl.yaml's draft_refresh section): mode frozen |
+    online (every `every` optimizer steps) | auto, its steps, learning rate, unroll, batch, buffer and loss."""
+    seed: int = 0
+    """The refresher's sampling seed."""
+    dtype: str = "auto"
+    """The engine's dtype: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
+    enforce_eager: bool = False
+    """True: no torch.compile in the engine (faster start, slower decode)."""
+    policy_sync: str = "auto"
+    """auto (spectool's reload on the CPU build, TRL's own on a GPU) | spectool | trl."""
+    logprob_tolerance: float | None = None
+    """Max |engine - trainer| logprob after a sync (None: by the engine's dtype, precision.py)."""
+
+    @classmethod
+    def from_sweep(cls, sweep: str, draft: str | None = None, draft_sampling: str = "auto",
+                   **settings: Any) -> "SpeculationSettings":
+        """k per batch size from a sweep-k run (with the draft it measured) or a forecast (give
+        the draft); vLLM then picks k by the live batch size as TRL's batch shrinks into its tail."""
+
+        draft_sampling = resolve(draft_sampling)[0]
+        schedule, folder = read_schedule(sweep, draft, draft_sampling, flag="")
+        if max(k for _, _, k in schedule) == 0:
+            raise SpectoolError(f"sweep {sweep} recommends no speculation at any batch size; use draft=None")
+        return cls(folder, k=max(k for _, _, k in schedule), draft_sampling=draft_sampling, k_schedule=schedule,
+                   **settings)
+
+    def validate(self) -> None:
+        if not k_in_range(self.k):
+            raise SpectoolError(f"k = {self.k}: must be in [{K_MIN}, {K_MAX}]")
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise SpectoolError(f"draft_sampling = {self.draft_sampling!r}: one of {', '.join(DRAFT_SAMPLING)}")
+        self.refresh.validate("refresh.")
+        if self.policy_sync not in ("auto", "spectool", "trl"):
+            raise SpectoolError(f"policy_sync = {self.policy_sync!r}: auto, spectool or trl")
