@@ -100,9 +100,8 @@ def gym_jsonl(tmp_path_factory) -> Path:
     return p
 
 
-@pytest.fixture(scope="session")
-def random_draft(tiny_policy, tmp_path_factory):
-    """An untrained EAGLE-3 draft: acceptance is low, so most tokens go through rejection."""
+def make_random_draft(policy_folder: Path, out: Path) -> Path:
+    """An untrained EAGLE-3 draft for the policy in `policy_folder`, over its whole vocabulary."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -110,12 +109,17 @@ def random_draft(tiny_policy, tmp_path_factory):
     from spectool.hidden import default_aux_layer_ids
     from spectool.models import resolve_model
 
-    policy = AutoModelForCausalLM.from_pretrained(tiny_policy)
+    policy = AutoModelForCausalLM.from_pretrained(policy_folder)
     torch.manual_seed(0)
     d = new_draft(policy, torch.arange(policy.config.vocab_size), default_aux_layer_ids(policy.config.num_hidden_layers))
-    out = tmp_path_factory.mktemp("random_draft")
-    save_draft(d, out, extra=draft_metadata(resolve_model(str(tiny_policy)), 3))
+    save_draft(d, out, extra=draft_metadata(resolve_model(str(policy_folder)), 3))
     return out
+
+
+@pytest.fixture(scope="session")
+def random_draft(tiny_policy, tmp_path_factory):
+    """An untrained EAGLE-3 draft: acceptance is low, so most tokens go through rejection."""
+    return make_random_draft(tiny_policy, tmp_path_factory.mktemp("random_draft"))
 
 
 def make_moe_policy(folder: Path, family: str = "qwen3_moe", layers: int = 4, hidden: int = 128, seed: int = 0) -> Path:

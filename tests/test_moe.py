@@ -23,19 +23,9 @@ def moe_policy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def moe_draft(moe_policy, tmp_path_factory):
-    import torch
-    from transformers import AutoModelForCausalLM
+    from conftest import make_random_draft
 
-    from spectool.draft.checkpoint import draft_metadata, new_draft, save_draft
-    from spectool.hidden import default_aux_layer_ids
-    from spectool.models import resolve_model
-
-    policy = AutoModelForCausalLM.from_pretrained(moe_policy)
-    torch.manual_seed(0)
-    d = new_draft(policy, torch.arange(policy.config.vocab_size), default_aux_layer_ids(policy.config.num_hidden_layers))
-    out = tmp_path_factory.mktemp("moe_draft")
-    save_draft(d, out, extra=draft_metadata(resolve_model(str(moe_policy)), 3))
-    return out
+    return make_random_draft(moe_policy, tmp_path_factory.mktemp("moe_draft"))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
