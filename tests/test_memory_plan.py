@@ -101,7 +101,7 @@ def test_harvest_engine_share_leaves_room_for_the_policy():
         harvest_plan(_config("qwen3-32b"), 0.9, 80 * GIB)
 
 
-def test_trl_plan_is_printed_and_refused_only_when_plain(tmp_path, caplog, monkeypatch):
+def test_trl_plan_is_printed_and_refused(tmp_path, caplog, monkeypatch):
     from trl import GRPOConfig
 
     from spectool.errors import SpectoolError
@@ -121,7 +121,45 @@ def test_trl_plan_is_printed_and_refused_only_when_plain(tmp_path, caplog, monke
     assert "DeepSpeed ZeRO-3" in str(e.value)
     caplog.clear()
     check_memory(spec, args, {"model": model, "peft_config": object()}, total_bytes=80 * GIB)
-    assert "not enforced" in caplog.text
+    assert "(fits)" in caplog.text and "a lower bound" in caplog.text  # LoRA: the frozen policy alone
+
+
+@pytest.mark.parametrize(("model", "how", "gpu_gib", "share", "fits"), [
+    ("qwen3-8b", "zero3", 80, 0.3, True), ("qwen3-8b", "ddp", 80, 0.3, False), ("qwen3-32b", "zero3", 80, 0.3, False),
+    ("qwen3-30b-a3b", "fsdp", 141, 0.45, True), ("qwen3-32b", "fsdp", 141, 0.48, True)])
+def test_trl_plan_per_rank_of_a_sharded_policy(model, how, gpu_gib, share, fits, random_draft, tmp_path, caplog,
+                                               monkeypatch):
+    """8 GPUs, accelerate launch with 8 processes, a refreshed draft: per rank the policy's shard, its
+    gradients and AdamW over the ranks, two layers unsharded, the embedding and lm_head the refresh
+    gathers, the whole draft; enforced. Unsharded (DDP) an 8B policy does not fit 80 GiB, and the
+    refusal names sharding; a 32B engine's bfloat16 weights (61 GiB) do not fit 30% of 80 GiB."""
+    from trl import GRPOConfig
+
+    from spectool.errors import SpectoolError
+    from spectool.integrations.trl import SpectoolSpeculation, check_memory
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
+                      per_device_train_batch_size=4, num_generations=4, max_completion_length=1024,
+                      vllm_gpu_memory_utilization=share, gradient_checkpointing=True, report_to="none")
+    # what accelerate launch's config sets, after the arguments (one process here: GRPOConfig would start them)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    if how == "zero3":
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    if how == "fsdp":
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+        monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "true")
+    caplog.set_level(logging.INFO, logger="spectool")
+    spec = SpectoolSpeculation(str(random_draft))
+    if not fits:  # DDP: names sharding; 32B: the engine's 30% of 80 GiB cannot hold its 61 GiB of weights
+        with pytest.raises(SpectoolError, match="shard the policy" if how == "ddp" else "cannot hold the policy's"):
+            check_memory(spec, args, {"model": str(TEMPLATES / model)}, total_bytes=gpu_gib * GIB)
+        return
+    check_memory(spec, args, {"model": str(TEMPLATES / model)}, total_bytes=gpu_gib * GIB)
+    out = caplog.text
+    assert "over 8 ranks" in out and "/ 8 shards" in out and "gathered whole for the draft refresh" in out
+    assert "(fits)" in out
 
 
 def test_trl_plan_names_the_draft_optimizer_state_of_every_rank(random_draft, tmp_path, caplog, monkeypatch):

@@ -79,6 +79,35 @@ def test_grpo_with_a_refreshed_draft(long_context_policy, random_draft, sums, tm
     assert trainer.spectool.refresher.captured == 24 and trainer.spectool.dtype == "float32"
 
 
+@pytest.mark.engine
+def test_grpo_on_lora_adapters_with_a_refreshed_draft(tiny_policy, random_draft, sums, tmp_path):
+    """TRL's peft_config: the adapters start non-zero (init_lora_weights=False), so the adapted policy
+    differs from the engine's base weights from the start; TRL's walk merges them for the sync, and
+    the engine's logprobs must equal the adapted trainer's after every sync. The refresher captures
+    from the adapted forward and every refresh reaches the engine's drafter."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig
+
+    from spectool.draft.refresh import RefreshSettings
+    from spectool.integrations.trl import SpectoolSpeculation, task_data
+
+    ds, reward = task_data(str(sums), 64)
+    spec = SpectoolSpeculation(str(random_draft), k=2, enforce_eager=True,
+                               refresh=RefreshSettings(every=1, steps_per_refresh=4, lr=3e-3, warmup_steps=0, batch_size=4))
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM",
+                      init_lora_weights=False)
+    trainer = spec.grpo_trainer(model=str(tiny_policy), reward_funcs=reward, args=_args(tmp_path), train_dataset=ds,
+                                peft_config=lora)
+    assert type(trainer.model).__name__.startswith("Peft")
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    checks = [h["spectool/logprob_check_max_diff"] for h in logs if "spectool/logprob_check_max_diff" in h]
+    assert len(checks) == 2 and max(checks) < 1e-3  # the merged weights reached the engine
+    assert [r["step"] for r in trainer.spectool.history] == [1, 2, 3]
+    assert all(r["check_excess"] <= 1 and r["has_power"] for r in trainer.spectool.history)
+    assert trainer.spectool.refresher.captured == 24
+
+
 def test_refusals_before_anything_starts(tiny_policy, random_draft, sums, tmp_path):
     from spectool.errors import SpectoolError
     from spectool.integrations.trl import SpectoolSpeculation, check_trl_version, task_data
@@ -90,6 +119,8 @@ def test_refusals_before_anything_starts(tiny_policy, random_draft, sums, tmp_pa
         spec.grpo_trainer(args=_args(tmp_path, vllm_mode="server"), **kw)
     with pytest.raises(SpectoolError, match="vllm_enable_sleep_mode"):
         spec.grpo_trainer(args=_args(tmp_path, vllm_enable_sleep_mode=True), **kw)
+    with pytest.raises(SpectoolError, match="vllm_tensor_parallel_size = 2: .* crashed in its second step"):
+        spec.grpo_trainer(args=_args(tmp_path, vllm_tensor_parallel_size=2), **kw)
     with pytest.raises(SpectoolError, match="use_vllm"):
         spec.grpo_trainer(args=_args(tmp_path, use_vllm=False), **kw)
     with pytest.raises(SpectoolError, match="exceeds the 3 positions"):

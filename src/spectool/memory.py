@@ -57,16 +57,43 @@ class Plan:
             raise SpectoolError(f"{self.text()}\n{advice}")
 
 
-def param_count(config) -> int:
-    """Parameters of a decoder-only transformers config (attention, MLP, embeddings, norms)."""
-    h, n, v, i = config.hidden_size, config.num_hidden_layers, config.vocab_size, config.intermediate_size
+def _moe(config) -> tuple[int, int, int, int]:
+    """(experts, experts per token, expert intermediate size, shared-expert intermediate size) of a
+    mixture-of-experts config (Qwen3-MoE / Qwen2-MoE: num_experts, Mixtral: num_local_experts); experts 0
+    for a dense one."""
+    e = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
+    i = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    return e, getattr(config, "num_experts_per_tok", 0) or 0, i, getattr(config, "shared_expert_intermediate_size", 0) or 0
+
+
+def _moe_layers(config) -> int:
+    """How many decoder layers hold experts (Qwen's decoder_sparse_step and mlp_only_layers)."""
+    if not _moe(config)[0]:
+        return 0
+    step, dense = getattr(config, "decoder_sparse_step", 1) or 1, set(getattr(config, "mlp_only_layers", []) or [])
+    return sum(1 for n in range(config.num_hidden_layers) if n not in dense and (n + 1) % step == 0)
+
+
+def layer_params(config, moe: bool) -> int:
+    """Parameters of one decoder layer: attention, norms and its MLP (dense, or every expert with
+    the router and any shared expert)."""
+    h, i = config.hidden_size, config.intermediate_size
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     hd = getattr(config, "head_dim", None) or h // heads
     attn = h * heads * hd * 2 + h * kv * hd * 2
-    per_layer = attn + 3 * h * i + 2 * h
+    if not moe:
+        return attn + 3 * h * i + 2 * h
+    e, _, ei, shared = _moe(config)
+    return attn + e * 3 * h * ei + e * h + (3 * h * shared + h if shared else 0) + 2 * h
+
+
+def param_count(config) -> int:
+    """Parameters of a decoder-only transformers config (attention, MLP or experts, embeddings, norms)."""
+    h, n, v = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    m = _moe_layers(config)
     emb = v * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
-    return n * per_layer + emb + h
+    return m * layer_params(config, True) + (n - m) * layer_params(config, False) + emb + h
 
 
 def activation_bytes(config, tokens: int, value_bytes: int = 2, checkpointing: bool = False) -> int:
@@ -76,6 +103,9 @@ def activation_bytes(config, tokens: int, value_bytes: int = 2, checkpointing: b
     compute dtype, or with gradient checkpointing each layer's input and one layer's full set; plus
     the logits, their log-softmax and its gradient in float32."""
     h, i, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    e, top_k, ei, shared = _moe(config)
+    if e:  # a token runs through its top-k experts (and any shared one): their intermediates are what it keeps
+        i = top_k * ei + shared
     layer = 11 * h + 3 * i
     kept = n * h + layer if checkpointing else n * layer
     return tokens * (kept * value_bytes + 3 * config.vocab_size * 4)
@@ -181,22 +211,32 @@ def harvest_plan(config, wanted: float, total_bytes: int, flag: str = "--gpu-mem
 
 def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int, micro_tokens: int, ref_model: bool,
              shards: int, trainable_fraction: float, checkpointing: bool, draft_params: int = 0,
-             draft_embedding: bool = True, processes: int = 1) -> Plan:
+             draft_embedding: bool = True, processes: int = 1, weights_sharded: bool = True) -> Plan:
     """TRL's GRPOTrainer on one of its GPUs, colocated with its engine: the policy in its own dtype
     (`param_bytes` per parameter), gradients and AdamW's two moments for the trainable part (torch
-    keeps both in the parameters' dtype),
-    divided over `shards` (ZeRO-3 / FSDP processes; 1 otherwise), a reference copy (beta > 0),
-    spectool's online draft (weights, gradients and AdamW state whole on each of the `processes`
-    data-parallel ranks: the draft is replicated, not sharded), one micro-batch's activations, the
-    engine's share."""
+    keeps both in the parameters' dtype), divided over `shards` ranks (FSDP / ZeRO; 1 otherwise: the
+    weights too when `weights_sharded`, FSDP full shard and ZeRO-3; else only gradients and AdamW:
+    FSDP SHARD_GRAD_OP, ZeRO-1/2), a reference copy (beta > 0, sharded like the weights). Sharded
+    weights add what is whole at a time: one decoder layer unsharded for its forward and backward (two,
+    with prefetch) and, with a refreshed draft, the policy's embedding and lm_head the refresh
+    gathers (policy_weights.embeddings). Then spectool's online draft (weights, gradients and AdamW
+    state whole on each of the `processes` data-parallel ranks: the draft is replicated, not sharded),
+    one micro-batch's activations, the engine's share."""
     p = param_count(config)
     train = p * trainable_fraction
+    w_shards = shards if weights_sharded else 1
     plan = Plan(f"TRL GRPOTrainer memory plan, one GPU: {p / 1e9:.2f}B-parameter policy", total_bytes / GIB)
-    plan.add(f"policy weights ({param_bytes} B/param{f', / {shards} shards' if shards > 1 else ''})",
-             param_bytes * p / shards)
-    plan.add("gradients (trainable parameters)", param_bytes * train / shards)
+    plan.add(f"policy weights ({param_bytes} B/param{f', / {w_shards} shards' if w_shards > 1 else ''})",
+             param_bytes * p / w_shards)
+    plan.add(f"gradients (trainable parameters{f', / {shards} shards' if shards > 1 else ''})", param_bytes * train / shards)
     plan.add("AdamW moments (the policy's dtype, trainable)", 2 * param_bytes * train / shards)
-    plan.add("reference policy (beta > 0)", param_bytes * p / shards if ref_model else 0)
+    plan.add("reference policy (beta > 0)", param_bytes * p / w_shards if ref_model else 0)
+    if w_shards > 1:
+        plan.add("two decoder layers unsharded (forward / backward, prefetch)",
+                 2 * param_bytes * layer_params(config, bool(_moe_layers(config))))
+        if draft_params:
+            emb = config.vocab_size * config.hidden_size * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+            plan.add("embedding + lm_head gathered whole for the draft refresh", param_bytes * emb)
     ranks = f"each of {processes} ranks" if processes > 1 else "this rank"
     plan.add(f"spectool draft weights + gradients (float32, on {ranks})",
              draft_bytes(draft_params, config, draft_embedding) - DRAFT_ADAMW_BYTES * draft_params)

