@@ -1,7 +1,7 @@
 """The draft refresh beside a sharded policy, side by side in one run: seconds per refresh and peak
 memory per rank for 1 process (the policy whole), 2 processes with the policy replicated (DDP's
 layout: every rank holds it whole) and 2 processes with the policy sharded by FSDP2 (`fully_shard`),
-each arm a fresh torchrun launch over gloo on this machine. Every arm trains the policy with AdamW
+each arm a fresh torchrun launch over gloo on this machine (2 cores: one thread a process). Every arm trains the policy with AdamW
 (so its gradients and moments count), captures the refresher's features from that training forward
 and refreshes the draft. Plumbing on a CPU, not a GPU result: it shows where the bytes go.
 
@@ -24,12 +24,25 @@ import time
 from pathlib import Path
 
 ARMS = (("one process", 1, "plain"), ("2 processes, replicated", 2, "plain"), ("2 processes, FSDP2", 2, "fsdp"))
-REFRESHES, STEPS = 3, 4  # refreshes timed (after one warm-up), draft steps each
+REFRESHES, STEPS = 2, 2  # refreshes timed (after one warm-up), draft steps each
 
 
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _held_bytes(policy, opt) -> int:
+    """Bytes of this rank's own pieces of the policy's weights, gradients and AdamW moments (a DTensor
+    counts its local shard)."""
+    import torch
+
+    def local(t) -> int:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    n = sum(local(p) + (local(p.grad) if p.grad is not None else 0) for p in policy.parameters())
+    return n + sum(local(v) for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.dim())
 
 
 def worker(out: str, model: str, draft: str, mode: str) -> None:
@@ -56,10 +69,11 @@ def worker(out: str, model: str, draft: str, mode: str) -> None:
     refresher = DraftRefresher.from_folder(draft, policy, RefreshSettings(every=1, steps_per_refresh=STEPS,
                                                                           warmup_steps=0, batch_size=4))
     g = torch.Generator().manual_seed(100 + ranks.rank())
-    ids = torch.randint(3, policy.config.vocab_size, (4, 256), generator=g)
-    with refresher.capture([64] * 4):
+    ids = torch.randint(3, policy.config.vocab_size, (4, 128), generator=g)
+    with refresher.capture([32] * 4):
         policy(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
     opt.step()
+    held = _held_bytes(policy, opt)  # the trainer's state as this rank holds it: what the plan's rows count
     opt.zero_grad()
     trained = _rss()
     refresher.refresh(STEPS)  # warm-up
@@ -68,7 +82,7 @@ def worker(out: str, model: str, draft: str, mode: str) -> None:
         refresher.refresh(STEPS)
     seconds = (time.perf_counter() - t) / REFRESHES
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    rec = {"rank": ranks.rank(), "refresh_s": seconds, "after_step_gib": (trained - base) / 2**30,
+    rec = {"rank": ranks.rank(), "refresh_s": seconds, "held_gib": held / 2**30, "after_step_gib": (trained - base) / 2**30,
            "peak_gib": (peak - base) / 2**30}
     Path(out, f"rank{ranks.rank()}.json").write_text(json.dumps(rec))
     dist.destroy_process_group()
@@ -122,12 +136,12 @@ def main() -> None:
     if a.draft is None:
         a.draft = untrained_draft(ref)
     print(f"policy {a.model}, draft {a.draft}, {REFRESHES} refreshes of {STEPS} draft steps after a warm-up\n")
-    print("| arm | refresh s (per rank) | RSS after the policy's AdamW step, GiB | peak RSS, GiB |")
-    print("|---|---|---|---|")
+    print("| arm | refresh s (per rank) | weights + gradients + AdamW held, GiB | RSS after the step, GiB | peak RSS, GiB |")
+    print("|---|---|---|---|---|")
     for name, n, mode in ARMS:
         recs = arm(model, a.draft, n, mode)
         fmt = lambda k: " / ".join(f"{r[k]:.2f}" for r in recs)  # noqa: E731
-        print(f"| {name} | {fmt('refresh_s')} | {fmt('after_step_gib')} | {fmt('peak_gib')} |")
+        print(f"| {name} | {fmt('refresh_s')} | {fmt('held_gib')} | {fmt('after_step_gib')} | {fmt('peak_gib')} |")
     for shards in (1, 2):
         rows = plan_rows(model, shards)
         print(f"\nplan per rank, {shards} shard(s): " + ", ".join(f"{k} {v:.2f}" for k, v in rows.items())
