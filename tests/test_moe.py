@@ -121,3 +121,5 @@ def test_train_rl_trains_a_moe_policy_with_a_refreshed_draft(backend, moe_policy
     assert len(checks) >= 2 and max(checks) < 1e-3
     assert [r[key + "draft_steps"] for r in rows] == [2, 4, 6]  # a refresh every step, each pushed and found there
     assert all(r[key + "draft_check_excess"] <= 1 for r in rows)
+    if backend == "builtin":  # the rollouts were the trained policy's: engine vs trainer on the sampled tokens
+        assert max(r["behaviour_gap"] for r in rows) < 1e-3  # (0.1-0.4 while a push wrote the policy's lm_head)

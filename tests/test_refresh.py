@@ -178,3 +178,53 @@ def test_a_checkpoint_gives_back_the_draft_its_optimizer_and_the_callers_state(r
         with pytest.raises(SpectoolError, match=re.escape(said)):
             r.restore(folder)
         assert r.online.steps == 3
+
+
+def test_a_draft_served_with_the_policys_lm_head_keeps_it(random_draft, policy):
+    """vLLM serves a draft whose lm_head equals the policy's with the policy's own lm_head module: the
+    refresher then freezes it and follows the policy's (never trains or pushes its own); a draft
+    with its own lm_head trains it."""
+    from spectool.draft.checkpoint import load_draft
+    from spectool.draft.refresh import DraftRefresher, RefreshSettings
+
+    r = _refresher(random_draft, policy)
+    assert r.draft.shares_head and not r.draft.lm_head.weight.requires_grad
+    assert all(p is not r.draft.lm_head.weight for p in r.online.params)
+    with torch.no_grad():
+        policy.lm_head.weight.mul_(1.5)  # the policy moves
+    ids = torch.randint(3, policy.config.vocab_size, (2, 20))
+    with r.capture([6, 6]):
+        policy(input_ids=ids).logits.sum().backward()
+    r.refresh(2)
+    assert torch.equal(r.draft.lm_head.weight, policy.lm_head.weight)
+
+    draft, meta = load_draft(random_draft, policy)
+    with torch.no_grad():
+        draft.lm_head.weight.add_(0.01)
+    own = DraftRefresher(draft, policy, RefreshSettings(batch_size=4, warmup_steps=0), meta)
+    assert not own.draft.shares_head and any(p is own.draft.lm_head.weight for p in own.online.params)
+
+
+@pytest.mark.engine
+def test_a_push_never_changes_the_policy_in_the_engine(tiny_policy, random_draft, policy):
+    """The push of a refreshed draft that vLLM serves with the policy's lm_head leaves the engine's
+    policy as it was (before the fix one push moved its logprobs by 21 nats: the draft's trained
+    lm_head was written into the policy's), and the push is still found in the drafter."""
+    from spectool.engine.engine import Engine, EngineConfig
+
+    from conftest import transformers_logprobs
+
+    r = _refresher(random_draft, policy)
+    ids = torch.randint(3, policy.config.vocab_size, (4, 24))
+    with r.capture([8] * 4):
+        policy(input_ids=ids).logits.sum().backward()
+    r.refresh(3)
+    prompt, resp = [5, 17, 33, 80, 9], [40, 41, 42, 100, 7, 8, 9, 120]
+    with Engine(EngineConfig(str(tiny_policy), draft_path=str(random_draft), k=2, kv_cache_gib=1)) as engine:
+        before = torch.tensor(engine.sequence_logprobs([prompt], [resp])[0])
+        report = r.push(engine)
+        after = torch.tensor(engine.sequence_logprobs([prompt], [resp])[0])
+    assert report.max_excess <= 1 and report.modules > 0
+    assert torch.equal(before, after)
+    policy.eval()
+    assert (after - transformers_logprobs(policy, prompt, resp)).abs().max() < 1e-4

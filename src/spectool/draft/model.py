@@ -167,11 +167,16 @@ class DraftBase(nn.Module):
     def draft_to_target_ids(self) -> torch.Tensor:
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
+    shares_head = False  # the engine serves this draft with the policy's own lm_head (draft/refresh.py)
+
     def follow(self, embed: torch.Tensor, head: torch.Tensor) -> None:
         """Read tokens with the policy's current embedding [V, H], as vLLM's drafter shares the
-        target's (policy_weights.embeddings gives both, whole; `head` is the MTP layers' concern)."""
+        target's (policy_weights.embeddings gives both, whole); when `shares_head`, the lm_head is
+        the policy's current one too ([Vd, H] rows of `head`), frozen."""
         with torch.no_grad():
             self.embed_tokens.weight.copy_(embed)
+            if self.shares_head:
+                self.lm_head.weight.copy_(head[self.draft_to_target_ids()])
 
     def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
         return self.unroll(aux, input_ids, steps, start)

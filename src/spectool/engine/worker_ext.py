@@ -74,6 +74,11 @@ class SpectoolWorkerExtension:
 
         draft = self.model_runner.get_draft_model()
         weights = load_file(path)
+        if getattr(draft, "lm_head", None) is not None and draft.lm_head is getattr(self.model_runner.get_model(),
+                                                                                  "lm_head", None):
+            # vLLM serves this draft with the target's lm_head (llm_base_proposer._maybe_share_lm_head, when
+            # they were equal at load): writing it would change the policy. The refresher keeps it frozen.
+            weights.pop("lm_head.weight", None)
         fused = _dflash_fused(draft)  # DFlash's context-projection buffers as they were before the reload
         cfg = self.vllm_config
         draft_model_config = cfg.speculative_config.draft_model_config
