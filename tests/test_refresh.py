@@ -112,7 +112,7 @@ def test_dead_drafter_is_told_from_a_weak_one(random_draft, policy):
     from spectool.stats import AcceptanceStats
 
     r = _refresher(random_draft, policy)
-    r.expected_rate = lambda feats: 0.3  # the pushed draft agrees with the policy on 30% of position-1 tokens
+    r.expected_rate = lambda feats, W=None: 0.3  # the pushed draft agrees with the policy on 30% of position-1 tokens
     dead = AcceptanceStats(num_drafts=100, num_draft_tokens=300, num_accepted_tokens=0)
     r._pushed_at = 0
     r.check_acceptance(dead)  # nothing captured since the push: no evidence, no verdict
