@@ -31,13 +31,17 @@ def sums(tmp_path_factory):
     return sums_with_answer(tmp_path_factory.mktemp("data"))
 
 
-def _launch(processes: int, out: Path, policy, draft, data, steps: int, *flags: str, check: bool = True):
+ZERO3 = ("--use_deepspeed", "--zero_stage", "3", "--zero3_init_flag", "false")  # accelerate's DeepSpeed ZeRO-3 launch
+
+
+def _launch(processes: int, out: Path, policy, draft, data, steps: int, *flags: str, check: bool = True,
+            launcher: tuple[str, ...] = ()):
     """The user's script as a user launches it: accelerate launch (its torchrun launcher; on a machine
-    without GPUs the group is gloo on the CPU)."""
+    without GPUs the group is gloo on the CPU), plain or with `launcher` flags (ZERO3)."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(free_port())]
-    launch += ["--multi_gpu"] if processes > 1 else []
+              "--main_process_port", str(free_port()), *launcher]
+    launch += ["--multi_gpu"] if processes > 1 and not launcher else []
     cmd = [*launch, str(SCRIPT), str(out), str(policy), str(draft), str(data), str(steps), *flags]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "PYTHONPATH": str(SCRIPT.parent)})
@@ -116,6 +120,29 @@ def test_two_processes_hold_one_draft_and_resume_it(tiny_policy, random_draft, s
     r = _launch(1, out, tiny_policy, random_draft, sums, 3, "--resume", check=False)
     assert r.returncode != 0 and "made for another policy (hidden_size: 256 vs 128)" in r.stderr
     assert state.read_bytes() == before
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the zero3 extra)")
+def test_two_processes_under_deepspeed_zero3_hold_one_draft_and_resume_it(tiny_policy, random_draft, sums, tmp_path):
+    """TRL's GRPOTrainer under `accelerate launch --use_deepspeed --zero_stage 3` (DeepSpeed's CPU
+    accelerator): the policy is partitioned, the refresher gathers its embedding and lm_head for each
+    refresh; one draft on both ranks after every refresh, every push found in the engines, the engines
+    equal to the trainer after every sync, the draft in TRL's (DeepSpeed) checkpoint and back on resume."""
+    out = tmp_path / "zero3"
+    _launch(2, out, tiny_policy, random_draft, sums, 2, launcher=ZERO3)
+    a, b = _ranks(out, 2)
+    assert a["world"] == b["world"] == 2 and a["end"] == b["end"] and a["pushed"] == b["pushed"]
+    assert a["begin"]["weights"] != a["end"]["weights"] and a["end"]["draft_steps"] == 6
+    assert [h["step"] for h in a["history"]] == [1, 2] and all(h["check_excess"] <= 1 and h["has_power"]
+                                                               for h in a["history"])
+    checks = [r["spectool/logprob_check_max_diff"] for r in a["rows"] if "spectool/logprob_check_max_diff" in r]
+    assert checks and max(checks) < 1e-3
+    ckpt = out / "checkpoint-2"
+    assert _saved(ckpt) == a["end"] and (ckpt / "global_step2").is_dir()  # DeepSpeed's own checkpoint beside
+    _launch(2, out, tiny_policy, random_draft, sums, 3, "--resume", launcher=ZERO3)
+    a2, b2 = _ranks(out, 2)
+    assert a2["begin"] == b2["begin"] == a["end"] and a2["end"] == b2["end"] and a2["end"]["draft_steps"] == 9
 
 
 @pytest.mark.engine
