@@ -123,3 +123,27 @@ def test_train_rl_trains_a_moe_policy_with_a_refreshed_draft(backend, moe_policy
     assert all(r[key + "draft_check_excess"] <= 1 for r in rows)
     if backend == "builtin":  # the rollouts were the trained policy's: engine vs trainer on the sampled tokens
         assert max(r["behaviour_gap"] for r in rows) < 1e-3  # (0.1-0.4 while a push wrote the policy's lm_head)
+
+
+def test_trls_own_walk_yields_the_checkpoint_layout(moe_policy):
+    """TRL's own sync (a GPU's default: per-tensor load_weights) reads the same wrapped walk as
+    spectool's, so it sends the experts per expert too; a walk's tensors are copied while a layer is
+    buffered (under ZeRO-3 each is valid only while yielded)."""
+    from transformers import AutoModelForCausalLM
+
+    from spectool.integrations.trl import internals
+    from spectool.policy_weights import checkpoint_layout
+
+    model = AutoModelForCausalLM.from_pretrained(moe_policy)
+
+    class Walk:  # the part of TRL's VLLMGeneration the wrap touches
+        def _iter_named_params(self):
+            for name, p in model.named_parameters():
+                gathered = p.detach().clone()
+                yield name, gathered
+                gathered.resize_(0)  # gone once the walk moves on, as ZeRO-3 frees a gathered parameter
+    walk = Walk()
+    internals.wrap_named_params(walk, lambda pairs: checkpoint_layout(model, pairs))
+    got = dict(internals.named_params(walk))
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight" in got and not any(k.endswith("gate_up_proj") for k in got)
+    assert all(v.numel() > 0 for v in got.values())

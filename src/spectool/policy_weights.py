@@ -52,8 +52,8 @@ def checkpoint_layout(model, weights: Iterable[tuple[str, torch.Tensor]]) -> Ite
     """(name, tensor) pairs as the model holds them -> as its checkpoint names them (and vLLM loads
     them). A decoder layer's tensors are reverted together (a fused tensor splits into several, several
     may join); tensors outside the layers one at a time. `weights` must come layer by layer, as
-    `named_parameters` and `state_dict` give them. The tensors yielded are new ones where a conversion
-    applied, else the ones given."""
+    `named_parameters` and `state_dict` give them (and TRL's walk, which gathers each in turn: a
+    layer's tensors are copied while buffered). Models without conversions pass through untouched."""
 
     if not conversions(model):
         yield from weights
@@ -69,7 +69,7 @@ def checkpoint_layout(model, weights: Iterable[tuple[str, torch.Tensor]]) -> Ite
         if group and (here != layer or here is None):
             yield from revert_weight_conversion(base, group).items()
             group = {}
-        group[name] = t
+        group[name] = t.detach().clone()  # a walk's tensor may be valid only while yielded (ZeRO-3 gathers it)
         layer = here
     if group:
         yield from revert_weight_conversion(base, group).items()

@@ -88,6 +88,8 @@ class _Attached:
         use_spectool = spec.policy_sync == "spectool" or (spec.policy_sync == "auto" and support().cpu_build)
         self._trl_sync = self.vg.sync_weights
         self.vg.sync_weights = self._sync_spectool if use_spectool else self._sync_trl
+        # both syncs read TRL's walk: it yields the checkpoint layout vLLM loads (MoE experts per expert)
+        internals.wrap_named_params(self.vg, lambda pairs: checkpoint_layout(internals.policy_model(self.vg), pairs))
         self.refresher = None
         if spec.refresh.refreshes and spec.draft == MTP:
             self.refresher = DraftRefresher.from_mtp(trainer.model.name_or_path, trainer.model, spec.refresh,
@@ -182,7 +184,6 @@ class _Attached:
 
         dt = torch_dtype(self.dtype)  # one host copy per tensor, taken while TRL holds it gathered / merged
         state = ((name, p.detach().to("cpu", dt, copy=True)) for name, p in internals.named_params(self.vg))
-        state = checkpoint_layout(internals.policy_model(self.vg), state)  # MoE experts per expert, as vLLM loads them
         # streamed in chunks; colocate: every process has its engine
         colocated.send_weights(self.llm, "spectool_reload_policy", state)
         self.llm.reset_prefix_cache()

@@ -51,6 +51,12 @@ def named_params(generation) -> Any:
     return generation._iter_named_params()
 
 
+def wrap_named_params(generation, fn) -> None:
+    """Make TRL's parameter walk yield `fn(its pairs)`, for TRL's own sync and spectool's alike."""
+    walk = generation._iter_named_params
+    generation._iter_named_params = lambda: fn(walk())
+
+
 def policy_model(generation) -> Any:
     """The policy VLLMGeneration syncs (`.model`: the trainer's, possibly wrapped by accelerate or PEFT)."""
     return generation.model
