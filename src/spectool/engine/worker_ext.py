@@ -218,8 +218,6 @@ def _rebuild_dflash_fused(draft, before: dict, weights: dict) -> None:
     parameters (the probe checks those). The rebuild inside the reload also aliased
     tensors still on the meta device (the RoPE cache), so it is run again first, once the reload is
     final."""
-    import re  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
-
     import torch  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
     inner = draft.model
