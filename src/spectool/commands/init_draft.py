@@ -35,6 +35,7 @@ from spectool.config import InitDraftConfig
 from spectool.data import load_source
 from spectool.draft.checkpoint import draft_metadata, save_draft
 from spectool.draft.families import FAMILIES
+from spectool.draft.guard import Flags, check_speculation
 from spectool.draft.mtp_folder import check_trainable, load_mtp, save_mtp_model
 from spectool.draft.training import DraftTrainer
 from spectool.draft.ttt import chain_length, heldout_metrics, ttt_step_loss
@@ -128,14 +129,14 @@ def _setup(cfg: InitDraftConfig):
 
     model = resolve_model(cfg.model)
     if cfg.method == "mtp":  # fail before any harvesting or training
-
         check_trainable(Path(model.path))
+    if cfg.init_from and not Path(cfg.init_from).exists():
+        raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
+    # the family, the warm start, and whether the installed vLLM could serve such a draft for this policy at all
+    check_speculation(model, cfg.method, cfg.init_from, 1, Flags(draft="--init-from"))
     if cfg.init_from:
-        from spectool.draft.checkpoint import check_draft, load_draft  # noqa: PLC0415 (binds a name this module uses otherwise)
+        from spectool.draft.checkpoint import load_draft  # noqa: PLC0415 (binds a name this module uses otherwise)
 
-        if not Path(cfg.init_from).exists():
-            raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
-        check_draft(cfg.init_from, model, 1, flag="--init-from", method=cfg.method)
         warm, _ = load_draft(Path(cfg.init_from))
         if warm.config.num_hidden_layers != cfg.draft_layers:
             raise SpectoolError(f"--init-from {cfg.init_from} has {warm.config.num_hidden_layers} decoder layer(s); "

@@ -13,9 +13,8 @@ from pathlib import Path
 
 from spectool.config import RolloutConfig, SamplingConfig
 from spectool.data import load_source
-from spectool.draft.checkpoint import check_draft
 from spectool.draft.families import FAMILIES
-from spectool.draft.mtp_folder import check_mtp
+from spectool.draft.guard import check_speculation
 from spectool.draft.preflight import check_run_length
 from spectool.engine.engine import Engine, EngineConfig
 from spectool.engine.proposals import resolve
@@ -97,11 +96,12 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         raise SpectoolError(f"--method {cfg.method}: --sweep {cfg.sweep} chose {method} drafts for --k auto; drop "
                             f"--method or pass --method {method}")
     max_k = max(k for _, _, k in schedule) if schedule else cfg.k
-    draft_path = check_draft(draft, model, max(max_k, 1), method=method) if draft else None
-    if method == "mtp":
-        note = check_mtp(model.path, max_k)
-        if note:
-            print(f"rollout: {note}", file=sys.stderr)
+    draft_path = None
+    if draft or method == "mtp":
+        checked = check_speculation(model, method, draft, max_k)
+        draft_path = checked.draft
+        if checked.note:
+            print(f"rollout: {checked.note}", file=sys.stderr)
     if cfg.draft_model:
         draft_path, method = draft_model_path(cfg.draft_model, model), "draft_model"
     if draft_path or method == "mtp":
@@ -122,6 +122,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, log_path=log_path,
                                  method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=proposals,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
+                                 max_num_seqs=len(tasks) * cfg.sampling.samples,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
     _warm_up(engine, tokenizer, source, tasks, cfg)
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
@@ -143,7 +144,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
             out / MANIFEST,
             make_manifest("rollout", model=model.name, model_identity=model.identity, data=cfg.data,
                           split=cfg.split, sampling=cfg.sampling, records=len(rows),
-                          sampler_fix=engine.sampler_fix, summary=result),
+                          sampler_fix=engine.sampler_fix, served_by=engine.served_by, summary=result),
         )
     return result
 

@@ -26,9 +26,9 @@ from spectool import subproc
 from spectool.config import SweepConfig
 from spectool.costmodel import ceiling, k_schedule, output_lengths, recommend
 from spectool.data import load_source
-from spectool.draft.checkpoint import check_draft, dummy_draft_config
+from spectool.draft.checkpoint import dummy_draft_config
 from spectool.draft.families import check_served
-from spectool.draft.mtp_folder import check_mtp
+from spectool.draft.guard import Flags, check_speculation
 from spectool.engine.compat import is_cpu_build
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
@@ -52,11 +52,11 @@ def _real_inputs(cfg: SweepConfig):
     from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     model = resolve_model(cfg.model)
-    drafts = {m: check_draft(folder, model, max(cfg.ks), flag="--drafts", method=m)
+    drafts = {m: check_speculation(model, m, folder, max(cfg.ks), SWEEP_FLAGS).draft
               for m, folder in _family_drafts(cfg).items()}
     if cfg.draft_model:
         drafts["draft_model"] = draft_model_path(cfg.draft_model, model)
-    _check_mtp(cfg, model.path)
+    _check_mtp(cfg, model)
     tasks = load_source(cfg.data, seed=cfg.seed).tasks(cfg.split, max(cfg.batch_sizes + [cfg.min_seqs]))
     tok = AutoTokenizer.from_pretrained(model.path)
     lengths = output_lengths(cfg.lengths, len(tasks), cfg.max_tokens, cfg.seed) if cfg.lengths else None
@@ -90,7 +90,7 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
             raise SpectoolError("--methods dspark with --dummy-weights: spectool builds no DSpark config (its Markov "
                                 "head's settings are the draft's own); pass a DSpark draft folder with --drafts")
         drafts[fam] = given.get(fam) or str(out / f"{DUMMY_DRAFT}-{fam}")
-    _check_mtp(cfg, model.path)
+    _check_mtp(cfg, model)
     rng = random.Random(cfg.seed)
     n = max(cfg.batch_sizes + [cfg.min_seqs])
     prompts = [[rng.randrange(100, target.vocab_size - 100) for _ in range(cfg.prompt_len)] for _ in range(n)]
@@ -130,12 +130,16 @@ def _parallel_methods(cfg: SweepConfig) -> list[str]:
     return [m for m in cfg.methods if m in FAMILIES and FAMILIES[m].parallel]
 
 
-def _check_mtp(cfg: SweepConfig, model_path: str) -> None:
-    """With --methods mtp: the model must have MTP layers; k beyond them is said (vLLM reruns the layer)."""
+SWEEP_FLAGS = Flags(draft="--drafts", k="--ks", method="--methods")
+
+
+def _check_mtp(cfg: SweepConfig, model) -> None:
+    """With --methods mtp: the model must have MTP layers and a build that serves them at these k; k beyond
+    them is said (vLLM reruns the layer)."""
     if "mtp" not in cfg.methods:
         return
 
-    note = check_mtp(model_path, max(cfg.ks), "--methods mtp")
+    note = check_speculation(model, "mtp", None, max(cfg.ks), SWEEP_FLAGS).note
     if note:
         print(f"sweep-k: {note}", file=sys.stderr)
 
@@ -234,7 +238,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     _plots(out, rows, cfg)
     atomic_write_json(out / MANIFEST, make_manifest("sweep", model=model.name, model_identity=model.identity,
                                                     draft=draft, data=None if cfg.dummy_weights else cfg.data,
-                                                    synthetic=cfg.synthetic, rows=len(rows)))
+                                                    synthetic=cfg.synthetic, rows=len(rows),
+                                                    served_by=sorted({r["served_by"] for r in rows if "served_by" in r})))
     return result
 
 

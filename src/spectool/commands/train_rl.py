@@ -31,9 +31,10 @@ from spectool.data import load_source
 from spectool.draft.checkpoint import draft_metadata
 from spectool.draft.refresh import DraftNotLive, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
+from spectool.engine.compat import drafter_logits_bytes
 from spectool.engine.engine import Engine, EngineConfig, Sampling
 from spectool.errors import SpectoolError
-from spectool.memory import check_train_rl, draft_params, train_rl_plan
+from spectool.memory import check_train_rl, draft_params, drafter_logits, train_rl_plan
 from spectool.models import resolve_model
 from spectool.precision import engine_dtype, logprob_tolerance
 from spectool.prompts import encode_prompt
@@ -95,12 +96,24 @@ def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, tota
 
     config, mtp = AutoConfig.from_pretrained(model_path), spec.method == "mtp"
     online = spec.draft_path is not None and cfg.draft_refresh.mode != "frozen"
+    dtype = engine_dtype(cfg.engine.dtype)
+    logits = 0
+    if spec.k and (spec.draft_path is not None or mtp):
+        logits = drafter_logits(rollout_batch(cfg), spec.k, config.vocab_size,
+                                drafter_logits_bytes(spec.method, spec.proposals, dtype))
     plan = train_rl_plan(config, engine_share=cfg.engine.gpu_memory_utilization, total_bytes=total_bytes,
                          micro_tokens=cfg.policy.micro_batch_size * (longest_prompt + cfg.rollout.max_tokens),
-                         kl_beta=cfg.policy.kl_beta, autocast_bf16=engine_dtype(cfg.engine.dtype) == "bfloat16",
-                         draft_params=draft_params(spec.draft_path, mtp) if online else 0, draft_embedding=not mtp)
-    check_train_rl(plan, config, cfg.engine.gpu_memory_utilization)
+                         kl_beta=cfg.policy.kl_beta, autocast_bf16=dtype in ("bfloat16", "float16"),
+                         draft_params=draft_params(spec.draft_path, mtp) if online else 0, draft_embedding=not mtp,
+                         logits=logits)
+    check_train_rl(plan, config, cfg.engine.gpu_memory_utilization, logits)
     print(plan.text())
+
+
+def rollout_batch(cfg: RLConfig) -> int:
+    """The most sequences the engine decodes at once: a step's rollouts, or an evaluation's."""
+    r = cfg.rollout
+    return max(r.prompts_per_step * r.group_size, r.eval_prompts * r.eval_samples if r.eval_every else 0)
 
 
 def _refresher(cfg: RLConfig, draft_path: str, trainer: PolicyTrainer):
@@ -150,7 +163,7 @@ def _setup(cfg: RLConfig) -> _Run:
     mtp = spec.method == "mtp"
     engine = Engine(EngineConfig(
         model_path=model.path, draft_path=None if mtp else draft_path, method=spec.method, k=max(k, 1),
-        k_schedule=schedule, seed=cfg.seed,
+        k_schedule=schedule, seed=cfg.seed, max_num_seqs=rollout_batch(cfg),
         log_path=str(out / "engine.log"), draft_sampling=spec.proposals, dtype=dtype,
         gpu_memory_utilization=e.gpu_memory_utilization,
         kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=e.max_model_len or None,
@@ -259,7 +272,7 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
     spec = cfg.speculation
     atomic_write_json(r.out / MANIFEST, make_manifest(
         "train-rl", model=r.model.name, model_identity=r.model.identity, data=cfg.data, steps=cfg.policy.steps,
-        resumed_from=r.start, sampler_fix=r.engine.sampler_fix, draft=r.draft,
+        resumed_from=r.start, sampler_fix=r.engine.sampler_fix, served_by=r.engine.served_by, draft=r.draft,
         draft_mode=cfg.draft_refresh.mode if r.draft else "no speculation", k=spec.k,
         plots=plots, summary=_summary(r.history)))
     return RLResult(str(r.out), cfg.policy.steps, r.start, time.perf_counter() - t_start, r.history)

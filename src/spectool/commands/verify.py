@@ -24,8 +24,7 @@ from pathlib import Path
 from spectool import subproc
 from spectool.config import VerifyConfig
 from spectool.data import load_source
-from spectool.draft.checkpoint import check_draft
-from spectool.draft.mtp_folder import check_mtp
+from spectool.draft.guard import check_speculation
 from spectool.engine.arms import sample_arm
 from spectool.engine.compat import is_cpu_build
 from spectool.engine.proposals import resolve
@@ -182,11 +181,10 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
     proposals, proposals_why = resolve(cfg.draft_sampling)
     model = resolve_model(cfg.model)
-    if cfg.method == "mtp":
-        note = check_mtp(model.path, cfg.k)
-        if note:
-            progress(note)
-    draft = check_draft(cfg.draft, model, cfg.k, method=cfg.method) if cfg.draft else None
+    checked = check_speculation(model, cfg.method, cfg.draft, cfg.k)
+    if checked.note:
+        progress(checked.note)
+    draft = checked.draft
     if cfg.out:  # after the draft's checks: a refused run writes nothing
         claim(Path(cfg.out), "verify", cfg)
     spec_arm = {"draft": draft, "method": cfg.method}
@@ -244,7 +242,8 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
         out = Path(cfg.out)
         atomic_write_json(out / "verify.json", result)
         atomic_write_json(out / MANIFEST, make_manifest("verify", model=model.name, model_identity=model.identity,
-                                                        draft=draft or cfg.method, data=cfg.data, verdict=verdict))
+                                                        draft=draft or cfg.method, data=cfg.data, verdict=verdict,
+                                                        served_by=arms["speculative"]["served_by"]))
     return result
 
 

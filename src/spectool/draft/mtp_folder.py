@@ -40,12 +40,6 @@ def require_mtp(model_path: str | Path, flag: str = "--method mtp") -> int:
     return n
 
 
-def check_mtp(model_path: str | Path, k: int, flag: str = "--method mtp") -> str | None:
-    """Refuse a model without MTP layers (require_mtp); returns what vLLM does with k beyond
-    them (k_note), for the caller to say, or None."""
-    return k_note(k, require_mtp(model_path, flag))
-
-
 def k_note(k: int, layers: int) -> str | None:
     """What vLLM does with k beyond the model's MTP layers (None when k fits)."""
     if k <= layers:

@@ -111,6 +111,11 @@ def check_folder(folder: Path, family: str | None, num_layers: int, vocab_size: 
     weights = folder / "model.safetensors"
     if not weights.exists():
         return
-    with safe_open(str(weights), "pt") as f:
-        if "d2t" in f.keys():
-            check_vocab_map(f.get_tensor("d2t"), vocab_size, str(weights))
+    try:
+        with safe_open(str(weights), "pt") as f:
+            d2t = f.get_tensor("d2t") if "d2t" in f.keys() else None
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type; a cut-short or foreign file
+        raise SpectoolError(f"{weights} is not a readable safetensors file ({e}): it was cut short or is not a draft's; "
+                            "re-run init-draft (or copy the folder again)") from None
+    if d2t is not None:
+        check_vocab_map(d2t, vocab_size, str(weights))

@@ -28,7 +28,7 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                                  method="eagle3" if method == "none" else method,
                                  draft_path=drafts.get(method), draft_sampling=draft_sampling,
                                  gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
-                                 log_path=log_path, dtype=dtype,
+                                 log_path=log_path, dtype=dtype, max_num_seqs=max(batch_sizes),
                                  synthetic_acceptance=synthetic if method != "none" else None))
     subproc.report("  engine started; warming up")
     for batch in batch_sizes:  # warm-up at every measured batch size, long enough that speculation's varying
@@ -57,7 +57,8 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                      "tokens_per_s": tokens / seconds, "sequences": waves * batch,
                      "mean_context": context / (waves * batch),
                      "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else None,
-                     "per_position": stats.per_position_rate if stats.num_drafts else [], "dtype": engine.dtype})
+                     "per_position": stats.per_position_rate if stats.num_drafts else [], "dtype": engine.dtype,
+                     "served_by": engine.served_by})
     return rows
 
 
@@ -79,6 +80,7 @@ def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[in
         "logprobs": [[c.logprobs for c in per] for per in outs],
         "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else float("nan"),
         "sampler_fix": engine.sampler_fix,
+        "served_by": engine.served_by,
     }
     engine.close()  # the next arm starts on a free device
     return arm

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from spectool.engine.compat import support
 from spectool.engine.probe import engine_sums
 from spectool.stats import AcceptanceStats
 
@@ -77,6 +78,14 @@ def draft_probe(llm) -> dict[str, float]:
     """The running drafter's probe sums (engine/probe.py), combined over tensor-parallel ranks."""
 
     return engine_sums(llm.collective_rpc("spectool_draft_probe"))
+
+
+def served_by(llm) -> str:
+    """Which vLLM build and model runner serve the drafter: "vLLM 0.32.0 (CPU build), Model Runner V1
+    (EagleProposer)", for the run's manifest and log line."""
+    s, r = support(), llm.collective_rpc("spectool_runner")[0]
+    drafter = f" ({r['drafter']})" if r["drafter"] != "NoneType" else ""
+    return f"vLLM {s.version} ({'CPU' if s.cpu_build else 'GPU'} build), Model Runner {r['runner']}{drafter}"
 
 
 def served_dtype(llm) -> str:

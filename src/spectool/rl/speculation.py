@@ -8,8 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from spectool.draft.checkpoint import check_draft
-from spectool.draft.mtp_folder import check_mtp
+from spectool.draft.guard import Flags, check_speculation
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.rl.config import RLConfig
 from spectool.schedule import read_schedule, schedule_method
@@ -36,7 +35,7 @@ def resolve(cfg: RLConfig, model) -> Speculation:
     proposals, why = resolve_proposals(s.draft_sampling)
     log.info(f"train-rl: draft proposals {proposals} ({why})")
     if s.method == "mtp":
-        note = check_mtp(model.path, s.k, "speculation.method: mtp")  # refreshing them: DraftRefresher.from_mtp
+        note = check_speculation(model, "mtp", None, s.k, RL_FLAGS).note  # refreshing them: DraftRefresher.from_mtp
         if note:
             log.info(f"train-rl: {note}")
         return Speculation(None, model.path, s.k, "mtp", proposals)
@@ -45,6 +44,7 @@ def resolve(cfg: RLConfig, model) -> Speculation:
         schedule, folder = read_schedule(s.sweep, s.draft, proposals, flag="speculation.")
         method = schedule_method(s.sweep)  # the family the sweep chose (its draft folder's)
     k = max(k for _, _, k in schedule) if schedule else s.k
-    return Speculation(schedule, check_draft(folder, model, max(k, 1), flag="speculation.draft",
-                                                      k_flag="speculation.k", method=method,
-                                                      method_flag="speculation.method:"), k, method, proposals)
+    return Speculation(schedule, check_speculation(model, method, folder, k, RL_FLAGS).draft, k, method, proposals)
+
+
+RL_FLAGS = Flags(draft="speculation.draft", k="speculation.k", method="speculation.method:")

@@ -12,12 +12,16 @@ from pathlib import Path
 import torch
 
 from spectool.constants import OWN_MTP as MTP
-from spectool.draft.checkpoint import check_draft as check_folder
+from spectool.draft.families import folder_family
+from spectool.draft.guard import Flags, check_speculation
 from spectool.draft.mtp_folder import load_mtp
 from spectool.draft.preflight import check_positions, draft_position_range
+from spectool.engine.compat import drafter_logits_bytes
+from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
 from spectool.integrations.trl.speculation import SpeculationSettings
-from spectool.memory import GIB, MIN_ENGINE_GIB, draft_params, param_count, trl_plan
+from spectool.memory import draft_params, drafter_logits, engine_floor, trl_plan
+from spectool.precision import engine_dtype
 from spectool.prompts import encode_messages
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,9 @@ def check_args(args) -> None:
                             "process has its own engine)")
 
 
+TRL_FLAGS = Flags(draft="draft", k="k =", method="the draft's family")
+
+
 def check_draft(spec: SpeculationSettings, model, args) -> None:
     """The draft against the policy TRL will train (draft.checkpoint.check_draft: the policy's fingerprint, the
     positions trained for k), before any engine starts."""
@@ -58,9 +65,9 @@ def check_draft(spec: SpeculationSettings, model, args) -> None:
         return
     policy = resolve_model(path)  # once: resolving fingerprints the tokenizer
     if spec.draft == MTP:
-        load_mtp(policy.path, flag='draft="mtp"')
-    else:
-        check_folder(spec.draft, policy, k, flag="draft", k_flag="k =")
+        load_mtp(policy.path, flag='draft="mtp"')  # its layers are refreshed: spectool must read them
+    method = "mtp" if spec.draft == MTP else folder_family(spec.draft) or "eagle3"
+    check_speculation(policy, method, None if spec.draft == MTP else spec.draft, k, TRL_FLAGS)
     _check_positions(spec, policy.path, args)
 
 
@@ -125,12 +132,14 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
     if spec.draft and spec.refresh.refreshes:  # a refreshed draft trains beside the policy
         draft = draft_params(path if mtp else spec.draft, mtp)
     prompt = _longest_prompt(trainer_kwargs, path)
+    logits = _drafter_logits(spec, args, config)
     plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
                     total_bytes=total_bytes or torch.cuda.get_device_properties(0).total_memory,
                     micro_tokens=args.per_device_train_batch_size * (prompt + args.max_completion_length),
                     ref_model=args.beta != 0, shards=world if states_sharded else 1,
                     trainable_fraction=0.0 if peft else 1.0, checkpointing=bool(args.gradient_checkpointing),
-                    draft_params=draft, draft_embedding=not mtp, processes=world, weights_sharded=weights_sharded)
+                    draft_params=draft, draft_embedding=not mtp, processes=world, weights_sharded=weights_sharded,
+                    logits=logits)
     if how:
         plan.title += f", {how} over {world} ranks"
     plan.notes.append(f"activations: the longest of the first {PROMPTS_MEASURED} prompts ({prompt} tokens) + "
@@ -144,16 +153,28 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
     fixes += ["train LoRA adapters" if not peft else "", "or use more GPUs" if weights_sharded else ""]
     plan.check(f"TRL's GRPOTrainer cannot fit this on one GPU{' per rank' if how else ''}: "
                + ", ".join(f for f in fixes if f))
-    engine_gib = 2 * param_count(config) / GIB + MIN_ENGINE_GIB  # the engine's bfloat16 weights and a little KV cache
+    engine_gib = engine_floor(config, logits)  # the engine's bfloat16 weights, its drafter logits, a little KV cache
     if args.vllm_gpu_memory_utilization * plan.total_gib < engine_gib:
         need = math.ceil(100 * engine_gib / plan.total_gib) / 100
         raise SpectoolError(f"{plan.text()}\nthe colocated engine's share ({args.vllm_gpu_memory_utilization} x "
-                            f"{plan.total_gib:.0f} GiB) cannot hold the policy's bfloat16 weights and a little KV cache "
+                            f"{plan.total_gib:.0f} GiB) cannot hold the policy's bfloat16 weights, the drafter logits and a "
+                            "little KV cache "
                             f"({engine_gib:.1f} GiB): raise vllm_gpu_memory_utilization to {need} or more"
                             + (" (the trainer's rows above must then still fit)" if need < 1 else ", which is more than "
                                "the GPU: use GPUs with more memory (tensor parallelism inside TRL's engine is refused "
                                "with a refreshed draft: docs/rl.md)"))
     log.info(plan.text())
+
+
+def _drafter_logits(spec: SpeculationSettings, args, config) -> int:
+    """The drafter-logits buffer TRL's engine preallocates (memory.drafter_logits): TRL sets max_num_seqs to
+    per_device_train_batch_size x vllm_tensor_parallel_size x steps_per_generation (grpo_trainer.py)."""
+    if not spec.draft:
+        return 0
+    fam = "mtp" if spec.draft == MTP else (folder_family(spec.draft) or "eagle3")
+    seqs = args.per_device_train_batch_size * args.vllm_tensor_parallel_size * args.steps_per_generation
+    return drafter_logits(seqs, spec.k, config.vocab_size,
+                          drafter_logits_bytes(fam, resolve_proposals(spec.draft_sampling)[0], engine_dtype(spec.dtype)))
 
 
 PROMPTS_MEASURED = 256  # dataset prompts tokenized for the memory plan's sequence length

