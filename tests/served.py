@@ -6,6 +6,12 @@ from __future__ import annotations
 import torch
 
 
+def assert_addresses_kept(before: dict[str, int], after: dict[str, int]) -> None:
+    """Every drafter tensor a CUDA graph may have captured (Engine.draft_addresses) is where it was."""
+    moved = sorted(n for n in before if after.get(n) != before[n])
+    assert before and not moved and set(after) == set(before), f"moved by the push: {moved}"
+
+
 def served_vs_trained(engine, policy, draft_dir, tmp_path) -> None:
     """The running drafter's first proposal round (k=2 steps) equals the draft's `unroll`, the
     function drafts are trained through: step 0 at the last prompt position, step 1 on its chain

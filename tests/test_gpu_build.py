@@ -1,7 +1,8 @@
 """What the GPU builds of vLLM need of spectool, checked without a GPU (docs/gpu.md, "What each finding
 became"): the dtype by compute capability, the ranks' device, the architecture a build serves a family for,
-multi-module MTP, a cut-short draft file. The drafter-address invariant runs on the CPU engine in
-tests/test_refresh.py (test_a_push_keeps_every_drafter_tensor_where_a_cuda_graph_captured_it)."""
+multi-module MTP, a cut-short draft file. The drafter-address invariant (a push leaves every tensor a CUDA
+graph may capture where it was) runs on the CPU engine for every family, inside the push tests:
+test_refresh.py (eagle3), test_parallel_drafters.py (peagle, dflash), test_mtp.py (mtp)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from clirun import free_port, spectool
+from served import assert_addresses_kept
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_engine_drafts_with_mtp_and_spectool_predicts_its_acceptance(tiny_mimo):
                             torch.arange(W.shape[0]), 3, 12, "cpu")
         assert m["walk_greedy"][2] == pytest.approx(st.mean_acceptance_length, abs=0.02)
 
-        old = eng.draft_probe()
+        old, addresses = eng.draft_probe(), eng.draft_addresses()
         with torch.no_grad():
             for p in draft.parameters():
                 p.mul_(1.25)
@@ -140,6 +141,7 @@ def test_engine_drafts_with_mtp_and_spectool_predicts_its_acceptance(tiny_mimo):
         assert all(torch.equal(p.grad, grads[n]) and torch.equal(p, trunk[n]) for n, p in policy.named_parameters())
         push = ref.push(eng)
         assert push.max_excess <= 1 and push.has_power and push.modules == 10
+        assert_addresses_kept(addresses, eng.draft_addresses())  # what a CUDA graph captured stays live
 
 
 @pytest.mark.engine

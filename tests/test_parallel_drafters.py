@@ -34,7 +34,7 @@ def _draft(tiny_policy, tmp_path_factory, family: str):
 def test_served_parallel_draft_equals_its_training_unroll(family, tiny_policy, tmp_path_factory, tmp_path):
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
-    from served import served_vs_trained
+    from served import assert_addresses_kept, served_vs_trained
 
     policy, folder = _draft(tiny_policy, tmp_path_factory, family)
     with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), method=family, k=2,
@@ -108,17 +108,21 @@ def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, tiny_polic
     """The online refresher's push: new weights into the running drafter (P-EAGLE's masked-slot
     hidden state recomputed, DFlash's fused context projection rebuilt), the probe check passes
     with power in the engine's dtype, and the engine then computes the refreshed draft's unroll
-    (float32: to 1e-3; bfloat16, as a GPU serves: it drafts on)."""
+    (float32: to 1e-3; bfloat16, as a GPU serves: it drafts on). Every drafter tensor a CUDA graph may
+    capture stays where it was (vLLM 0.33 records DFlash's context step in a FULL graph; before the fix,
+    DFlash's rebuilt K norms moved with every push)."""
     from spectool.draft.checkpoint import save_draft
     from spectool.draft.refresh import DraftRefresher
     from spectool.engine.engine import Engine, EngineConfig
 
-    from served import served_vs_trained
+    from served import assert_addresses_kept, served_vs_trained
 
     policy, folder = _draft(tiny_policy, tmp_path_factory, family)
     refresher = DraftRefresher.from_folder(folder, policy)
     with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), method=family, k=2,
                              kv_cache_gib=1, dtype=dtype)) as engine:
+        addresses = engine.draft_addresses()
+        assert any(n.startswith("dflash:" if family == "dflash" else "peagle:") for n in addresses)
         first = refresher.push(engine)
         assert first.dtype == dtype
         assert first.modules > 5
@@ -128,6 +132,7 @@ def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, tiny_polic
                     p.add_(0.05 * torch.randn_like(p))
         report = refresher.push(engine)
         assert report.has_power  # the check could tell the old draft from the new one
+        assert_addresses_kept(addresses, engine.draft_addresses())
         if dtype == "float32":
             pushed = tmp_path / "pushed"
             save_draft(refresher.draft, pushed)

@@ -213,6 +213,7 @@ def test_a_push_never_changes_the_policy_in_the_engine(tiny_policy, random_draft
     from spectool.engine.engine import Engine, EngineConfig
 
     from conftest import transformers_logprobs
+    from served import assert_addresses_kept
 
     r = _refresher(random_draft, policy)
     ids = torch.randint(3, policy.config.vocab_size, (4, 24))
@@ -222,8 +223,10 @@ def test_a_push_never_changes_the_policy_in_the_engine(tiny_policy, random_draft
     prompt, resp = [5, 17, 33, 80, 9], [40, 41, 42, 100, 7, 8, 9, 120]
     with Engine(EngineConfig(str(tiny_policy), draft_path=str(random_draft), k=2, kv_cache_gib=1)) as engine:
         before = torch.tensor(engine.sequence_logprobs([prompt], [resp])[0])
+        addresses = engine.draft_addresses()
         report = r.push(engine)
         after = torch.tensor(engine.sequence_logprobs([prompt], [resp])[0])
+        assert_addresses_kept(addresses, engine.draft_addresses())  # what a CUDA graph captured stays live
     assert report.max_excess <= 1 and report.modules > 0
     assert torch.equal(before, after)
     policy.eval()
