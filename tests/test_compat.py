@@ -165,3 +165,27 @@ def test_dtype_policy():
     assert logprob_tolerance(0.5, "float32") == 0.5
     with trainer_autocast("bfloat16", torch.device("cpu")):  # autocast only where a GPU engine serves bf16
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+
+
+def test_every_vllm_name_spectool_imports_is_in_the_contract():
+    """benchmarks/vllm_contract.py checks compat.CONTRACT against each build's wheel; an import spectool adds
+    without listing it would escape that check."""
+    import ast
+    from pathlib import Path
+
+    from spectool.engine.compat import CONTRACT
+
+    listed = {t.partition(":")[0] + "." + t.partition(":")[2].split(".")[0] for t, _, _ in CONTRACT}
+    listed |= {t.partition(":")[0] for t, _, _ in CONTRACT}
+    aliases = {"vllm.LLM": "vllm.entrypoints.llm.LLM", "vllm.SamplingParams": "vllm.sampling_params.SamplingParams",
+               "vllm.TokensPrompt": "vllm.inputs.llm.TokensPrompt", "vllm.config.ModelConfig": "vllm.config.model.ModelConfig"}
+    src = Path(__file__).resolve().parents[1] / "src" / "spectool"
+    unlisted = set()
+    for f in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vllm":
+                for a in node.names:
+                    name = aliases.get(f"{node.module}.{a.name}", f"{node.module}.{a.name}")
+                    if name not in listed:
+                        unlisted.add(f"{f.name}: {name}")
+    assert not unlisted, sorted(unlisted)

@@ -14,6 +14,7 @@ from typing import Any
 
 from spectool.engine.compat import support
 from spectool.engine.probe import engine_sums
+from spectool.errors import SpectoolError
 from spectool.stats import AcceptanceStats
 
 WORKER_EXTENSION = "spectool.engine.worker_ext.SpectoolWorkerExtension"  # the name any framework passes to vLLM
@@ -80,10 +81,16 @@ def draft_probe(llm) -> dict[str, float]:
     return engine_sums(llm.collective_rpc("spectool_draft_probe"))
 
 
-def served_by(llm) -> str:
+def served_by(llm, method: str) -> str:
     """Which vLLM build and model runner serve the drafter: "vLLM 0.32.0 (CPU build), Model Runner V1
-    (EagleProposer)", for the run's manifest and log line."""
+    (EagleProposer)", for the run's manifest and log line. A P-EAGLE drafter served without V1's
+    proposer (a later vLLM moving it to V2) is refused: spectool's push recomputes its masked-slot
+    state on that proposer (worker_ext), and would otherwise be refused at the first push."""
     s, r = support(), llm.collective_rpc("spectool_runner")[0]
+    if method == "peagle" and r["drafter"] == "NoneType":
+        raise SpectoolError(f"vLLM {s.version} serves the P-EAGLE draft on Model Runner {r['runner']} ({r['class']}), "
+                            "where spectool can neither check nor refresh its masked-slot state (it reads V1's "
+                            "proposer): use vLLM 0.26-0.33, where V1 serves P-EAGLE, or an eagle3 or dflash draft")
     drafter = f" ({r['drafter']})" if r["drafter"] != "NoneType" else ""
     return f"vLLM {s.version} ({'CPU' if s.cpu_build else 'GPU'} build), Model Runner {r['runner']}{drafter}"
 

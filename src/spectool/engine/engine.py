@@ -140,7 +140,7 @@ class Engine:
             cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
             self.llm = self._start(cfg, cpu, quiet)
         self.sampler_fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
-        self.served_by = colocated.served_by(self.llm) if self.has_draft else "no drafter"
+        self.served_by = colocated.served_by(self.llm, cfg.method) if self.has_draft else "no drafter"
         if self.has_draft:
             logging.getLogger(__name__).info(f"engine: {self.served_by}")
         self.draft_positions = None  # the drafter's position range, checked before each generation
