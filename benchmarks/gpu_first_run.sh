@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first GPU run, in five parts that each fit one 10-minute device call (engine
+# The first GPU run, in seven parts that each fit one 10-minute device call (engine
 # starts take about a minute there). Work folders live under /tmp/gpu-run, which survives between
 # calls on the same machine; each part copies its outputs and logs to OUT (the device's $OUT).
 #   tests     pytest of the GPU pipeline test, test_compat, and the engine tests that run as they
@@ -11,10 +11,18 @@
 #   pipe-b    gpu_pipeline.sh: train-rl (policy sync + draft refresh, logprob checks), verify
 #             (probabilistic), the quality preset and its engine-measured acceptance (needs pipe-a)
 #   what-if   docs/commands.md's Qwen3-8B what-if: weightless sweep-k at batch 1-256, then forecast
+#   pushes    every drafter family's refresh push with CUDA graphs on (eagle3, peagle, dflash: the pushed
+#             engine drafts what a fresh one drafts, every captured tensor where it was, the runner named;
+#             mtp: tests/test_mtp.py's push on the GPU), then the engine log's runner lines
+#   trl       TRL's GRPOTrainer, one process, colocated engine: plain, frozen and online-refreshed arms
+#             (benchmarks/trl_arms.py --tiny: the plumbing on a GPU, acceptance and stage times)
+# What each part must print: pytest "passed" with no "failed"; memory-plan "measured / plan" between 0.8 and
+# 1.1; the pipeline's times.tsv with exit 0 on every stage; pushes: 3 passed; trl: three arms, each with
+# logprob checks under the bfloat16 tolerance (0.1) and, for frozen/online, an acceptance length.
 # Usage (bundle installed): . /tmp/site/env.sh && bash benchmarks/gpu_first_run.sh PART [OUT]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?tests | measure | pipe-a | pipe-b | what-if}
+PART=${1:?tests | measure | pipe-a | pipe-b | what-if | pushes | trl}
 OUT=${2:-${OUT:-runs/gpu-first-run}}
 PY=${PYTHON:-python3}
 WORK=/tmp/gpu-run
@@ -48,6 +56,12 @@ case $PART in
     run forecast $PY -m spectool.cli forecast --sweep "$WORK/sweep-qwen3-8b" --acceptance-rates 0.89,0.79,0.64 \
       --generation-share 0.66 --batch 512 --max-concurrency 256 --out "$WORK/forecast-qwen3-8b"
     cp -r "$WORK/sweep-qwen3-8b" "$WORK/forecast-qwen3-8b" "$OUT"/ 2>/dev/null ;;
-  *) echo "unknown part $PART: tests | measure | pipe-a | pipe-b | what-if" >&2; exit 2 ;;
+  pushes)
+    run pushes $PY -m pytest -q -p no:cacheprovider -rA tests/test_gpu.py -k cuda_graphs
+    run mtp-push $PY -m pytest -q -p no:cacheprovider tests/test_mtp.py -k engine_drafts_with_mtp ;;
+  trl)
+    run trl-arms $PY benchmarks/trl_arms.py --tiny --steps 3 --out "$WORK/trl-arms"
+    cp -r "$WORK/trl-arms" "$OUT"/ 2>/dev/null ;;
+  *) echo "unknown part $PART: tests | measure | pipe-a | pipe-b | what-if | pushes | trl" >&2; exit 2 ;;
 esac
 cat "$OUT/parts.tsv"

