@@ -138,3 +138,20 @@ def test_export_of_a_cut_short_draft_is_a_clear_error(tmp_path, tiny_policy, ran
     text = " ".join((r.stdout + r.stderr).split())
     assert r.returncode != 0 and not out.exists()
     assert "is not a readable safetensors file" in text and "Traceback" not in text, text[-1500:]
+
+
+def test_trl_sleep_mode_is_allowed_only_where_the_build_keeps_the_draft(monkeypatch):
+    """vLLM 0.26-0.32 drop the drafter's weights at a level-2 sleep (vllm#52479): refused, naming the release that
+    keeps them. On a build with sleep_preserve_parameter_names (0.33) it passes the pre-flight; the push after each
+    wake (integrations/trl/attach.py `_wake_up`) needs that GPU build and has not run."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from spectool.engine.compat import support
+    from spectool.integrations.trl import preflight
+
+    args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, vllm_tensor_parallel_size=1)
+    with pytest.raises(SpectoolError, match=r"on vLLM 0\.32\.0 drops the drafter's weights .* or use vLLM 0\.33"):
+        preflight.check_args(args)
+    monkeypatch.setattr(preflight, "support", lambda: replace(support(), sleep_keeps_draft=True))
+    preflight.check_args(args)

