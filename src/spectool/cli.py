@@ -262,8 +262,8 @@ def harvest(cfg: HarvestConfig) -> None:
 
 @settings_command("init-draft")
 def init_draft(cfg: InitDraftConfig, given: set[str]) -> None:
-    """Build and train an EAGLE-3 draft for the policy on in-domain data (--method mtp: fine-tune the model's
-    own MTP layers)."""
+    """Build and train a draft for the policy on in-domain data: EAGLE-3 (default), P-EAGLE or DFlash (--method),
+    or fine-tune the model's own MTP layers (--method mtp). Refused first if the installed vLLM cannot serve it."""
     from spectool.commands.init_draft import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from spectool.config import apply_preset  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
@@ -289,7 +289,8 @@ def rollout(cfg: RolloutConfig) -> None:
 
 @settings_command("export")
 def export(cfg: ExportConfig) -> None:
-    """Write a draft that vLLM (and RL frameworks) load: plain EAGLE-3 or speculators format."""
+    """Write a draft that vLLM (and RL frameworks) load: an EAGLE-3, P-EAGLE or DFlash folder as vLLM reads it
+    (EAGLE-3 also in the speculators format), checked on the engine, with the framework's config snippet."""
     from spectool.commands.export import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     render(run(cfg))

@@ -89,7 +89,7 @@ class InitDraftConfig:
     (trunk frozen; --out is then a model folder, the policy with its new MTP tensors). For peagle and dflash
     --ttt-steps is the trained block size: the largest k the draft serves."""
     init_from: str | None = None
-    """Warm-start from an EAGLE-3 draft folder."""
+    """Warm-start from a draft folder of the same family (EAGLE-3, P-EAGLE or DFlash)."""
     remap_vocab: bool = False
     """With --init-from: rebuild the draft vocabulary from this data (--draft-vocab-size); shared rows kept.
     Default: keep the warm start's map."""
@@ -98,7 +98,7 @@ class InitDraftConfig:
     ttt_steps: int = 5
     """Unroll length: trains draft positions 1..N (use >= the largest k you run)."""
     draft_layers: int = 1
-    """Decoder layers of the draft (vLLM's EAGLE-3 loader serves any number); each costs about one more
+    """Decoder layers of the draft (vLLM's EAGLE-3 and DFlash loaders serve any number); each costs about one more
     draft forward per drafted token (init-draft prints the measured draft/policy cost)."""
     step_decay: float = 0.8
     """Loss weight of unroll position j is step_decay^j."""
@@ -193,7 +193,7 @@ class ExportConfig:
     out: str = ""
     """Destination folder (replaced only after verification)."""
     format: str = "vllm"
-    """vllm (plain EAGLE-3) | speculators."""
+    """vllm (the folder as vLLM loads it: every family) | speculators (EAGLE-3 drafts only)."""
     model: str | None = None
     """Policy (default: the one the draft was trained for)."""
     target: str = "vllm"

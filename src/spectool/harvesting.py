@@ -92,61 +92,92 @@ class HarvestResult:
     hidden_bytes_per_token: float | None
 
 
-def harvest(cfg: HarvestConfig) -> HarvestResult:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-    from transformers import AutoTokenizer  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+@dataclass
+class _Place:
+    """Where this process stands in a launch: its replica (every `replicas`-th prompt), whether it writes (the
+    first process of a tensor-parallel group), the shard index its replica starts from."""
 
+    replica: int
+    replicas: int
+    writer: bool
+    first: int = 0
+
+
+@dataclass
+class _Counts:
+    """What this process generated and stored (summed over the replicas at the end)."""
+
+    records: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    hidden_bytes: int = 0
+    hidden_tokens: int = 0
+
+
+def harvest(cfg: HarvestConfig) -> HarvestResult:
     from spectool.data import load_source  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-    from spectool.engine.compat import is_cpu_build  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-    from spectool.engine.engine import Engine, EngineConfig  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-    from spectool.generation import rollout_tasks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from spectool.models import resolve_model  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-    from spectool.records import load_records, next_shard_index, write_shard  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-    from spectool.runs import MANIFEST, atomic_write_json, claim, load_manifest, make_manifest  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     cfg.validate()
     model = resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
     out = Path(cfg.out)
-    replicas = cfg.data_parallel_size
-    if replicas > 1:  # the launcher's process group (gloo on the CPU, NCCL on GPUs), which vLLM's engines then join
+    place = _place(cfg)
+    manifest, todo = _open_run(cfg, model, source, tasks, out, place)
+    engine = _start_engine(cfg, model, out, place) if todo else None
+    counts = _generate(cfg, model, source, engine, tasks, todo, out, place, manifest["chunk_prompts"])
+    return _finish(cfg, engine, counts, manifest, out, place)
+
+
+def _place(cfg: HarvestConfig) -> _Place:
+    if cfg.data_parallel_size > 1:  # the launcher's process group (gloo on the CPU, NCCL on GPUs), which vLLM joins
         from accelerate import PartialState  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
         PartialState()
     from spectool import ranks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     replica, tp_rank = divmod(ranks.rank(), cfg.tensor_parallel_size)  # a tensor-parallel group is one replica
-    writer = tp_rank == 0  # its first process writes its shards
+    return _Place(replica, cfg.data_parallel_size, writer=tp_rank == 0)
+
+
+def _open_run(cfg: HarvestConfig, model, source, tasks, out: Path, place: _Place) -> tuple[dict, list]:
+    """Claim (or resume) the run folder and write its running manifest; (manifest, the prompts still to do).
+    The main process owns the folder, the other replicas stop with it if refused; more prompts (or another GPU
+    share, another parallelism) may resume a run; the model is compared by identity, not name."""
+    from spectool import ranks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.data.sources import MIX_SEPARATOR, mix_counts  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.engine.compat import is_cpu_build  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.records import load_records, next_shard_index  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.runs import MANIFEST, atomic_write_json, claim, load_manifest, make_manifest  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
     chunk = chunk_prompts(cfg.sampling.samples, is_cpu_build())
-    # the main process owns the run folder, the other replicas stop with it if refused; more prompts (or another
-    # GPU share, another parallelism) may resume a run; the model is compared by identity, not name
     ranks.together(lambda: claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
                                  may_change={"sampling.n_prompts", "gpu_memory_utilization", "tensor_parallel_size",
                                              "data_parallel_size"}), main_only=True)
     if (out / MANIFEST).exists():
         chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
-    from spectool.data.sources import MIX_SEPARATOR, mix_counts  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-
     manifest = make_manifest("harvest", model=model.name, model_path=model.path, model_identity=model.identity,
                              model_fingerprint=model.fingerprint,
                              data=cfg.data, chunk_prompts=chunk, status="running",
                              prompts_per_source=mix_counts(cfg.data, tasks, source) if MIX_SEPARATOR in cfg.data else None)
     done = set(load_records(out)["prompt_id"])
-    todo = [t for t in tasks if t.id not in done]
-    first = next_shard_index(out)  # every replica reads the same folder, before any of them writes
+    place.first = next_shard_index(out)  # every replica reads the same folder, before any of them writes
     ranks.barrier()  # ... so the main process writes nothing before all have read it
     if ranks.rank() == 0:
         atomic_write_json(out / MANIFEST, manifest)
-    mine = todo[replica::replicas]  # replica d takes every d-th prompt; its j-th shard is first + d + j * replicas
-    tokenizer = AutoTokenizer.from_pretrained(model.path)
-    from spectool.hidden import default_aux_layer_ids  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    return manifest, [t for t in tasks if t.id not in done]
 
-    layer_ids = default_aux_layer_ids(model.fingerprint["num_hidden_layers"])  # vLLM's defaults, as drafts use
+
+def _start_engine(cfg: HarvestConfig, model, out: Path, place: _Place):
+    """The engine (every process of a launch starts one: they join one group, even a replica with no prompts
+    left); with --hidden-states on a GPU its share leaves room for the float32 policy (memory.harvest_plan)."""
     import torch  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
+    from spectool.engine.engine import Engine, EngineConfig  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
     share = cfg.gpu_memory_utilization
-    if cfg.hidden_states and todo and torch.cuda.is_available():  # the policy shares the GPU with the engine
+    if cfg.hidden_states and torch.cuda.is_available():  # the policy shares the GPU with the engine
         from transformers import AutoConfig  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
         from spectool.memory import harvest_plan  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
@@ -154,53 +185,77 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
         share, plan = harvest_plan(AutoConfig.from_pretrained(model.path), share,
                                    torch.cuda.get_device_properties(0).total_memory)
         log.info(plan.text())
-    # every process of a launch starts its engine (they join one group), even a replica with no prompts left
-    engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
-                                 gpu_memory_utilization=share, dtype=cfg.dtype,
-                                 tensor_parallel_size=cfg.tensor_parallel_size,
-                                 external_launcher=replicas > 1)) if todo else None
-    policy = _load_policy(model.path) if cfg.hidden_states and mine and writer else None  # after the engine's check
-    n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = 0, 0, 0.0, 0, 0
-    with Progress(TextColumn("harvest" if replicas == 1 else f"harvest, replica {replica}"), BarColumn(),
+    return Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
+                               gpu_memory_utilization=share, dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size,
+                               external_launcher=place.replicas > 1))
+
+
+def _generate(cfg: HarvestConfig, model, source, engine, tasks: list, todo: list, out: Path, place: _Place,
+              chunk: int) -> _Counts:
+    """This replica's prompts (every `replicas`-th still to do), chunk by chunk: each chunk one atomic shard
+    (index first + replica + j * replicas), with its features beside it under --hidden-states."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from transformers import AutoTokenizer  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
+    from spectool.generation import rollout_tasks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.hidden import default_aux_layer_ids  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.records import write_shard  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
+    mine = todo[place.replica::place.replicas]
+    tokenizer = AutoTokenizer.from_pretrained(model.path)
+    layer_ids = default_aux_layer_ids(model.fingerprint["num_hidden_layers"])  # vLLM's defaults, as drafts use
+    policy = _load_policy(model.path) if cfg.hidden_states and mine and place.writer else None  # after the engine's check
+    c = _Counts()
+    one = place.replicas == 1
+    with Progress(TextColumn("harvest" if one else f"harvest, replica {place.replica}"), BarColumn(),
                   MofNCompleteColumn(), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                  disable=not writer) as bar:
-        job = bar.add_task("", total=len(tasks) if replicas == 1 else len(mine),
-                           completed=len(tasks) - len(todo) if replicas == 1 else 0, rate="")
+                  disable=not place.writer) as bar:
+        job = bar.add_task("", total=len(tasks) if one else len(mine), completed=len(tasks) - len(todo) if one else 0,
+                           rate="")
         for j, i in enumerate(range(0, len(mine), chunk)):
             part = mine[i : i + chunk]
-            index = first + replica + j * replicas
+            index = place.first + place.replica + j * place.replicas
             # Per-shard seed: a resumed harvest samples exactly what an uninterrupted one would.
             s = SamplingConfig(**{**asdict(cfg.sampling), "seed": cfg.sampling.seed + index})
             rows, _, toks, secs = rollout_tasks(engine, tokenizer, source, part, s)
-            n_tokens += toks
-            gen_s += secs
-            bar.update(job, advance=len(part), rate=f"{n_tokens / gen_s:.0f} tok/s")
-            if not writer:  # the replica's other tensor-parallel processes generated the same rows
+            c.tokens, c.seconds = c.tokens + toks, c.seconds + secs
+            bar.update(job, advance=len(part), rate=f"{c.tokens / c.seconds:.0f} tok/s")
+            if not place.writer:  # the replica's other tensor-parallel processes generated the same rows
                 continue
             if policy is not None:
-                hidden_bytes += _store_hidden(policy, rows, layer_ids, out / "hidden" / f"shard-{index:05d}.safetensors")
-                hidden_tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+                c.hidden_bytes += _store_hidden(policy, rows, layer_ids, out / "hidden" / f"shard-{index:05d}.safetensors")
+                c.hidden_tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
             write_shard(out, index, rows)
-            n_new += len(rows)
+            c.records += len(rows)
+    return c
+
+
+def _finish(cfg: HarvestConfig, engine, c: _Counts, manifest: dict, out: Path, place: _Place) -> HarvestResult:
+    """Every replica's counts summed once all shards are written (before vLLM leaves the group); the engine
+    closed (init-draft's policy and training find the device free); the main process's complete manifest."""
+    from spectool import ranks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.hidden import default_aux_layer_ids  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.records import load_records  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.runs import MANIFEST, atomic_write_json  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     fix, dtype = (engine.sampler_fix, engine.dtype) if engine else (None, None)
-    # every replica's shards are written before the main process counts them (and before vLLM leaves the group)
-    n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = (
-        sum(x) for x in zip(*ranks.gather((n_new, n_tokens if writer else 0, gen_s if writer else 0.0,
-                                           hidden_bytes, hidden_tokens))))
+    mine = (c.records, c.tokens if place.writer else 0, c.seconds if place.writer else 0.0, c.hidden_bytes,
+            c.hidden_tokens)
+    n_new, n_tokens, gen_s, hidden_bytes, hidden_tokens = (sum(x) for x in zip(*ranks.gather(mine)))
     if engine:
-        engine.close()  # the next stage (init-draft's policy and training) finds the device free
+        engine.close()
     if ranks.rank() != 0:
         return HarvestResult(str(out), 0, n_new, 0.0, 0.0, None)  # the main process reports the run
     records = load_records(out)
     mean_reward = float(sum(records["reward"]) / max(len(records), 1))
+    layer_ids = default_aux_layer_ids(manifest["model_fingerprint"]["num_hidden_layers"])
     manifest.update(status="complete", records=len(records), prompts=len(set(records["prompt_id"])),
                     mean_reward=mean_reward, sampler_fix=fix, **({"dtype": dtype} if dtype else {}),
                     aux_layer_ids=layer_ids if cfg.hidden_states else None)
     atomic_write_json(out / MANIFEST, manifest)
     return HarvestResult(
         out=str(out), n_records=len(records), n_new=n_new, mean_reward=mean_reward,
-        tokens_per_s=n_tokens / gen_s * replicas if gen_s else 0.0,  # replicas generate side by side
+        tokens_per_s=n_tokens / gen_s * place.replicas if gen_s else 0.0,  # replicas generate side by side
         hidden_bytes_per_token=hidden_bytes / hidden_tokens if hidden_tokens else None,
     )
 
