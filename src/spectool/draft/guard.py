@@ -7,16 +7,20 @@ train-rl's speculation and the TRL integration call `check_speculation`, which a
    (draft/mtp_folder.require_mtp, and what vLLM does with k beyond them);
 3. the installed vLLM, whether it serves this family for this policy's architecture, and on which model
    runner (engine/serves.py).
+The online refresher asks its share (`check_refreshable`: the folder against the policy's config, the
+build's answer) when it is built from a folder.
 
 A "no" names the setting as the caller's user spells it (`Flags`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from spectool.draft.checkpoint import check_draft
-from spectool.draft.families import check_served, family
+from spectool.draft.families import check_served, family, folder_family
 from spectool.draft.mtp_folder import k_note, require_mtp
+from spectool.draft.preflight import check_folder
 from spectool.engine.compat import is_cpu_build
 from spectool.engine.serves import check_serves
 
@@ -53,3 +57,12 @@ def check_speculation(model, method: str, draft: str | None, k: int, flags: Flag
                             method_flag=flags.method)
     runner = check_serves(model.path, method, k, flags.method, flags.k)
     return Checked(draft, note, runner)
+
+
+def check_refreshable(folder, config) -> None:
+    """The refresher's share of the pre-flight (DraftRefresher.from_folder, whoever builds it): the folder's aux
+    layer ids and vocabulary map against the policy's config (a transformers config), and whether the installed
+    vLLM serves the folder's family for the policy's architecture (the engine the pushes go into)."""
+    found = folder_family(folder) or "eagle3"
+    check_folder(Path(folder), found, config.num_hidden_layers, config.vocab_size)
+    check_serves(config.to_dict(), found, 1, "the draft's family")

@@ -40,6 +40,7 @@ import torch
 
 from spectool import ranks
 from spectool.draft.checkpoint import check_fits, load_draft, policy_shape
+from spectool.draft.guard import check_refreshable
 from spectool.draft.mtp import MtpDraft
 from spectool.draft.mtp_folder import load_mtp
 from spectool.draft.online import Features, OnlineDraft, RefreshReport
@@ -121,6 +122,7 @@ class DraftRefresher:
 
         folder = Path(folder)
         pol = _unwrap(policy)
+        check_refreshable(folder, pol.config)  # the pre-flight's share a refresher can ask (draft/guard.py)
         draft, meta = load_draft(folder, pol)
         diff = fingerprint_mismatch(meta.get("policy_fingerprint", {}), _fingerprint(pol))
         if diff:

@@ -56,10 +56,11 @@ def registry_answer(architecture: str) -> dict:
     return known[key]
 
 
-def check_serves(model_path: str | Path, family: str, k: int, flag: str = "--method", k_flag: str = "--k") -> str:
-    """Refuse a family the installed vLLM cannot serve for this policy, naming the architecture, the family and
-    what would serve it. Returns the model runner the build will use ("V1" | "V2")."""
-    config = json.loads((Path(model_path) / "config.json").read_text())
+def check_serves(model_path: str | Path | dict, family: str, k: int, flag: str = "--method", k_flag: str = "--k") -> str:
+    """Refuse a family the installed vLLM cannot serve for this policy (a model folder, or its config as a dict),
+    naming the architecture, the family and what would serve it. Returns the model runner the build will use
+    ("V1" | "V2")."""
+    config = model_path if isinstance(model_path, dict) else json.loads((Path(model_path) / "config.json").read_text())
     arch = (config.get("architectures") or ["?"])[0]
     version, cpu = installed()
     build = f"vLLM {version} ({'CPU' if cpu else 'GPU'} build)"
