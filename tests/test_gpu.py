@@ -59,9 +59,9 @@ def test_a_push_into_cuda_graphs_serves_what_a_fresh_engine_serves(family, tiny_
     from spectool.draft.refresh import DraftRefresher
     from spectool.engine.compat import support
     from spectool.engine.engine import Engine, EngineConfig, Sampling
+    from test_parallel_drafters import _draft
 
     from served import assert_addresses_kept
-    from test_parallel_drafters import _draft
 
     policy, folder = _draft(tiny_policy, tmp_path_factory, family)
     refresher = DraftRefresher.from_folder(folder, policy)

@@ -34,7 +34,7 @@ def _draft(tiny_policy, tmp_path_factory, family: str):
 def test_served_parallel_draft_equals_its_training_unroll(family, tiny_policy, tmp_path_factory, tmp_path):
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
-    from served import assert_addresses_kept, served_vs_trained
+    from served import served_vs_trained
 
     policy, folder = _draft(tiny_policy, tmp_path_factory, family)
     with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), method=family, k=2,
