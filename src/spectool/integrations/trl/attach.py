@@ -103,9 +103,12 @@ class _Attached:
         if self.refresher is not None:  # every rank loaded the same draft (a collective under accelerate launch)
             self.refresher.check_one_draft(when="at the start")
         self.cadence = spec.refresh.policy()
+        self.served_by = None  # the vLLM build and model runner serving the draft
         if spec.draft is not None:
-            log.info("spectool in TRL: draft proposals %s (%s); draft refresh %s", *resolve(spec.draft_sampling),
-                     spec.refresh.mode)
+            method = "mtp" if spec.draft == MTP else folder_family(spec.draft) or "eagle3"
+            self.served_by = colocated.served_by(self.llm, method)
+            log.info("spectool in TRL: %s; draft proposals %s (%s); draft refresh %s", self.served_by,
+                     *resolve(spec.draft_sampling), spec.refresh.mode)
         self.gen_s = 0.0  # generation seconds since the last step end (the cadence's cost side)
         self._trl_generate = self.vg.generate
         self.vg.generate = self._timed_generate
