@@ -16,7 +16,7 @@ from spectool.draft.families import folder_family
 from spectool.draft.guard import Flags, check_speculation
 from spectool.draft.mtp_folder import load_mtp
 from spectool.draft.preflight import check_positions, draft_position_range
-from spectool.engine.compat import drafter_logits_bytes, support
+from spectool.engine.compat import drafter_logits_bytes, parse_version, support
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
 from spectool.integrations.trl.speculation import SpeculationSettings
@@ -25,6 +25,7 @@ from spectool.precision import engine_dtype
 from spectool.prompts import encode_messages
 
 log = logging.getLogger(__name__)
+TRL_VLLM_MAX = (0, 31)  # the newest vLLM TRL 1.16 declares (trl/import_utils.py)
 
 
 def check_args(args) -> None:
@@ -35,9 +36,13 @@ def check_args(args) -> None:
         raise SpectoolError(f"vllm_mode = {args.vllm_mode!r}: spectool's online refresh works in TRL's colocate mode. "
                             "For server mode, serve a frozen draft: spectool export --for trl-serve prints the "
                             "`trl vllm-serve --speculative_config` line")
-    if args.vllm_enable_sleep_mode and not support().sleep_keeps_draft:
+    s = support()
+    if not s.cpu_build and parse_version(s.version)[:2] > TRL_VLLM_MAX:
+        log.warning("spectool in TRL: vLLM %s is past the vLLM releases TRL 1.16 declares (0.22-0.31); the pair has "
+                    "not run together (docs/gpu.md)", s.version)
+    if args.vllm_enable_sleep_mode and not s.sleep_keeps_draft:
         raise SpectoolError(f"vllm_enable_sleep_mode = True: TRL sleeps the engine at level 2, which on vLLM "
-                            f"{support().version} drops the drafter's weights without restoring them (vllm#52479): the "
+                            f"{s.version} drops the drafter's weights without restoring them (vllm#52479): the "
                             "drafter would be dead while outputs stay right. Set vllm_enable_sleep_mode=False, or use "
                             "vLLM 0.33, which keeps the draft through a sleep (spectool then pushes it again after "
                             "each wake)")
