@@ -65,6 +65,8 @@ def test_harvest_init_export_rollout(tiny_policy, tmp_path):
     assert "cpu_worker.py" not in r.stdout + r.stderr and "cpu_worker.py" in (tmp_path / "ro" / "engine.log").read_text()
     ro = json.loads((tmp_path / "ro" / "manifest.json").read_text())
     assert ro["summary"]["acceptance"]["num_drafts"] > 0
+    assert ro["served_by"] == "vLLM 0.32.0 (CPU build), Model Runner V1 (EagleProposer)"  # and in the log line:
+    assert "engine: vLLM 0.32.0 (CPU build), Model Runner V1" in r.stdout + r.stderr
 
     # k beyond the trained unroll is refused with the fix named.
     r = spectool("rollout", "--model", str(tiny_policy), "--draft", str(draft), "--k", "5", check=False)

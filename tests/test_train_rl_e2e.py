@@ -99,6 +99,7 @@ def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tied_policy, smal
     assert [r["step"] for r in m] == [1, 2, 3, 4, 5]  # nothing lost, nothing repeated
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["resumed_from"] in (2, 4) and manifest["sampler_fix"] == "applied"
+    assert manifest["served_by"].startswith("vLLM 0.32.0 (CPU build), Model Runner V1")
     for r in m:
         assert r["logprob_check_max_diff"] < 1e-3  # the engine runs the trainer's weights after every sync
         assert r["acceptance_length"] >= 1.0 and len(r["acceptance_per_pos"]) == 2
