@@ -125,7 +125,7 @@ def test_weights_are_sent_in_layer_aligned_chunks_each_tensor_once():
 
 @pytest.mark.parametrize("command", sorted(CLI))
 def test_every_engine_command_takes_the_engine_precision(command):
-    """--dtype auto | float32 | bfloat16 on every command that starts an engine (forecast starts none),
+    """--dtype auto | float32 | bfloat16 | float16 on every command that starts an engine (forecast starts none),
     refused with the flag named otherwise."""
     from spectool.errors import SpectoolError
 
@@ -135,6 +135,6 @@ def test_every_engine_command_takes_the_engine_precision(command):
         return
     assert "dtype" in field_docs(cls)
     required = {"out": "x", "draft": "d", "sweep": "s"}
-    cfg = cls(**{f: v for f, v in required.items() if f in field_docs(cls)}, dtype="float16")
-    with pytest.raises(SpectoolError, match="--dtype='float16': must be one of auto | float32 | bfloat16"):
+    cfg = cls(**{f: v for f, v in required.items() if f in field_docs(cls)}, dtype="float64")
+    with pytest.raises(SpectoolError, match=r"--dtype='float64': must be one of auto \| float32 \| bfloat16 \| float16"):
         cfg.validate()

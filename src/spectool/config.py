@@ -125,7 +125,8 @@ class InitDraftConfig:
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the harvest engine's share of GPU memory (it stops before training)."""
     dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
+    """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
+    capability 8.0) | float32 | bfloat16 | float16."""
     disk_budget_gb: float | None = None
     """Most disk (GiB) the policy-feature cache may take; init-draft refuses to start above it.
     Default: the free space where --out lives. A harvest's --hidden-states shards are reused and cost none."""
@@ -207,7 +208,8 @@ class ExportConfig:
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
     dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
+    """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
+    capability 8.0) | float32 | bfloat16 | float16."""
 
     def validate(self) -> None:
         check_dtype(self.dtype)
@@ -255,7 +257,8 @@ class RolloutConfig:
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
     dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
+    """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
+    capability 8.0) | float32 | bfloat16 | float16."""
     acceptance_length: float | None = None
     """What-if timing: accept drafted tokens synthetically at this mean length (lossy; no --out)."""
 
@@ -330,7 +333,8 @@ class SweepConfig:
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
     dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
+    """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
+    capability 8.0) | float32 | bfloat16 | float16."""
     dummy_weights: bool = False
     """What-if: --model is a config.json folder or a templates/models name; random weights, dummy draft."""
     acceptance_rates: list[float] | None = None

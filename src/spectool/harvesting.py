@@ -59,7 +59,8 @@ class HarvestConfig:
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
     dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
+    """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
+    capability 8.0) | float32 | bfloat16 | float16."""
     tensor_parallel_size: int = 1
     """vLLM's tensor parallelism: the policy split over N GPUs (on the CPU build, N worker processes)."""
     data_parallel_size: int = 1

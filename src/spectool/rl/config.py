@@ -69,7 +69,7 @@ class PolicySection:
 class EngineSection:
     kv_cache_gib: float = 2.0  # CPU build only
     gpu_memory_utilization: float = 0.5  # GPU only: the engine's share; the rest is the colocated trainer's
-    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16
+    dtype: str = "auto"  # auto (float32 on CPU; bfloat16 on GPU, float16 below compute 8.0) | float32 | bfloat16 | float16
     enforce_eager: bool = False  # true: no torch.compile (faster start, slower decode)
     max_model_len: int = 0  # 0: min(2048, the model's limit)
 

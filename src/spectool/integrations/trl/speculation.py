@@ -36,7 +36,8 @@ class SpeculationSettings:
     seed: int = 0
     """The refresher's sampling seed."""
     dtype: str = "auto"
-    """The engine's dtype: auto (float32 on the CPU build, bfloat16 on a GPU) | float32 | bfloat16."""
+    """The engine's dtype: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
+    capability 8.0) | float32 | bfloat16 | float16."""
     enforce_eager: bool = False
     """True: no torch.compile in the engine (faster start, slower decode)."""
     policy_sync: str = "auto"
