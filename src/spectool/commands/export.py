@@ -105,7 +105,7 @@ def run(cfg: ExportConfig) -> ExportResult:
         if meta:  # the draft's metadata travels with it: every draft check applies to the export too
             atomic_write_json(tmp / DRAFT_JSON, {**meta, "export_format": cfg.format})
         verify_data = _draft_data(src) or "chat"  # held-out prompts of the data the draft was trained on
-        acc = _verify(tmp, model.path, verify_data, cfg, family) if cfg.verify else None
+        acc, served_by = _verify(tmp, model.path, verify_data, cfg, family) if cfg.verify else (None, None)
         if acc is not None and acc < cfg.min_acceptance_length:
             raise SpectoolError(
                 f"export refused: mean acceptance length {acc:.2f} < floor {cfg.min_acceptance_length} "
@@ -115,7 +115,8 @@ def run(cfg: ExportConfig) -> ExportResult:
         atomic_write_json(tmp / EXPORT_CONFIG, asdict(cfg))  # the resolved settings, next to the artifact
         atomic_write_json(tmp / MANIFEST, make_manifest(
             "export", format=cfg.format, target=cfg.target, snippet=snip.filename, model=model_name,
-            model_identity=model.identity, k=cfg.k, source=str(src), family=family, verified_mean_acceptance_length=acc))
+            model_identity=model.identity, k=cfg.k, source=str(src), family=family, verified_mean_acceptance_length=acc,
+            served_by=served_by))
     return ExportResult(out=cfg.out, format=cfg.format, mean_acceptance_length=acc, target=cfg.target,
                         snippet_file=str(Path(cfg.out) / snip.filename), snippet=snip.text, note=snip.note)
 
@@ -155,7 +156,8 @@ def _draft_data(src: Path) -> str | None:
     return data if not is_file or Path(data).exists() else None
 
 
-def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family: str) -> float:
+def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family: str) -> tuple[float, str]:
+    """(mean acceptance length on 8 held-out prompts at T=0, the build and runner that served the draft)."""
     from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     draft_arg = str(folder)
@@ -164,7 +166,7 @@ def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family:
     tok = AutoTokenizer.from_pretrained(model_path)
     tasks = load_source(data).tasks("eval", 8)
     _, stats = engine.generate([encode_prompt(tok, t.prompt) for t in tasks], Sampling(max_tokens=32, temperature=0.0))
-    return stats.mean_acceptance_length
+    return stats.mean_acceptance_length, engine.served_by
 
 
 def render(r: ExportResult) -> None:
