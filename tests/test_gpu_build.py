@@ -155,3 +155,27 @@ def test_trl_sleep_mode_is_allowed_only_where_the_build_keeps_the_draft(monkeypa
         preflight.check_args(args)
     monkeypatch.setattr(preflight, "support", lambda: replace(support(), sleep_keeps_draft=True))
     preflight.check_args(args)
+
+
+def test_every_engine_is_sized_for_its_runs_batch():
+    """vLLM's default max_num_seqs (up to 1024 on large GPUs) sizes the V2 runner's drafter-logits buffer; spectool
+    passes the run's batch: train-rl's step or eval, sweep-k's largest batch, rollout's prompts x samples."""
+    from spectool.commands.train_rl import rollout_batch
+    from spectool.engine.engine import EngineConfig, spectool_kwargs
+    from spectool.rl.config import RLConfig
+
+    assert spectool_kwargs(EngineConfig(model_path="m", max_num_seqs=96), cpu=True)["max_num_seqs"] == 96
+    assert "max_num_seqs" not in spectool_kwargs(EngineConfig(model_path="m"), cpu=True)  # vLLM's own default
+    cfg = RLConfig()
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.eval_prompts = 4, 8, 64
+    assert rollout_batch(cfg) == 64  # the eval's 64 x 1 is the larger
+    cfg.rollout.eval_every = 0
+    assert rollout_batch(cfg) == 32
+
+
+@pytest.mark.engine
+def test_the_engine_schedules_at_most_the_batch_it_was_given(tiny_policy, random_draft):
+    from spectool.engine.engine import Engine, EngineConfig
+
+    with Engine(EngineConfig(str(tiny_policy), draft_path=str(random_draft), k=2, kv_cache_gib=1, max_num_seqs=6)) as e:
+        assert e.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs == 6
