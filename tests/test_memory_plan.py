@@ -262,3 +262,25 @@ def test_the_plans_hold_the_v2_runners_drafter_logits_at_the_runs_batch(tiny_pol
     rows = dict(plan.rows)
     share = sum(g for r, g in rows.items() if r.startswith("engine share"))
     assert share == pytest.approx(40) and rows["engine share: drafter logits [max_num_seqs x k x vocab]"] == want / G
+
+
+def test_train_rl_refuses_an_engine_share_below_its_weights_logits_and_a_little_cache():
+    """A plan whose rows fit is still refused when the engine's share cannot hold the policy's bfloat16 weights, the
+    drafter logits and a little KV cache (vLLM would start with no KV blocks), naming the share that would."""
+    from spectool.errors import SpectoolError
+    from spectool.memory import GIB as G
+    from spectool.memory import check_train_rl, engine_floor, param_count, train_rl_plan
+
+    config = _config("qwen3-8b")
+    logits = 1024 * 3 * config.vocab_size * 4  # vLLM's default max_num_seqs on a large GPU, 0.26's float32
+    assert engine_floor(config, logits) == pytest.approx((2 * param_count(config) + logits) / G + 2)
+
+    def plan(share):
+        return train_rl_plan(config, engine_share=share, total_bytes=1000 * GIB, micro_tokens=100, kl_beta=0.0,
+                             autocast_bf16=True, logits=logits)
+
+    assert plan(0.015).fits
+    with pytest.raises(SpectoolError, match=r"cannot hold the policy's bfloat16 weights, the drafter logits .* raise "
+                                            r"engine.gpu_memory_utilization to 0.02 or more"):
+        check_train_rl(plan(0.015), config, 0.015, logits)
+    check_train_rl(plan(0.15), config, 0.15, logits)  # 150 GiB holds it

@@ -182,7 +182,14 @@ def train_rl_plan(config, *, engine_share: float, total_bytes: int, micro_tokens
 def check_train_rl(plan: Plan, config, engine_share: float, logits: int = 0) -> None:
     """Refuse a built-in plan that cannot fit, naming what would: a smaller engine share (if the
     engine still holds its bfloat16 weights and a little cache), else the trainer's own settings,
-    else the TRL backend."""
+    else the TRL backend. A plan that fits is still refused when the engine's share cannot hold its bfloat16
+    weights, the drafter logits and a little KV cache (vLLM would start with no KV blocks)."""
+    floor = engine_floor(config, logits)
+    if plan.fits and engine_share * plan.total_gib < floor:
+        raise SpectoolError(f"{plan.text()}\nthe engine's share ({engine_share} x {plan.total_gib:.0f} GiB) cannot hold "
+                            f"the policy's bfloat16 weights, the drafter logits and a little KV cache ({floor:.1f} GiB): "
+                            f"raise engine.gpu_memory_utilization to {math.ceil(100 * floor / plan.total_gib) / 100} "
+                            "or more, or lower rollout.prompts_per_step x group_size (the drafter-logits rows)")
     if plan.fits:
         return
     p = param_count(config)

@@ -139,8 +139,7 @@ class SpectoolWorkerExtension:
         """Which model runner serves this engine ("V1": v1/worker/gpu_model_runner.py, whose drafter is
         `model_runner.drafter`; "V2": v1/worker/gpu/, whose speculator lives elsewhere), and its class."""
         cls = type(self.model_runner)
-        v2 = ".worker.gpu." in cls.__module__ + "." and not cls.__module__.endswith("gpu_model_runner")
-        return {"runner": "V2" if v2 else "V1", "class": f"{cls.__module__}.{cls.__qualname__}",
+        return {"runner": "V2" if ".worker.gpu." in cls.__module__ else "V1", "class": f"{cls.__module__}.{cls.__qualname__}",
                 "drafter": type(getattr(self.model_runner, "drafter", None)).__name__}
 
     def spectool_draft_probe(self) -> dict:
