@@ -179,3 +179,4 @@ def test_the_engine_schedules_at_most_the_batch_it_was_given(tiny_policy, random
 
     with Engine(EngineConfig(str(tiny_policy), draft_path=str(random_draft), k=2, kv_cache_gib=1, max_num_seqs=6)) as e:
         assert e.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs == 6
+        assert e.served_by == "vLLM 0.32.0 (CPU build), Model Runner V1 (EagleProposer)"
