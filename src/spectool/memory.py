@@ -159,6 +159,21 @@ def engine_floor(config, logits: int) -> float:
     return (2 * param_count(config) + logits) / GIB + MIN_ENGINE_GIB
 
 
+def check_engine_floor(plan: Plan, config, share: float, logits: int, setting: str, who: str, other_fixes: str,
+                       past_the_gpu: str = "") -> None:
+    """Refuse an engine share (`setting` = `share`) that cannot hold the policy's bfloat16 weights, the drafter logits
+    and a little KV cache (vLLM would start with no KV blocks), naming the share that would (`other_fixes` after it;
+    `past_the_gpu` after "use GPUs with more memory" when no share would do)."""
+    floor = engine_floor(config, logits)
+    if share * plan.total_gib >= floor:
+        return
+    need = math.ceil(100 * floor / plan.total_gib) / 100
+    raise SpectoolError(f"{plan.text()}\n{who} ({share} x {plan.total_gib:.0f} GiB) cannot hold the policy's bfloat16 "
+                        f"weights, the drafter logits and a little KV cache ({floor:.1f} GiB): raise {setting} to {need} "
+                        f"or more{other_fixes if need < 1 else ''}" + ("" if need < 1 else
+                        f", which is more than the GPU: use GPUs with more memory{past_the_gpu}"))
+
+
 def train_rl_plan(config, *, engine_share: float, total_bytes: int, micro_tokens: int, kl_beta: float,
                   autocast_bf16: bool, draft_params: int = 0, draft_embedding: bool = True, logits: int = 0) -> Plan:
     """train-rl's built-in backend on one GPU: float32 master weights, gradients and AdamW; the
@@ -184,13 +199,9 @@ def check_train_rl(plan: Plan, config, engine_share: float, logits: int = 0) -> 
     engine still holds its bfloat16 weights and a little cache), else the trainer's own settings,
     else the TRL backend. A plan that fits is still refused when the engine's share cannot hold its bfloat16
     weights, the drafter logits and a little KV cache (vLLM would start with no KV blocks)."""
-    floor = engine_floor(config, logits)
-    if plan.fits and engine_share * plan.total_gib < floor:
-        raise SpectoolError(f"{plan.text()}\nthe engine's share ({engine_share} x {plan.total_gib:.0f} GiB) cannot hold "
-                            f"the policy's bfloat16 weights, the drafter logits and a little KV cache ({floor:.1f} GiB): "
-                            f"raise engine.gpu_memory_utilization to {math.ceil(100 * floor / plan.total_gib) / 100} "
-                            "or more, or lower rollout.prompts_per_step x group_size (the drafter-logits rows)")
     if plan.fits:
+        check_engine_floor(plan, config, engine_share, logits, "engine.gpu_memory_utilization", "the engine's share",
+                           ", or lower rollout.prompts_per_step x group_size (the drafter-logits rows)")
         return
     p = param_count(config)
     total, engine = plan.total_gib, engine_share * plan.total_gib

@@ -205,12 +205,7 @@ def probe() -> set[str]:
     found = {f"LLM.{a}" for a in ("collective_rpc", "get_metrics", "reset_prefix_cache", "init_weight_transfer_engine")
              if hasattr(vllm.LLM, a)}
     found |= {name for name in ("SamplingParams", "TokensPrompt") if hasattr(vllm, name)}
-    for module in (INPLACE_RELOAD, MULTI_MODULE_MTP):
-        try:
-            if importlib.util.find_spec(module) is not None:
-                found.add(module)
-        except ModuleNotFoundError:
-            pass
+    found |= {module for module in (INPLACE_RELOAD, MULTI_MODULE_MTP) if has_module(module)}
     from vllm.config import ModelConfig  # noqa: PLC0415 (vLLM loads only with the engine, after its environment is set)
 
     if "sleep_preserve_parameter_names" in getattr(ModelConfig, "__dataclass_fields__", {}):

@@ -128,8 +128,7 @@ class SpectoolWorkerExtension:
         draft = self.model_runner.get_draft_model()
         found = {f"param:{n}": p.data_ptr() for n, p in draft.named_parameters()}
         found |= {f"buffer:{n}": b.data_ptr() for n, b in draft.named_buffers()}
-        inner = getattr(draft, "model", None)
-        found |= {f"dflash:{n}": t.data_ptr() for n in DFLASH_BUFFERS if (t := getattr(inner, n, None)) is not None}
+        found |= {f"dflash:{n}": t.data_ptr() for n, t in (_dflash_fused(draft) or {}).items() if t is not None}
         slot = getattr(getattr(self.model_runner, "drafter", None), "parallel_drafting_hidden_state_tensor", None)
         if slot is not None:
             found["peagle:parallel_drafting_hidden"] = slot.data_ptr()

@@ -17,7 +17,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from spectool import ranks
 from spectool.constants import OWN_MTP as MTP
 from spectool.draft.checkpoint import load_draft
-from spectool.draft.families import folder_family
 from spectool.draft.refresh import CHECKPOINT_STATE, DraftNotLive, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
 from spectool.engine import colocated
@@ -52,9 +51,8 @@ def speculative_llm(spec: SpeculationSettings):
 
     def speculative_llm(*args: Any, **kwargs: Any):
         mtp = spec.draft == MTP
-        method = "mtp" if mtp else (spec.draft and folder_family(spec.draft)) or "eagle3"  # the folder's family
         ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=None if mtp else spec.draft and str(spec.draft),
-                            method=method, k=spec.k,
+                            method=spec.method, k=spec.k,
                             k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, dtype=spec.dtype,
                             enforce_eager=spec.enforce_eager)
         cpu = prepare_environment(ecfg)
@@ -105,8 +103,7 @@ class _Attached:
         self.cadence = spec.refresh.policy()
         self.served_by = None  # the vLLM build and model runner serving the draft
         if spec.draft is not None:
-            method = "mtp" if spec.draft == MTP else folder_family(spec.draft) or "eagle3"
-            self.served_by = colocated.served_by(self.llm, method)
+            self.served_by = colocated.served_by(self.llm, spec.method)
             log.info("spectool in TRL: %s; draft proposals %s (%s); draft refresh %s", self.served_by,
                      *resolve(spec.draft_sampling), spec.refresh.mode)
         self.gen_s = 0.0  # generation seconds since the last step end (the cadence's cost side)

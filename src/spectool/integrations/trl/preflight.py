@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from pathlib import Path
 
 import torch
 
 from spectool.constants import OWN_MTP as MTP
-from spectool.draft.families import folder_family
 from spectool.draft.guard import Flags, check_speculation
 from spectool.draft.mtp_folder import load_mtp
 from spectool.draft.preflight import check_positions, draft_position_range
@@ -20,7 +18,7 @@ from spectool.engine.compat import drafter_logits_bytes, parse_version, support
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
 from spectool.integrations.trl.speculation import SpeculationSettings
-from spectool.memory import draft_params, drafter_logits, engine_floor, trl_plan
+from spectool.memory import check_engine_floor, draft_params, drafter_logits, trl_plan
 from spectool.precision import engine_dtype
 from spectool.prompts import encode_messages
 
@@ -73,8 +71,7 @@ def check_draft(spec: SpeculationSettings, model, args) -> None:
     policy = resolve_model(path)  # once: resolving fingerprints the tokenizer
     if spec.draft == MTP:
         load_mtp(policy.path, flag='draft="mtp"')  # its layers are refreshed: spectool must read them
-    method = "mtp" if spec.draft == MTP else folder_family(spec.draft) or "eagle3"
-    check_speculation(policy, method, None if spec.draft == MTP else spec.draft, k, TRL_FLAGS)
+    check_speculation(policy, spec.method, None if spec.draft == MTP else spec.draft, k, TRL_FLAGS)
     _check_positions(spec, policy.path, args)
 
 
@@ -160,16 +157,9 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
     fixes += ["train LoRA adapters" if not peft else "", "or use more GPUs" if weights_sharded else ""]
     plan.check(f"TRL's GRPOTrainer cannot fit this on one GPU{' per rank' if how else ''}: "
                + ", ".join(f for f in fixes if f))
-    engine_gib = engine_floor(config, logits)  # the engine's bfloat16 weights, its drafter logits, a little KV cache
-    if args.vllm_gpu_memory_utilization * plan.total_gib < engine_gib:
-        need = math.ceil(100 * engine_gib / plan.total_gib) / 100
-        raise SpectoolError(f"{plan.text()}\nthe colocated engine's share ({args.vllm_gpu_memory_utilization} x "
-                            f"{plan.total_gib:.0f} GiB) cannot hold the policy's bfloat16 weights, the drafter logits and a "
-                            "little KV cache "
-                            f"({engine_gib:.1f} GiB): raise vllm_gpu_memory_utilization to {need} or more"
-                            + (" (the trainer's rows above must then still fit)" if need < 1 else ", which is more than "
-                               "the GPU: use GPUs with more memory (tensor parallelism inside TRL's engine is refused "
-                               "with a refreshed draft: docs/rl.md)"))
+    check_engine_floor(plan, config, args.vllm_gpu_memory_utilization, logits, "vllm_gpu_memory_utilization",
+                       "the colocated engine's share", " (the trainer's rows above must then still fit)",
+                       " (tensor parallelism inside TRL's engine is refused with a refreshed draft: docs/rl.md)")
     log.info(plan.text())
 
 
@@ -178,10 +168,9 @@ def _drafter_logits(spec: SpeculationSettings, args, config) -> int:
     per_device_train_batch_size x vllm_tensor_parallel_size x steps_per_generation (grpo_trainer.py)."""
     if not spec.draft:
         return 0
-    fam = "mtp" if spec.draft == MTP else (folder_family(spec.draft) or "eagle3")
     seqs = args.per_device_train_batch_size * args.vllm_tensor_parallel_size * args.steps_per_generation
     return drafter_logits(seqs, spec.k, config.vocab_size,
-                          drafter_logits_bytes(fam, resolve_proposals(spec.draft_sampling)[0], engine_dtype(spec.dtype)))
+                          drafter_logits_bytes(spec.method, resolve_proposals(spec.draft_sampling)[0], engine_dtype(spec.dtype)))
 
 
 PROMPTS_MEASURED = 256  # dataset prompts tokenized for the memory plan's sequence length

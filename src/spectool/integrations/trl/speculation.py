@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spectool.constants import DEFAULT_K, DRAFT_SAMPLING, K_MAX, K_MIN, OWN_MTP, k_in_range
+from spectool.draft.families import folder_family
 from spectool.draft.refresh_policy import RefreshSettings
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
@@ -57,6 +58,13 @@ class SpeculationSettings:
             raise SpectoolError(f"sweep {sweep} recommends no speculation at any batch size; use draft=None")
         return cls(folder, k=max(k for _, _, k in schedule), draft_sampling=draft_sampling, k_schedule=schedule,
                    **settings)
+
+    @property
+    def method(self) -> str:
+        """The drafter family: "mtp", the draft folder's (config.json), or eagle3 (also with no draft)."""
+        if self.draft == MTP:
+            return "mtp"
+        return (self.draft and folder_family(self.draft)) or "eagle3"
 
     def validate(self) -> None:
         if not k_in_range(self.k):
