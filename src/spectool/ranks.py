@@ -8,8 +8,10 @@ Every function is a collective: all ranks call it at the same point, in the same
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import time
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -28,10 +30,28 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+_EXIT_SETTLE_S = 0.2
+_settle_registered = False
+
+
+def _settle_before_exit() -> None:
+    """Give torch.distributed's worker threads the GIL before the interpreter finalizes. A gloo worker drops its
+    last reference to a collective's tensor after the caller's wait() has returned, and that drop takes the
+    GIL; if the main thread is already finalizing by then, the worker thread exits inside a destructor and
+    the process aborts ("terminate called without an active exception", torch #190489), which torchrun
+    reports as a failed rank after every rank did its work. A short sleep at exit releases the GIL."""
+    time.sleep(_EXIT_SETTLE_S)
+
+
 def _device() -> torch.device:
     """Where this group's collectives take tensors: this rank's GPU for NCCL (the host otherwise). The launcher's
     LOCAL_RANK names it: a bare torchrun without a per-rank `torch.cuda.set_device` would leave every rank's
-    current device at cuda:0 and the collectives on one GPU. accelerate and PartialState set it, the same one."""
+    current device at cuda:0 and the collectives on one GPU. accelerate and PartialState set it, the same one.
+    Every collective here asks it first, so it also arranges the settle at exit once."""
+    global _settle_registered
+    if not _settle_registered:
+        atexit.register(_settle_before_exit)
+        _settle_registered = True
     if dist.get_backend() != "nccl":
         return torch.device("cpu")
     local = os.environ.get("LOCAL_RANK")
