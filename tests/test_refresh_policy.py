@@ -70,3 +70,47 @@ def test_the_staleness_curve_groups_steps_by_their_age():
     c = staleness_curve(h)
     assert set(c) == {0, 1} and c[0]["steps"] == 2 and c[0]["acceptance_length"] == pytest.approx(2.1)
     assert c[0]["per_position"] == pytest.approx([0.65, 0.45])
+
+
+def test_auto_buys_another_refresh_once_the_last_one_paid_for_itself():
+    """A draft still catching up (a draft from another task): the refresh at step 2 raised acceptance from 1.2
+    to 1.5; at 10 s of generation a step each step after it saves 10 * (1 - 1.2 / 1.5) = 2 s, so the third
+    such step brings the saving to the refresh's 5 s and auto refreshes again. One that bought nothing does not."""
+    p = RefreshPolicy("auto", every=2, drop=0.9)
+    for s in (1, 2):
+        p.observe(1.2, 10.0)
+    assert p.due(2) and "measures" in p.reason
+    p.refreshed(5.0)
+    assert p.before == 1.2
+    fired = []
+    for s in range(3, 8):
+        p.observe(1.5, 10.0)
+        if p.due(s):
+            fired.append(s)
+            break
+    assert fired == [5] and "saved 6.0 s of generation >= its 5.0 s" in p.reason and "still catching up" in p.reason
+
+    flat = RefreshPolicy("auto", every=2, drop=0.9)
+    for s in (1, 2):
+        flat.observe(1.5, 10.0)
+    assert flat.due(2)
+    flat.refreshed(5.0)
+    for s in range(3, 30):
+        flat.observe(1.5 if s % 2 else 1.49, 10.0)  # what the refresh bought: noise around nothing
+        assert not flat.due(s), (s, flat.reason)
+
+
+def test_a_frozen_draft_is_never_refreshed_but_its_decay_is_said_once():
+    p = RefreshPolicy("frozen", drop=0.25)
+    for s, a in enumerate([1.6, 1.62, 1.58, 1.6, 1.5, 1.45, 1.39, 1.38, 1.3, 1.3], 1):
+        p.observe(a, 10.0)
+        assert not p.due(s)
+        said = p.decayed()
+        if said:
+            break
+    # best mean of 3: 1.60 (a gain of 0.60); steps 5-7 average 1.447: the gain fell 26% >= 25%
+    assert s == 7 and "fell from 1.60 to 1.45" in said and "draft_refresh.mode: auto" in said
+    for a in (1.2, 1.1):
+        p.observe(a, 10.0)
+        assert p.decayed() is None  # once per run
+    assert RefreshPolicy("auto").decayed() is None  # a refreshed draft is the refresh's business

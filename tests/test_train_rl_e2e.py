@@ -157,5 +157,10 @@ def test_auto_refresh_logs_staleness_and_refreshes_as_its_rule_says(tied_policy,
             assert r["refresh_reason"] == replay.reason
             replay.refreshed(r["refresh_s"])
     assert [r["step"] for r in m if "refresh_s" in r] == want and want[0] == 2  # the first at `every`: its cost
+    for r in m:  # what moves and what it costs, every step: the draft's held-out agreement, the policy's entropy
+        assert 0 <= r["draft_agreement"] <= 1 and r["entropy"] > 0 and r["capture_s"] > 0 and r["agreement_s"] > 0
+        if "refresh_s" in r:  # a refresh's seconds by stage, inside its total
+            parts = [r[k] for k in ("refresh_train_s", "refresh_measure_s", "push_s", "probe_s")]
+            assert all(x > 0 for x in parts) and sum(parts) <= r["refresh_s"]
     summary = json.loads((out / "manifest.json").read_text())["summary"]
     assert summary["refreshes"] == len(want)

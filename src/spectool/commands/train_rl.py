@@ -84,7 +84,7 @@ class _Run:
     start: int  # steps done by the checkpoint resumed from
     trainer: PolicyTrainer
     refresher: Any  # DraftRefresher, or None when the draft is frozen
-    cadence: Any  # RefreshPolicy: when the refresher refreshes (None when frozen)
+    cadence: Any  # RefreshPolicy: when the refresher refreshes; a frozen draft's decay watch (None: no draft)
     engine: Any
     tolerance: float  # the engine logprob check's
     history: list[dict]
@@ -148,8 +148,9 @@ def _setup(cfg: RLConfig) -> _Run:
                             p.eps_low, p.eps_high, p.kl_beta, p.micro_batch_size, p.max_grad_norm, seed=cfg.seed,
                             engine_dtype=dtype)
     refresher, cadence = None, None
-    if draft_path is not None and cfg.draft_refresh.mode != "frozen":
+    if draft_path is not None:
         cadence = cfg.draft_refresh.policy()
+    if draft_path is not None and cfg.draft_refresh.mode != "frozen":
         if ckpt:  # the refreshed draft as it was at the checkpoint (MTP layers: in the saved policy)
             draft_path = str(ckpt[1] / ("policy" if spec.method == "mtp" else "draft"))
         refresher = _refresher(cfg, draft_path, trainer)
@@ -158,6 +159,7 @@ def _setup(cfg: RLConfig) -> _Run:
         trainer.load_state_dict(st["policy"])
         if refresher is not None:
             refresher.load_state_dict(st["draft"])
+        if cadence is not None:
             d = cfg.draft_refresh  # the staleness state as saved; the rule as configured now
             cadence = RefreshPolicy(**{**(st.get("refresh_policy") or {}), "mode": d.mode, "every": d.every, "drop": d.drop})
     mtp = spec.method == "mtp"
@@ -190,7 +192,14 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
                grad_norm=rep.grad_norm, behaviour_gap=rep.behaviour_gap, train_tokens=rep.tokens)
     if refresher is not None:  # a drafter that died after the last push stops the run
         _check_alive(refresher, batch, step + 1)
+        t = time.perf_counter()
+        rec.update(draft_agreement=refresher.fresh_agreement(), capture_s=refresher.capture_s)
+        rec["agreement_s"], refresher.capture_s = time.perf_counter() - t, 0.0
+    if r.cadence is not None:
         rec["staleness"] = r.cadence.observe(rec.get("acceptance_length"), batch.gen_s)
+        warning = r.cadence.decayed()
+        if warning:
+            rec["warning"] = warning
     waited = wait_for_next()  # the engine must be idle before its weights change
     t = time.perf_counter()
     engine.update_policy(trainer.engine_state())
@@ -206,7 +215,8 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
         spent = time.perf_counter() - t
         rec.update(refresh_s=spent, refresh_reason=r.cadence.reason, draft_loss=ref.loss, draft_top1_before=ref.top1_before,
                    draft_top1_after=ref.top1_after, draft_steps=ref.steps, draft_check_excess=pushed.max_excess,
-                   draft_check_power=pushed.has_power)
+                   draft_check_power=pushed.has_power, refresh_train_s=ref.train_s, refresh_measure_s=ref.measure_s,
+                   push_s=pushed.send_s, probe_s=pushed.probe_s)
         r.cadence.refreshed(spent)
     if cfg.rollout.eval_every and ((step + 1) % cfg.rollout.eval_every == 0 or last):
         t = time.perf_counter()
@@ -297,12 +307,19 @@ def _generate(engine, source, tasks: StepPrompts, step: int, cfg: RLConfig) -> B
 def _batch_metrics(b: Batch) -> dict[str, Any]:
     m: dict[str, Any] = {"reward": b.mean_reward, "gen_s": b.gen_s, "gen_tokens": b.gen_tokens,
                          "gen_tokens_per_s": b.gen_tokens / b.gen_s if b.gen_s else 0.0,
-                         "response_len": b.gen_tokens / max(len(b.rollouts), 1)}
+                         "response_len": b.gen_tokens / max(len(b.rollouts), 1), "entropy": _entropy(b.rollouts)}
     if b.acceptance.num_drafts:
         m["acceptance_length"] = b.acceptance.mean_acceptance_length
         m["acceptance_per_pos"] = b.acceptance.per_position_rate
         m["spec_counters"] = asdict(b.acceptance)
     return m
+
+
+def _entropy(rollouts: list[Rollout]) -> float | None:
+    """The policy's entropy per sampled token at the rollout temperature, estimated by the mean of -log p of the
+    tokens it sampled (an unbiased estimate: E[-log p(x)] over x ~ p is the entropy); None without tokens."""
+    lps = [lp for x in rollouts for lp in x.behaviour_logprobs]
+    return -sum(lps) / len(lps) if lps else None
 
 
 def _push_draft(refresher, engine, step: int):

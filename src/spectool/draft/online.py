@@ -13,6 +13,7 @@ token embedding follows the policy's, as it does inside vLLM (the draft shares t
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,8 @@ class RefreshReport:
     top1_after: list[float]
     sequences: int  # buffer size used
     p_accept_after: list[float]  # per draft position: P(accept) of the greedy draft at T=1, after training
+    train_s: float = 0.0  # seconds in the draft optimizer steps
+    measure_s: float = 0.0  # seconds measuring agreement on the newest features, before and after
 
 
 class OnlineDraft:
@@ -84,7 +87,9 @@ class OnlineDraft:
         self.draft.follow(emb, W)  # the policy's current embedding (and, for MTP layers, lm_head), as in vLLM
         W_dv = W[self.target_ids]  # [Vd, H]
         newest = self.buffer[-self.batch_size :]
+        t0 = time.perf_counter()
         before = self.metrics(newest, W)["top1"]
+        t1 = time.perf_counter()
         losses = []
         for _ in range(n_steps):
             batch = self.rng.sample(self.buffer, min(self.batch_size, len(self.buffer)))
@@ -97,9 +102,10 @@ class OnlineDraft:
             self.sched.step()
             self.steps += 1
             losses.append(float(loss.detach()))
+        t2 = time.perf_counter()
         after = self.metrics(newest, W)
         return RefreshReport(self.steps, sum(losses) / len(losses), before, after["top1"], len(self.buffer),
-                             after["p_accept"])
+                             after["p_accept"], train_s=t2 - t1, measure_s=(t1 - t0) + (time.perf_counter() - t2))
 
     def metrics(self, feats: list[Features], W: torch.Tensor) -> dict[str, list[float]]:
         """Per draft position: greedy agreement with the policy (top1) and P(accept) at T=1."""

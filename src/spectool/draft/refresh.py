@@ -69,6 +69,8 @@ class PushReport:
     max_excess: float  # largest |engine - trainer| / tolerance (<= 1: took)
     has_power: bool  # the check would have caught the old weights (False: the refresh changed too little to tell)
     seconds: float
+    send_s: float = 0.0  # of which: the weights into the engine
+    probe_s: float = 0.0  # the engine's drafter probed and compared, every rank's draft digested
 
 
 @dataclass
@@ -113,6 +115,8 @@ class DraftRefresher:
         self.captured = self.duplicates = 0  # sequences added / skipped as seen before
         self._last_push: dict | None = None  # the trainer-side probe of the weights last pushed
         self._pushed_at: int | None = None  # `captured` when the draft was last pushed
+        self._agreed_at = 0  # `captured` at the last fresh_agreement
+        self.capture_s = 0.0  # seconds spent storing captured features (the hooks' share of the training forward)
         self._attach()
 
     @classmethod
@@ -188,7 +192,9 @@ class DraftRefresher:
         cap, self._cap = self._cap, None
         if cap is None or cap.last is None:
             return
+        t = time.perf_counter()
         self.add(self._features(cap))
+        self.capture_s += time.perf_counter() - t
 
     def _features(self, cap: _Capture) -> list[Features]:
         ids, mask = cap.ids.cpu(), cap.mask.cpu().bool()  # [B, T]
@@ -223,6 +229,17 @@ class DraftRefresher:
         self.captured += len(fresh)
         self.online.add(fresh)
 
+    def fresh_agreement(self) -> float | None:
+        """The draft's greedy agreement with the policy at position 1 on the sequences captured since the last
+        call: the newest rollouts, which it has not trained on (at most `batch_size` of them). None when none
+        were captured. Every rank calls it (the lm_head is gathered under FSDP2)."""
+        W = embeddings(self.policy)[1]  # [V, H]
+        n = min(self.captured - self._agreed_at, self.settings.batch_size, len(self.online.buffer))
+        self._agreed_at = self.captured
+        if n <= 0:
+            return None
+        return self.online.metrics(self.online.buffer[-n:], W.to(self.online.device))["top1"][0]
+
     # --- training -----------------------------------------------------------------------------
 
     def refresh(self, steps: int) -> RefreshReport:
@@ -248,6 +265,7 @@ class DraftRefresher:
 
             check_vocab_map(state["d2t"], self.policy.config.vocab_size, "the refreshed draft")
         colocated.send_weights(llm, "spectool_reload_draft", state)
+        sent = time.perf_counter()
         want = self.draft.vllm_probe(dtype)
         if getattr(self.draft, "shares_head", False):  # the engine's is the policy's: the logprob check's concern
             want.pop("lm_head", None)
@@ -262,7 +280,8 @@ class DraftRefresher:
         self._last_push = want
         self._pushed_at = self.captured  # the features captured after this are the engine's next rollouts
         excess = ranks.stats({"excess": check.max_excess})["excess"][2]  # the worst rank's
-        return PushReport(dtype, check.modules, excess, power, time.perf_counter() - t)
+        end = time.perf_counter()
+        return PushReport(dtype, check.modules, excess, power, end - t, send_s=sent - t, probe_s=end - sent)
 
     def check_one_draft(self, state: dict[str, torch.Tensor] | None = None, when: str = "") -> str | None:
         """A collective: the digest of the draft's weights (as pushed: export_state_dict) gathered

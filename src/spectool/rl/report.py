@@ -32,6 +32,8 @@ class LiveView:
 
     def update(self, rec: dict) -> None:
         self.history.append(rec)
+        if rec.get("warning"):
+            self.console.print(f"[yellow]step {rec['step']}: {rec['warning']}[/yellow]")
         self.live.update(self._render())
 
     def _render(self):

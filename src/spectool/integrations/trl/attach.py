@@ -273,6 +273,7 @@ class _Attached:
         delta, self._counters = now - self._counters, now
         pooled = self._log_acceptance(delta)
         if self.refresher is None:
+            self._watch_frozen(pooled)
             return
         if self.pending_check:
             self.refresher.check_acceptance(delta)  # every rank's engine; all stop if one drafter is dead
@@ -296,8 +297,21 @@ class _Attached:
             self._log("draft_check_excess", pushed.max_excess)
             self._log("draft_steps", rep.steps)
             self._log("refresh_s", r["spent"][2])
+            for key, value in (("refresh_train_s", rep.train_s), ("refresh_measure_s", rep.measure_s),
+                               ("push_s", pushed.send_s), ("probe_s", pushed.probe_s)):
+                self._log(key, value)  # this rank's share of the refresh
             self.history.append({"step": step, "reason": self.cadence.reason, "loss": r["loss"][0],
                                  "check_excess": pushed.max_excess, "has_power": pushed.has_power})
+
+    def _watch_frozen(self, pooled: AcceptanceStats) -> None:
+        """A frozen draft: the warning, once, when its pooled acceptance decays (draft/refresh_policy.py)."""
+        if self.spec.draft is None or not pooled.num_drafts:
+            return
+        self.cadence.observe(pooled.mean_acceptance_length, self.gen_s)
+        self.gen_s = 0.0
+        warning = self.cadence.decayed("RefreshSettings.mode (SpectoolSpeculation.refresh)")
+        if warning:
+            log.warning("spectool: %s", warning)
 
     def _log_acceptance(self, delta: AcceptanceStats) -> AcceptanceStats:
         """The step's acceptance, overall and per position, pooled over the ranks' engines (every
