@@ -124,6 +124,30 @@ def test_dead_drafter_is_told_from_a_weak_one(random_draft, policy):
         r.check_acceptance(dead)
 
 
+def test_the_per_step_agreement_reads_only_the_newest_rollouts_and_a_refresh_starts_from_it(random_draft, policy):
+    """fresh_agreement: the draft's position-1 agreement on the sequences captured since its last call (None when
+    nothing was); a refresh right after it reuses that measurement as its `before` (one measure saved), and one
+    after a capture measures again."""
+    from spectool.draft.refresh import AGREEMENT_SEQS
+
+    r = _refresher(random_draft, policy)
+    assert r.fresh_agreement() is None
+    g = torch.Generator().manual_seed(0)
+    with r.capture([3] * 12):
+        policy(input_ids=torch.randint(3, 60, (12, 10), generator=g)).logits.sum().backward()
+    measured = []
+    r.online.metrics = lambda feats, W, real=r.online.metrics: measured.append(len(feats)) or real(feats, W)
+    a = r.fresh_agreement()
+    assert 0 <= a <= 1 and measured == [min(12, AGREEMENT_SEQS)]
+    assert r.fresh_agreement() is None  # nothing new
+    rep = r.refresh(2)
+    assert rep.top1_before[0] == a and measured == [min(12, AGREEMENT_SEQS), 4]  # only `after` measured
+    with r.capture([3] * 2):
+        policy(input_ids=torch.randint(3, 60, (2, 10), generator=g)).logits.sum().backward()
+    r.refresh(1)
+    assert measured[2:] == [4, 4]  # new rollouts since: before and after
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_probe_tells_a_changed_draft_in_the_engine_dtype(random_draft, dtype):
     """The trainer side of the engine check: the same weights pass, trained weights are told

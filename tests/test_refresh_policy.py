@@ -114,3 +114,23 @@ def test_a_frozen_draft_is_never_refreshed_but_its_decay_is_said_once():
         p.observe(a, 10.0)
         assert p.decayed() is None  # once per run
     assert RefreshPolicy("auto").decayed() is None  # a refreshed draft is the refresh's business
+
+
+def test_trl_says_once_that_a_frozen_drafts_acceptance_decayed(caplog):
+    """The TRL integration's watch over a frozen draft, on the pooled counters of each step (the engine and the
+    trainer stood in: the watch reads nothing else)."""
+    import logging
+    from types import SimpleNamespace
+
+    from spectool.integrations.trl.attach import _Attached
+    from spectool.stats import AcceptanceStats
+
+    a = object.__new__(_Attached)
+    a.spec, a.cadence, a.gen_s = SimpleNamespace(draft="some/draft"), RefreshPolicy("frozen", drop=0.25), 3.0
+    with caplog.at_level(logging.WARNING, logger="spectool.integrations.trl.attach"):
+        for accepted in (60, 60, 60, 40, 30, 30, 20, 20):  # of 100 drafts: acceptance length 1.6 down to 1.2
+            a._watch_frozen(AcceptanceStats(100, 300, accepted, [accepted, 0, 0]))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "fell from 1.60 to 1.43" in said[0] and "RefreshSettings.mode" in said[0]
+    a.spec = SimpleNamespace(draft=None)  # no draft: nothing to watch
+    a._watch_frozen(AcceptanceStats(100, 300, 0, [0, 0, 0]))

@@ -77,8 +77,9 @@ class OnlineDraft:
         self.buffer.extend(feats)
         del self.buffer[: max(0, len(self.buffer) - self.buffer_size)]
 
-    def refresh(self, policy, n_steps: int) -> RefreshReport:
-        """Train `n_steps` TTT steps on mini-batches drawn from the buffer."""
+    def refresh(self, policy, n_steps: int, before: list[float] | None = None) -> RefreshReport:
+        """Train `n_steps` TTT steps on mini-batches drawn from the buffer. `before`: the draft's per-position
+        agreement on the newest features, when the caller has just measured it (else measured here)."""
         emb, W = embeddings(policy)  # [V, H] each, whole (gathered under FSDP2: every rank refreshes together)
         if W.device != self.device:  # the draft trains where the policy lives (parameters keep their identity)
             self.device = W.device
@@ -88,7 +89,7 @@ class OnlineDraft:
         W_dv = W[self.target_ids]  # [Vd, H]
         newest = self.buffer[-self.batch_size :]
         t0 = time.perf_counter()
-        before = self.metrics(newest, W)["top1"]
+        before = before if before is not None else self.metrics(newest, W)["top1"]
         t1 = time.perf_counter()
         losses = []
         for _ in range(n_steps):

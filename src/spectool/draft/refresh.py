@@ -56,6 +56,7 @@ from spectool.stats import AcceptanceStats
 
 CHECKPOINT_STATE = "refresher.pt"  # beside the draft in a checkpoint folder (DraftRefresher.checkpoint)
 DEAD_P = 1e-3  # a drafter whose acceptance would reach 0 with less than this probability is dead
+AGREEMENT_SEQS = 8  # the newest sequences a per-step agreement reads (about 700 positions at 90 tokens)
 
 
 class DraftNotLive(SpectoolError):
@@ -116,6 +117,7 @@ class DraftRefresher:
         self._last_push: dict | None = None  # the trainer-side probe of the weights last pushed
         self._pushed_at: int | None = None  # `captured` when the draft was last pushed
         self._agreed_at = 0  # `captured` at the last fresh_agreement
+        self._agreement: list[float] | None = None  # its per-position agreement, while the draft is unchanged
         self.capture_s = 0.0  # seconds spent storing captured features (the hooks' share of the training forward)
         self._attach()
 
@@ -231,14 +233,16 @@ class DraftRefresher:
 
     def fresh_agreement(self) -> float | None:
         """The draft's greedy agreement with the policy at position 1 on the sequences captured since the last
-        call: the newest rollouts, which it has not trained on (at most `batch_size` of them). None when none
-        were captured. Every rank calls it (the lm_head is gathered under FSDP2)."""
+        call: the newest rollouts, which it has not trained on (at most AGREEMENT_SEQS of them: the policy's
+        logits over its whole vocabulary are most of the cost). None when none were captured. A refresh right
+        after it starts from this measurement. Every rank calls it (the lm_head is gathered under FSDP2)."""
         W = embeddings(self.policy)[1]  # [V, H]
-        n = min(self.captured - self._agreed_at, self.settings.batch_size, len(self.online.buffer))
+        n = min(self.captured - self._agreed_at, AGREEMENT_SEQS, len(self.online.buffer))
         self._agreed_at = self.captured
         if n <= 0:
             return None
-        return self.online.metrics(self.online.buffer[-n:], W.to(self.online.device))["top1"][0]
+        self._agreement = self.online.metrics(self.online.buffer[-n:], W.to(self.online.device))["top1"]
+        return self._agreement[0]
 
     # --- training -----------------------------------------------------------------------------
 
@@ -248,7 +252,10 @@ class DraftRefresher:
         if not self.online.buffer:
             raise SpectoolError("the draft refresher holds no features yet: it captures them during the trainer's "
                                 "training forward (grad on, model.train()), with capture(prompt_lens) or labels")
-        return self.online.refresh(self.policy, steps)
+        fresh = self._agreement if self._agreed_at == self.captured else None  # nothing captured since it
+        report = self.online.refresh(self.policy, steps, before=fresh)
+        self._agreement = None  # the draft changed
+        return report
 
     # --- the running engine ---------------------------------------------------------------------
 
