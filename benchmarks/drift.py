@@ -11,6 +11,11 @@ each refresh of the fixed cadence with what it bought (acceptance before -> afte
 it saved over the steps after it against its cost), auto's refreshes beside them, and the staleness curve.
 Writes drift.png (acceptance, agreement and entropy over steps; refreshes marked) and summary.json.
 
+The arms' policies diverge (each samples its own rollouts), so an arm's acceptance mixes what its draft
+learned with where its policy went. `--same-policy` separates them: on each refreshed arm's final policy,
+`spectool rollout` on held-out prompts with the draft the run started from and with the arm's refreshed
+draft, same prompts and seeds.
+
   python benchmarks/drift.py --draft runs/demo/draft --data gym:letter_counting --out runs/drift
 """
 
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,6 +89,28 @@ def what_refreshes_bought(m: list[dict], horizon: int) -> list[dict]:
     return out
 
 
+def rollout_acceptance(out: Path, policy: Path, draft: str, args) -> float:
+    """Mean acceptance length of one `spectool rollout` (reused when its manifest exists)."""
+    if not (out / "manifest.json").exists():
+        cmd = [sys.executable, "-m", "spectool.cli", "rollout", "--model", str(policy), "--draft", draft,
+               "--k", str(args.k), "--temperature", "1", "--n-prompts", str(args.prompts * 2), "--samples", "4",
+               "--max-tokens", str(args.max_tokens), "--split", "eval", "--seed", "1", "--out", str(out)]
+        cmd += ["--data", args.data] if args.data else []
+        env = {**os.environ, "SPECTOOL_ENFORCE_EAGER": "1"} if args.eager else None
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    acc = json.loads((out / "manifest.json").read_text())["summary"]["acceptance"]
+    return 1 + acc["num_accepted_tokens"] / acc["num_drafts"]
+
+
+def same_policy(arm: Path, args) -> dict:
+    """On the arm's final policy: the starting draft's acceptance against the arm's refreshed draft's."""
+    ckpt = max((arm / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    return {"step": int(ckpt.name.split("-")[1]),
+            "start_draft": rollout_acceptance(arm / "same-policy" / "start-draft", ckpt / "policy", args.draft, args),
+            "refreshed_draft": rollout_acceptance(arm / "same-policy" / "refreshed-draft", ckpt / "policy",
+                                                  str(ckpt / "draft"), args)}
+
+
 def main() -> None:
     from spectool.rl.report import staleness_curve
 
@@ -103,6 +132,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eager", action="store_true", help="engine.enforce_eager (faster start, slower decode)")
     ap.add_argument("--docs", help="copy drift.png here (e.g. docs)")
+    ap.add_argument("--same-policy", action="store_true", help="each refreshed arm's final policy with both drafts")
     args = ap.parse_args()
 
     results = {name: run_train_rl(Path(args.out) / name, args.steps, [*common(args), *sets])
@@ -137,6 +167,13 @@ def main() -> None:
         summary[name]["staleness"] = {str(k): v for k, v in curve.items()}
         print(f"  {name}: " + ", ".join(f"{x}: {v['acceptance_length']:.2f} (n={v['steps']})" for x, v in curve.items()))
     out = Path(args.out)
+    if args.same_policy:
+        print("\nthe same policy, two drafts (held-out prompts, T=1, `spectool rollout`):")
+        for name in results:
+            if name != "frozen":
+                sp = summary[name]["same_policy"] = same_policy(out / name, args)
+                print(f"  {name}'s policy at step {sp['step']}: the starting draft {sp['start_draft']:.2f}, "
+                      f"its refreshed draft {sp['refreshed_draft']:.2f}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(results, out, args.docs)
 
@@ -151,11 +188,11 @@ def plot(results: dict[str, list[dict]], out: Path, docs: str | None) -> None:
     panels = (("acceptance_length", "acceptance length (engine)"),
               ("draft_agreement", "draft agreement, position 1 (held out)"), ("entropy", "policy entropy, nats/token"))
     for ax, (key, label) in zip(axes, panels):
-        for name, m in results.items():
+        for i, (name, m) in enumerate(results.items()):  # one colour per arm in every panel
             pts = [r for r in m if r.get(key) is not None]
             if not pts:
                 continue
-            line, = ax.plot([r["step"] for r in pts], [r[key] for r in pts], "o-", ms=3, label=name)
+            line, = ax.plot([r["step"] for r in pts], [r[key] for r in pts], "o-", ms=3, label=name, color=f"C{i}")
             for r in m:
                 if "refresh_s" in r and key == "acceptance_length":
                     ax.axvline(r["step"] + 0.5, color=line.get_color(), alpha=0.25, lw=2)
