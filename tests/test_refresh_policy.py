@@ -146,15 +146,11 @@ def test_auto_on_the_drift_benchmarks_recorded_metrics():
     import json
     from pathlib import Path
 
+    from replay import replay_auto
+
     d = json.loads((Path(__file__).parent / "data" / "drift_metrics.json").read_text())
     auto, fixed, frozen = (d["arms"][k] for k in ("auto", f"every-{d['every']}", "frozen"))
-    replay, took = RefreshPolicy("auto", every=d["every"], drop=d["drop"]), []
-    for r in auto:
-        assert r["staleness"] == replay.observe(r.get("acceptance_length"), r["gen_s"])
-        if replay.due(r["step"]):
-            took.append(r["step"])
-            assert r["refresh_reason"] == replay.reason
-            replay.refreshed(r["refresh_s"])
+    replay, took = replay_auto(auto, d["every"], d["drop"])
     assert took == [r["step"] for r in auto if "refresh_s" in r] == [d["every"]]
     assert 0 < replay.saved_s < replay.cost_s  # its refresh paid back part of its cost by the end: not yet all
 

@@ -143,19 +143,13 @@ def test_auto_refresh_logs_staleness_and_refreshes_as_its_rule_says(tied_policy,
     """draft_refresh.mode auto: every step logs its rollouts' staleness (steps since the draft was refreshed),
     and the run refreshed exactly where the rule (draft/refresh_policy.py), replayed on the logged acceptance
     and generation times, says it should, each refresh with its reason."""
-    from spectool.draft.refresh_policy import RefreshPolicy
+    from replay import replay_auto
 
     out = tmp_path / "rl_auto"
     spectool(*_args(tied_policy, small_vocab_draft, sums_answer_5, out, steps=5,
                     extra=["draft_refresh.mode=auto", "draft_refresh.drop=0.05", "rollout.eval_every=0"]))
     m = _metrics(out)
-    replay, want = RefreshPolicy("auto", every=2, drop=0.05), []
-    for r in m:
-        assert r["staleness"] == replay.observe(r.get("acceptance_length"), r["gen_s"])
-        if replay.due(r["step"]):
-            want.append(r["step"])
-            assert r["refresh_reason"] == replay.reason
-            replay.refreshed(r["refresh_s"])
+    _, want = replay_auto(m, every=2, drop=0.05)
     assert [r["step"] for r in m if "refresh_s" in r] == want and want[0] == 2  # the first at `every`: its cost
     for r in m:  # what moves and what it costs, every step: the draft's held-out agreement, the policy's entropy
         assert 0 <= r["draft_agreement"] <= 1 and r["entropy"] > 0 and r["capture_s"] > 0 and r["agreement_s"] > 0
