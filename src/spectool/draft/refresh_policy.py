@@ -14,8 +14,7 @@
 Before the first refresh its cost is unknown: auto then also refreshes at step `every` (the fixed cadence's
 first refresh), which measures it. A frozen draft is watched: `decayed()` says once when its acceptance gain
 (a mean of DECAY_WINDOW steps) fell by `drop` from its best, and names `mode: auto`. Used by train-rl and the
-TRL integration; measured against a fixed cadence and a frozen draft in benchmarks/refresh_policy.py and
-benchmarks/drift.py.
+TRL integration; measured against a fixed cadence and a frozen draft in benchmarks/drift.py.
 """
 
 from __future__ import annotations
