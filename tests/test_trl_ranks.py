@@ -98,6 +98,7 @@ def test_two_processes_hold_one_draft_and_resume_it(tiny_policy, random_draft, s
         assert row["spectool/acceptance_pos1_min"] <= row["spectool/acceptance_pos1"]
         assert row["spectool/draft_loss"] <= row["spectool/draft_loss_max"]
         assert row["spectool/draft_top1_pos1_min"] <= row["spectool/draft_top1_pos1"]
+        assert all(row[f"spectool/{k}"] > 0 for k in ("refresh_train_s", "refresh_measure_s", "push_s", "probe_s"))
     assert [h["step"] for h in a["history"]] == [1, 2] and all(h["has_power"] for h in a["history"])
 
     # the checkpoint TRL wrote at step 2 carries that draft and its optimizer; the resume restores both on every rank

@@ -287,7 +287,9 @@ class _Attached:
             t = time.perf_counter()
             rep = self.refresher.refresh(self.spec.refresh.steps_per_refresh)
             pushed = self.refresher.push(self.llm)
-            r = ranks.stats({"spent": time.perf_counter() - t, "loss": rep.loss, "top1": rep.top1_after[0]})
+            r = ranks.stats({"spent": time.perf_counter() - t, "loss": rep.loss, "top1": rep.top1_after[0],
+                             "refresh_train_s": rep.train_s, "refresh_measure_s": rep.measure_s,
+                             "push_s": pushed.send_s, "probe_s": pushed.probe_s})
             self.cadence.refreshed(r["spent"][2])
             self.pending_check = True
             self._log("draft_loss", r["loss"][0])
@@ -297,9 +299,8 @@ class _Attached:
             self._log("draft_check_excess", pushed.max_excess)
             self._log("draft_steps", rep.steps)
             self._log("refresh_s", r["spent"][2])
-            for key, value in (("refresh_train_s", rep.train_s), ("refresh_measure_s", rep.measure_s),
-                               ("push_s", pushed.send_s), ("probe_s", pushed.probe_s)):
-                self._log(key, value)  # this rank's share of the refresh
+            for key in ("refresh_train_s", "refresh_measure_s", "push_s", "probe_s"):
+                self._log(key, r[key][2])  # the refresh by stage, the slowest rank's (every rank logs the same)
             self.history.append({"step": step, "reason": self.cadence.reason, "loss": r["loss"][0],
                                  "check_excess": pushed.max_excess, "has_power": pushed.has_power})
 
