@@ -149,11 +149,11 @@ def _setup(cfg: RLConfig) -> _Run:
                             engine_dtype=dtype)
     refresher, cadence = None, None
     if draft_path is not None:
-        cadence = cfg.draft_refresh.policy()
-    if draft_path is not None and cfg.draft_refresh.mode != "frozen":
-        if ckpt:  # the refreshed draft as it was at the checkpoint (MTP layers: in the saved policy)
-            draft_path = str(ckpt[1] / ("policy" if spec.method == "mtp" else "draft"))
-        refresher = _refresher(cfg, draft_path, trainer)
+        cadence = cfg.draft_refresh.policy()  # a frozen draft's too: its decay watch
+        if cfg.draft_refresh.refreshes:
+            if ckpt:  # the refreshed draft as it was at the checkpoint (MTP layers: in the saved policy)
+                draft_path = str(ckpt[1] / ("policy" if spec.method == "mtp" else "draft"))
+            refresher = _refresher(cfg, draft_path, trainer)
     if ckpt:
         st = torch.load(ckpt[1] / "state.pt", weights_only=False)
         trainer.load_state_dict(st["policy"])
