@@ -16,13 +16,17 @@
 #             mtp: tests/test_mtp.py's push on the GPU), then the engine log's runner lines
 #   trl       TRL's GRPOTrainer, one process, colocated engine: plain, frozen and online-refreshed arms
 #             (benchmarks/trl_arms.py --tiny: the plumbing on a GPU, acceptance and stage times)
+#   sampling  greedy vs probabilistic proposals at T=1 (benchmarks/draft_sampling.sh) with DRAFT=<draft folder>
+#             HARVEST=<its harvest run> (carried; a CPU-trained draft works), batch sizes BATCHES (default 1,8)
+# Measured on the first lent H200 (docs/gpu.md): the bundle's install 76 s of device time; the `tests` part's
+# tiny pipeline alone more than 200 s; `sampling` about 120 s a proposal mode with the compile cache warm.
 # What each part must print: pytest "passed" with no "failed"; memory-plan "measured / plan" between 0.8 and
 # 1.1; the pipeline's times.tsv with exit 0 on every stage; pushes: 3 passed; trl: three arms, each with
 # logprob checks under the bfloat16 tolerance (0.1) and, for frozen/online, an acceptance length.
 # Usage (bundle installed): . /tmp/site/env.sh && bash benchmarks/gpu_first_run.sh PART [OUT]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?tests | measure | pipe-a | pipe-b | what-if | pushes | trl}
+PART=${1:?tests | measure | pipe-a | pipe-b | what-if | pushes | trl | sampling}
 OUT=${2:-${OUT:-runs/gpu-first-run}}
 PY=${PYTHON:-python3}
 WORK=/tmp/gpu-run
@@ -62,6 +66,10 @@ case $PART in
   trl)
     run trl-arms $PY benchmarks/trl_arms.py --tiny --steps 3 --out "$WORK/trl-arms"
     cp -r "$WORK/trl-arms" "$OUT"/ 2>/dev/null ;;
-  *) echo "unknown part $PART: tests | measure | pipe-a | pipe-b | what-if | pushes | trl" >&2; exit 2 ;;
+  sampling)
+    run draft-sampling env PYTHON="$PY" bash benchmarks/draft_sampling.sh "${DRAFT:?DRAFT=<draft folder>}" \
+      "${HARVEST:?HARVEST=<harvest run>}" "$WORK/draft-sampling"
+    cp -r "$WORK/draft-sampling" "$OUT"/ 2>/dev/null ;;
+  *) echo "unknown part $PART: tests | measure | pipe-a | pipe-b | what-if | pushes | trl | sampling" >&2; exit 2 ;;
 esac
 cat "$OUT/parts.tsv"

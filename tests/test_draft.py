@@ -146,6 +146,7 @@ def test_losses_on_hand_made_distributions():
     ce = -(p * q.log()).sum()
     assert float(position_loss(p, logits, "ce")) == pytest.approx(float(ce))
     assert float(position_loss(p, logits, "mix")) == pytest.approx(float(ce) + 1 - overlap)
+    assert float(position_loss(p, logits, "tv-heavy")) == pytest.approx(0.1 * float(ce) + 0.9 * (1 - overlap))
     assert float(position_loss(p, p.log(), "tv")) == pytest.approx(0.0, abs=1e-7)  # q = p: always accepted
     g = torch.zeros(1, 3, requires_grad=True)
     position_loss(p, g, "tv").backward()

@@ -97,3 +97,47 @@ def test_a_synthetic_acceptance_length_means_the_largest_k_and_one_conditional_r
     assert rates[1] == pytest.approx(rates[0] ** 2)  # the k=1 arm gets rate c, the k=2 arm c and c^2
     with pytest.raises(SpectoolError, match="--acceptance-length=4.5: must be in \\[1, 4\\]"):
         SweepConfig(out="x", dummy_weights=True, acceptance_length=4.5, ks=[1, 3]).validate()
+
+
+def test_the_speedup_interval_widens_with_noise_and_a_drifting_machine():
+    from spectool.costmodel import speedup_interval
+
+    steady_plain = [[100, 1.0]] * 8  # 100 tokens/s every wave
+    steady_arm = [[130, 1.0]] * 8
+    assert speedup_interval(steady_arm, steady_plain) == pytest.approx((1.3, 1.3))
+    noisy_arm = [[130 + d, 1.0] for d in (-40, 35, -30, 40, -35, 30, 0, 0)]
+    lo, hi = speedup_interval(noisy_arm, steady_plain)
+    assert lo < 1.3 < hi and lo < 1.2 and hi > 1.4
+    drifting_plain = [[100, 1.0]] * 4 + [[80, 1.0]] * 4  # plain decoding's second run 20% slower
+    lo, hi = speedup_interval(steady_arm, drifting_plain)
+    assert lo < 130 / 90 < hi and hi - lo > 0.2  # 1.30x against the first run, 1.63x against the second
+
+
+def test_recommend_speaks_only_beyond_the_interval_and_says_why_not():
+    rows = [row("none", 0, 1, 1.0), {**row("eagle3", 3, 1, 1.12), "speedup_lo": 0.95, "speedup_hi": 1.3},
+            {**row("eagle3", 2, 1, 1.08), "speedup_lo": 1.04, "speedup_hi": 1.12},
+            row("none", 0, 4, 1.0), {**row("eagle3", 3, 4, 0.85), "speedup_lo": 0.8, "speedup_hi": 0.9}]
+    rec = recommend(rows, [1, 4], min_gain=0.03)
+    # k=3 is faster on its face, but its interval reaches below 1.03x: k=2, whose interval does not, is recommended
+    assert rec[1] == {"method": "eagle3", "k": 2, "speedup": 1.08, "interval": [1.04, 1.12]}
+    assert rec[4]["method"] == "none" and "slower than plain decoding" in rec[4]["why"]
+    rec = recommend(rows[:2], [1], min_gain=0.03)
+    assert rec[1]["method"] == "none" and "within the measurement's noise" in rec[1]["why"]
+    assert "eagle3 k=3 measured 1.12x [0.95, 1.30]" in rec[1]["why"]
+
+
+def test_plain_decodings_two_runs_pool_into_one_row_with_their_drift():
+    from spectool.commands.sweep_k import _with_ratios
+
+    def measured(method, k, run, tps, waves):
+        return {"method": method, "k": k, "batch": 1, "run": run, "tokens": tps * waves, "seconds": float(waves),
+                "tokens_per_s": float(tps), "sequences": waves, "waves": [[tps, 1.0]] * waves,
+                "mean_acceptance_length": 2.0 if k else None, "per_position": []}
+
+    rows = _with_ratios([measured("none", 0, 0, 100, 4), measured("eagle3", 3, 0, 99, 4), measured("none", 0, 1, 80, 4)])
+    plain, spec = rows
+    assert plain["method"] == "none" and plain["tokens_per_s"] == pytest.approx(90) and plain["drift"] == pytest.approx(0.8)
+    assert len(plain["waves"]) == 8 and "run" not in plain
+    assert spec["speedup"] == pytest.approx(1.1)  # against the pooled 90 tokens/s
+    assert spec["speedup_lo"] < 1.03 < spec["speedup_hi"]  # but the machine drifted 20%: within the noise
+    assert recommend(rows, [1], 0.03)[1]["method"] == "none"

@@ -33,9 +33,11 @@ OWN_MTP = "mtp"
 # k, the draft tokens per verify step, wherever it is set (vLLM's own bound is larger; beyond 16 no
 # drafter spectool knows is accepted often enough to pay)
 K_MIN, K_MAX = 1, 16
-# The per-position draft losses (draft/loss.py) and the default, init-draft's measured best (ce + tv:
-# docs/results.md, "Draft loss"), also the online refresh's.
-LOSSES = ("ce", "tv", "mix")
+# The per-position draft losses (draft/loss.py) as (CE weight, TV weight), and the default, init-draft's measured
+# best (ce + tv: docs/results.md, "Draft loss"), also the online refresh's. "tv-heavy" is the field's T=1 recipe
+# (DSpark; NeMo RL's DSpark recipe): 0.1 CE + 0.9 TV.
+LOSS_WEIGHTS = {"ce": (1.0, 0.0), "tv": (0.0, 1.0), "mix": (1.0, 1.0), "tv-heavy": (0.1, 0.9)}
+LOSSES = tuple(LOSS_WEIGHTS)
 DEFAULT_LOSS = "mix"
 # The largest share of GPU memory an engine may take (vLLM needs a little for itself).
 GPU_SHARE_MAX = 0.98

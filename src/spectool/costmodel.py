@@ -222,15 +222,50 @@ def ceiling(speedup: float, k: int, mean_acceptance_length: float) -> float:
     return speedup * (k + 1) / mean_acceptance_length
 
 
+def speedup_interval(arm: list[list[float]], plain: list[list[float]], level: float = 0.95, draws: int = 2000,
+                     seed: int = 0) -> tuple[float, float]:
+    """arm, plain: timed waves [tokens, seconds] of each. The `level` bootstrap percentile interval of the speedup
+    (sum tokens / sum seconds of the arm over the same of plain decoding), resampling each side's waves: where the
+    waves vary (prompts accepted more or less, a machine that drifts between plain decoding's two measurements),
+    the interval widens."""
+    rng = random.Random(seed)
+
+    def rate(waves: list[list[float]]) -> float:
+        pick = [waves[rng.randrange(len(waves))] for _ in waves]
+        return sum(t for t, _ in pick) / sum(s for _, s in pick)
+
+    ratios = sorted(rate(arm) / rate(plain) for _ in range(draws))
+    tail = (1 - level) / 2
+    return ratios[int(tail * (draws - 1))], ratios[int((1 - tail) * (draws - 1))]
+
+
 def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method: str | None = None) -> dict[int, dict]:
-    """Per batch size: the fastest speculative row (optionally of one method) if its speedup is
-    >= 1 + min_gain, else {"method": "none", "k": 0, "speedup": 1.0}."""
+    """Per batch size: the fastest speculative row (optionally of one method) whose gain is beyond the measurement's
+    noise: the low end of its speedup interval (`speedup_lo`, where the sweep measured one; else the speedup
+    itself) >= 1 + min_gain. Else {"method": "none", "k": 0, "speedup": 1.0, "why": the best row and why not}."""
     rec = {}
     for b in batch_sizes:
         cands = [r for r in rows if r["batch"] == b and r["method"] != "none" and (method is None or r["method"] == method)]
-        best = max(cands, key=lambda r: r["speedup"], default=None)
-        if best is not None and best["speedup"] >= 1 + min_gain:
+        sure = [r for r in cands if r.get("speedup_lo", r["speedup"]) >= 1 + min_gain]
+        best = max(sure, key=lambda r: r["speedup"], default=None)
+        if best is not None:
             rec[b] = {"method": best["method"], "k": best["k"], "speedup": best["speedup"]}
+            if "speedup_lo" in best:
+                rec[b]["interval"] = [best["speedup_lo"], best["speedup_hi"]]
         else:
-            rec[b] = {"method": "none", "k": 0, "speedup": 1.0}
+            rec[b] = {"method": "none", "k": 0, "speedup": 1.0, "why": _why_none(cands, min_gain)}
     return rec
+
+
+def _why_none(cands: list[dict], min_gain: float) -> str:
+    top = max(cands, key=lambda r: r["speedup"], default=None)
+    if top is None:
+        return "nothing speculative was measured"
+    what = f"{top['method']} k={top['k']} measured {top['speedup']:.2f}x"
+    if "speedup_lo" in top:
+        what += f" [{top['speedup_lo']:.2f}, {top['speedup_hi']:.2f}]"
+    if top.get("speedup_hi", top["speedup"]) < 1:
+        return what + ": slower than plain decoding"
+    if top["speedup"] < 1 + min_gain:
+        return what + f": not {min_gain:.0%} faster than plain decoding"
+    return what + f": its interval reaches below {1 + min_gain:.2f}x, so the gain is within the measurement's noise"

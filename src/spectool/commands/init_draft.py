@@ -11,7 +11,7 @@ Workflow (`run`, phase by phase):
  3. the draft vocabulary = most frequent response tokens (coverage printed); embedding and lm_head
     rows from the policy, or warm start from --init-from;
  4. training-time-test unroll over `ttt_steps` positions (>= the largest k you will run), the
-    weighted per-position loss `--loss` (loss.py: ce, tv or their sum mix, the default), AdamW +
+    weighted per-position loss `--loss` (loss.py: ce, tv, their sum mix (the default), or tv-heavy), AdamW +
     cosine schedule, under `accelerate`;
  5. held-out per-position top-1 agreement and expected acceptance; metrics.jsonl; a checkpoint
     every `save_every` steps; a killed run resumes at the next step; final vLLM-loadable folder;

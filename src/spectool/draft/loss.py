@@ -7,7 +7,8 @@ next-token distribution at position t+j+1, restricted to the draft vocabulary an
 
 Losses per position (`LOSSES`): "ce" soft cross-entropy; "tv" total variation 1 - sum_v min(p_v, q_v),
 one minus the probability that a draft sampling from q is accepted (what T=1 speculation pays for);
-"mix" their sum (TV's gradient vanishes where q has no mass, CE's does not).
+"mix" their sum (TV's gradient vanishes where q has no mass, CE's does not); "tv-heavy" 0.1 CE + 0.9 TV, the
+field's T=1 recipe (DSpark). The weights: constants.LOSS_WEIGHTS.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spectool.constants import LOSSES
+from spectool.constants import LOSS_WEIGHTS, LOSSES
 
 
 def step_mask(prompt_lens: torch.Tensor, lengths: torch.Tensor, T: int, j: int) -> torch.Tensor:
@@ -38,10 +39,14 @@ def position_loss(p: torch.Tensor, draft_logits: torch.Tensor, kind: str = "ce")
     """p: [N, Vd] target distribution, draft_logits: [N, Vd] -> mean loss over the N positions."""
     if kind not in LOSSES:
         raise ValueError(f"unknown loss {kind!r}; one of {LOSSES}")
+    w_ce, w_tv = LOSS_WEIGHTS[kind]
     logq = F.log_softmax(draft_logits.float(), -1)
-    ce = -(p * logq).sum(-1).mean() if kind != "tv" else None
-    tv = (1 - torch.minimum(p, logq.exp()).sum(-1)).mean() if kind != "ce" else None
-    return ce if tv is None else tv if ce is None else ce + tv
+    loss = draft_logits.new_zeros((), dtype=torch.float32)
+    if w_ce:
+        loss = loss + w_ce * -(p * logq).sum(-1).mean()
+    if w_tv:
+        loss = loss + w_tv * (1 - torch.minimum(p, logq.exp()).sum(-1)).mean()
+    return loss
 
 
 def ttt_loss(

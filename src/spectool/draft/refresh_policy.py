@@ -56,7 +56,7 @@ class RefreshSettings:
     buffer_seqs: int = 256
     """Sequences of features kept on the host (newest last); the oldest go first."""
     loss: str = DEFAULT_LOSS
-    """Per-position loss (draft/loss.py): ce | tv | mix; init-draft's default."""
+    """Per-position loss (draft/loss.py): ce | tv | mix | tv-heavy; init-draft's default."""
 
     def validate(self, prefix: str = "draft_refresh.") -> None:
         """`prefix`: how the caller's user spells the section ("draft_refresh." in rl.yaml, "refresh." in TRL)."""

