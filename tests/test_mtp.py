@@ -160,6 +160,7 @@ def test_init_draft_mtp_changes_only_the_mtp_tensors_and_is_served(tiny_mimo, su
                  "16", "--data", str(sums), "--split", "train", "--compare")
     assert "mean acceptance length (k=2)" in r.stdout and "speedup" in r.stdout
     spectool("sweep-k", "--model", str(out), "--methods", "mtp", "--k", "1,2", "--batch-sizes", "2", "--min-seqs", "2",
+             "--min-seconds", "0",
              "--max-tokens", "12", "--data", str(sums), "--out", str(tmp_path / "sweep"))
     rows = [x for x in json.loads((tmp_path / "sweep" / "sweep.json").read_text())["rows"] if x["method"] == "mtp"]
     assert [x["k"] for x in rows] == [1, 2] and all(x["mean_acceptance_length"] >= 1 for x in rows)
@@ -185,7 +186,7 @@ def test_weightless_mtp_sweep_then_forecast(tiny_mimo, tmp_path):
     (cfg_only / "config.json").write_text((tiny_mimo / "config.json").read_text())
     out = tmp_path / "sweep"
     r = spectool("sweep-k", "--model", str(cfg_only), "--dummy-weights", "--methods", "mtp", "--acceptance-rates",
-                 "0.9,0.6", "--k", "1,2", "--batch-sizes", "2", "--max-tokens", "16", "--min-seqs", "2",
+                 "0.9,0.6", "--min-seconds", "0", "--k", "1,2", "--batch-sizes", "2", "--max-tokens", "16", "--min-seqs", "2",
                  "--prompt-len", "8", "--out", str(out))
     assert "runs the MTP layer again" in r.stderr  # k=2 with one MTP layer
     rows = [x for x in json.loads((out / "sweep.json").read_text())["rows"] if x["method"] == "mtp"]

@@ -185,7 +185,7 @@ def test_sweep_over_families_recommends_a_family_and_writes_its_schedule(tiny_po
     _, peagle = _draft(tiny_policy, tmp_path_factory, "peagle")
     _, dflash = _draft(tiny_policy, tmp_path_factory, "dflash")
     out = tmp_path / "sweep"
-    spectool("sweep-k", "--model", str(tiny_policy), "--data", DATA, "--methods", "eagle3,peagle,dflash",
+    spectool("sweep-k", "--min-seconds", "0", "--model", str(tiny_policy), "--data", DATA, "--methods", "eagle3,peagle,dflash",
              "--drafts", f"{random_draft},{peagle},{dflash}", "--k", "2", "--batch-sizes", "1", "--min-seqs", "2",
              "--max-tokens", "8", "--min-gain", "0", "--out", str(out))
     s = json.loads((out / "sweep.json").read_text())
@@ -196,5 +196,6 @@ def test_sweep_over_families_recommends_a_family_and_writes_its_schedule(tiny_po
     assert (rec["method"], rec["k"]) == ((best["method"], 2) if best["speedup"] >= 1 else ("none", 0))
     assert schedule_method(str(out)) == s["schedule_method"] and s["draft"] == s["drafts"][s["schedule_method"]]
     r = spectool("sweep-k", "--model", str(tiny_policy), "--methods", "eagle3,dflash", "--drafts", str(random_draft),
+                 "--min-seconds", "0",
                  "--out", str(tmp_path / "no"), check=False)
     assert r.returncode == 2 and "no draft folder of dflash" in r.stderr

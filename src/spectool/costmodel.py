@@ -236,7 +236,8 @@ def speedup_interval(arm: list[list[float]], plain: list[list[float]], level: fl
 
     ratios = sorted(rate(arm) / rate(plain) for _ in range(draws))
     tail = (1 - level) / 2
-    return ratios[int(tail * (draws - 1))], ratios[int((1 - tail) * (draws - 1))]
+    point = sum(t for t, _ in arm) / sum(s for _, s in arm) * sum(s for _, s in plain) / sum(t for t, _ in plain)
+    return min(point, ratios[int(tail * (draws - 1))]), max(point, ratios[int((1 - tail) * (draws - 1))])
 
 
 def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method: str | None = None) -> dict[int, dict]:
