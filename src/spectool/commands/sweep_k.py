@@ -323,14 +323,17 @@ def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, b in enumerate(cfg.batch_sizes):  # colour = batch size, line style = method
         for m in cfg.methods:
-            pts = sorted((r["k"], r["speedup"]) for r in rows if r["batch"] == b and r["method"] == m)
+            pts = sorted((r["k"], r["speedup"], r.get("speedup_lo", r["speedup"]), r.get("speedup_hi", r["speedup"]))
+                         for r in rows if r["batch"] == b and r["method"] == m)
             if pts:
-                ax.plot(*zip(*pts), marker="o", color=f"C{i}", ls=_STYLES.get(m, ":"), label=f"{m}, batch {b}")
+                ks, sp, lo, hi = zip(*pts)  # error bars: each speedup's 95% interval
+                ax.errorbar(ks, sp, yerr=[[s - x for s, x in zip(sp, lo)], [x - s for s, x in zip(sp, hi)]], marker="o",
+                            capsize=3, color=f"C{i}", ls=_STYLES.get(m, ":"), label=f"{m}, batch {b}")
     ax.axhline(1.0, color="grey", lw=1)
     ax.set_xticks(cfg.ks)
     ax.set_xlabel("k (draft tokens per step)")
     ax.set_ylabel("speedup over plain decoding")
-    ax.set_title("sweep-k: speedup vs k")
+    ax.set_title("sweep-k: speedup vs k (bars: 95% intervals)")
     save(fig, out / "speedup_vs_k.png", ax)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
