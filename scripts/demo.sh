@@ -14,6 +14,10 @@ $S export --draft "$RUN/draft" --out "$RUN/export" --k 3
 $S rollout --draft "$RUN/export" --k 3 --compare --temperature 0 --n-prompts 13 --max-tokens 128 --out "$RUN/rollout-t0"
 $S rollout --draft "$RUN/export" --k 3 --compare --temperature 1 --n-prompts 13 --samples 8 --max-tokens 128 \
   --out "$RUN/rollout-t1"
+# Where speculation pays on this machine, beyond noise: T=1 (what RL samples at) at batch 1 and 4, k = 2 and 3, each
+# speedup with its 95% interval; a recommendation only where the interval clears the margin, else the reason.
+$S sweep-k --draft "$RUN/draft" --k 2,3 --batch-sizes 1,4 --temperature 1 --lengths "$RUN/draft/harvest" \
+  --out "$RUN/sweep-t1"
 # Online GRPO with speculative rollouts and the draft refreshed from the trainer's own forward.
 $S train-rl --config templates/rl.yaml --set out="$RUN/rl" --set speculation.draft="$RUN/draft" \
   --set policy.steps=6 --set policy.lr=1e-5 --set rollout.prompts_per_step=8 --set rollout.group_size=4 \
