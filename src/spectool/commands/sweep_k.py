@@ -372,8 +372,8 @@ def render(result: dict, out: str) -> None:
     c = console()
     c.print(t)
     for b, v in result["recommendation"].items():
-        what = (f"no speculation ({v['why']})" if v["method"] == "none" and "why" in v else "no speculation"
-                if v["method"] == "none" else f"{v['method']} k={v['k']} ({v['speedup']:.2f}x)")
+        what = (f"{v['method']} k={v['k']} ({v['speedup']:.2f}x)" if v["method"] != "none"
+                else "no speculation" + (f" ({v['why']})" if "why" in v else ""))
         c.print(f"batch {b}: recommend {what}", highlight=False, soft_wrap=True)
     if result.get("schedule"):
         c.print(f"schedule for rollout --k auto: {result['schedule_method']} drafts, k per batch size "
