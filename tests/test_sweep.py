@@ -127,14 +127,14 @@ def test_recommend_speaks_only_beyond_the_interval_and_says_why_not():
 
 
 def test_plain_decodings_two_runs_pool_into_one_row_with_their_drift():
-    from spectool.commands.sweep_k import _with_ratios
+    from spectool.costmodel import speedups
 
     def measured(method, k, run, tps, waves):
         return {"method": method, "k": k, "batch": 1, "run": run, "tokens": tps * waves, "seconds": float(waves),
                 "tokens_per_s": float(tps), "sequences": waves, "waves": [[tps, 1.0]] * waves,
                 "mean_acceptance_length": 2.0 if k else None, "per_position": []}
 
-    rows = _with_ratios([measured("none", 0, 0, 100, 4), measured("eagle3", 3, 0, 99, 4), measured("none", 0, 1, 80, 4)])
+    rows = speedups([measured("none", 0, 0, 100, 4), measured("eagle3", 3, 0, 99, 4), measured("none", 0, 1, 80, 4)])
     plain, spec = rows
     assert plain["method"] == "none" and plain["tokens_per_s"] == pytest.approx(90) and plain["drift"] == pytest.approx(0.8)
     assert len(plain["waves"]) == 8 and "run" not in plain

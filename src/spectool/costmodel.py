@@ -240,6 +240,42 @@ def speedup_interval(arm: list[list[float]], plain: list[list[float]], level: fl
     return min(point, ratios[int(tail * (draws - 1))]), max(point, ratios[int((1 - tail) * (draws - 1))])
 
 
+def speedups(rows: list[dict], seed: int = 0) -> list[dict]:
+    """A sweep's measured rows -> one plain-decoding row per batch size (its runs pooled; `drift`: the last run's
+    tokens/s over the first's) and, on every speculative row, the speedup over it with its 95% interval
+    (`speedup_interval`, where the rows carry their timed waves) and its ceiling."""
+    plain = {b: _pooled([r for r in rows if r["method"] == "none" and r["batch"] == b])
+             for b in {r["batch"] for r in rows if r["method"] == "none"}}
+    out = list(plain.values())
+    for r in rows:
+        if r["method"] == "none":
+            continue
+        r = dict(r)
+        p = plain.get(r["batch"])
+        r["speedup"] = r["tokens_per_s"] / p["tokens_per_s"] if p else float("nan")
+        if p and r.get("waves") and p.get("waves"):
+            r["speedup_lo"], r["speedup_hi"] = speedup_interval(r["waves"], p["waves"], seed=seed)
+        r["ceiling"] = ceiling(r["speedup"], r["k"], r["mean_acceptance_length"])
+        out.append(r)
+    for p in plain.values():
+        p["speedup"], p["ceiling"] = 1.0, 1.0
+    return sorted(out, key=lambda r: (r["batch"], r["method"] != "none", r["method"], r["k"]))
+
+
+def _pooled(runs: list[dict]) -> dict:
+    """Plain decoding's runs at one batch size as one row: tokens, seconds and waves summed over the runs."""
+    runs = sorted(runs, key=lambda r: r.get("run", 0))
+    row = dict(runs[0])
+    row.pop("run", None)
+    row["tokens"], row["seconds"] = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
+    row["tokens_per_s"], row["sequences"] = row["tokens"] / row["seconds"], sum(r["sequences"] for r in runs)
+    if all("waves" in r for r in runs):
+        row["waves"] = [w for r in runs for w in r["waves"]]
+    if len(runs) > 1:
+        row["drift"] = runs[-1]["tokens_per_s"] / runs[0]["tokens_per_s"]
+    return row
+
+
 def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method: str | None = None) -> dict[int, dict]:
     """Per batch size: the fastest speculative row (optionally of one method) whose gain is beyond the measurement's
     noise: the low end of its speedup interval (`speedup_lo`, where the sweep measured one; else the speedup

@@ -13,7 +13,7 @@ Workflow:
     else no speculation, with the reason; plus the eagle3-only schedule `rollout --k auto` uses;
  4. rows.jsonl (appended per measurement: a killed sweep resumes at the next arm), sweep.csv,
     sweep.json, PNG plots, manifest. The arm itself is engine/arms.measure_arm; the pure math
-    (`ceiling`, `recommend`, `k_schedule`) is costmodel's, tested on hand-made numbers.
+    (`speedups`, `ceiling`, `recommend`, `k_schedule`) is costmodel's, tested on hand-made numbers.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from spectool import subproc
 from spectool.config import SweepConfig
-from spectool.costmodel import ceiling, k_schedule, output_lengths, recommend, speedup_interval
+from spectool.costmodel import k_schedule, output_lengths, recommend, speedups
 from spectool.data import load_source
 from spectool.draft.checkpoint import dummy_draft_config
 from spectool.draft.families import check_served
@@ -229,7 +229,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             row["run"] = run_no
             append_jsonl(rows_path, row)
             done.append(row)
-    rows = _with_ratios([r for r in done if r["batch"] in cfg.batch_sizes and (r["method"], r["k"]) in _arms(cfg)],
+    rows = speedups([r for r in done if r["batch"] in cfg.batch_sizes and (r["method"], r["k"]) in _arms(cfg)],
                         cfg.seed)
     rec = recommend(rows, cfg.batch_sizes, cfg.min_gain)
     eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
@@ -270,42 +270,6 @@ def schedule_family(rows: list[dict], cfg: SweepConfig) -> tuple[str | None, dic
         if best is None or gain > best[0]:
             best = (gain, m, rec)
     return (best[1], best[2]) if best else (None, None)
-
-
-def _with_ratios(rows: list[dict], seed: int = 0) -> list[dict]:
-    """One plain-decoding row per batch size (its runs pooled; `drift`: the last run's tokens/s over the first's)
-    and, on every speculative row, the speedup over it with its 95% interval (costmodel.speedup_interval, where the
-    rows carry their timed waves)."""
-    plain = {b: _pooled([r for r in rows if r["method"] == "none" and r["batch"] == b])
-             for b in {r["batch"] for r in rows if r["method"] == "none"}}
-    out = list(plain.values())
-    for r in rows:
-        if r["method"] == "none":
-            continue
-        r = dict(r)
-        p = plain.get(r["batch"])
-        r["speedup"] = r["tokens_per_s"] / p["tokens_per_s"] if p else float("nan")
-        if p and r.get("waves") and p.get("waves"):
-            r["speedup_lo"], r["speedup_hi"] = speedup_interval(r["waves"], p["waves"], seed=seed)
-        r["ceiling"] = ceiling(r["speedup"], r["k"], r["mean_acceptance_length"])
-        out.append(r)
-    for p in plain.values():
-        p["speedup"], p["ceiling"] = 1.0, 1.0
-    return sorted(out, key=lambda r: (r["batch"], r["method"] != "none", r["method"], r["k"]))
-
-
-def _pooled(runs: list[dict]) -> dict:
-    """Plain decoding's runs at one batch size as one row: tokens, seconds and waves summed over the runs."""
-    runs = sorted(runs, key=lambda r: r.get("run", 0))
-    row = dict(runs[0])
-    row.pop("run", None)
-    row["tokens"], row["seconds"] = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
-    row["tokens_per_s"], row["sequences"] = row["tokens"] / row["seconds"], sum(r["sequences"] for r in runs)
-    if all("waves" in r for r in runs):
-        row["waves"] = [w for r in runs for w in r["waves"]]
-    if len(runs) > 1:
-        row["drift"] = runs[-1]["tokens_per_s"] / runs[0]["tokens_per_s"]
-    return row
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
