@@ -231,12 +231,14 @@ def speedup_interval(arm: list[list[float]], plain: list[list[float]], level: fl
     rng = random.Random(seed)
 
     def rate(waves: list[list[float]]) -> float:
-        pick = [waves[rng.randrange(len(waves))] for _ in waves]
-        return sum(t for t, _ in pick) / sum(s for _, s in pick)
+        return sum(t for t, _ in waves) / sum(s for _, s in waves)
 
-    ratios = sorted(rate(arm) / rate(plain) for _ in range(draws))
+    def resampled(waves: list[list[float]]) -> float:
+        return rate([waves[rng.randrange(len(waves))] for _ in waves])
+
+    ratios = sorted(resampled(arm) / resampled(plain) for _ in range(draws))
     tail = (1 - level) / 2
-    point = sum(t for t, _ in arm) / sum(s for _, s in arm) * sum(s for _, s in plain) / sum(t for t, _ in plain)
+    point = rate(arm) / rate(plain)
     return min(point, ratios[int(tail * (draws - 1))]), max(point, ratios[int((1 - tail) * (draws - 1))])
 
 

@@ -40,9 +40,9 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                                                   ignore_eos=True))
     rows = []
     for batch in batch_sizes:
-        tokens, seconds, stats, context, timed = 0, 0.0, AcceptanceStats(), 0.0, []
+        stats, context, timed = AcceptanceStats(), 0.0, []  # timed: [tokens, seconds] per wave
         w = 0
-        while w * batch < min_seqs or w < MIN_WAVES or seconds < min_seconds:
+        while w * batch < min_seqs or w < MIN_WAVES or sum(s for _, s in timed) < min_seconds:
             wave = [prompts[(w * batch + i) % len(prompts)] for i in range(batch)]
             each = [lengths[(w * batch + i) % len(lengths)] for i in range(batch)] if lengths else None
             t0 = time.perf_counter()
@@ -50,10 +50,10 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                                                       seed=seed * 100003 + w, ignore_eos=bool(lengths),
                                                       max_tokens_each=each))
             timed.append([sum(len(c.response_ids) for per in outs for c in per), time.perf_counter() - t0])
-            tokens, seconds = tokens + timed[-1][0], seconds + timed[-1][1]
             context += sum(len(c.prompt_ids) + len(c.response_ids) / 2 for per in outs for c in per)
             stats = stats + st
             w += 1
+        tokens, seconds = sum(t for t, _ in timed), sum(s for _, s in timed)
         subproc.report(f"  batch {batch}: {w * batch} sequences in {seconds:.1f} s, {tokens / seconds:.1f} tokens/s"
                        + (f", acceptance length {stats.mean_acceptance_length:.2f}" if stats.num_drafts else ""))
         rows.append({"method": method, "k": k, "batch": batch, "tokens": tokens, "seconds": seconds,
