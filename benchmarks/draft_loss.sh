@@ -3,7 +3,9 @@
 # features, the same steps (so about the same wall time: each arm's training seconds are printed); --loss ce | tv |
 # mix | tv-heavy (the field's 0.1 CE + 0.9 TV) side by side on held-out prompts: the offline metrics (top-1,
 # P(accept) of a greedy and of a sampling draft) and the engine's acceptance length at k=3 that init-draft measures
-# on the held-out records (T=0, T=1 greedy and T=1 probabilistic proposals). LOSSES="..." picks the arms.
+# on the held-out records (T=0, T=1 greedy and T=1 probabilistic proposals). LOSSES="..." picks the arms; ARMS adds
+# others, "name:init-draft flags" separated by ";" (the draft's size: ARMS="layers2:--draft-layers 2;vocab16k:
+# --draft-vocab-size 16384"); an arm's flags follow the default loss unless they name one.
 # FEATURES_CACHE (an init-draft .train/features.safetensors of that harvest) becomes the harvest's
 # hidden-state shard, so no run recomputes the policy's features.
 # Usage: bash benchmarks/draft_loss.sh HARVEST_RUN [FEATURES_CACHE] [OUT] [EPOCHS]
@@ -23,14 +25,20 @@ json.dump(m, open(f"{sys.argv[1]}/manifest.json", "w"), indent=2)
 PY
 fi
 [ -d "$OUT/harvest" ] && H="$OUT/harvest"
-for loss in ${LOSSES:-ce tv mix tv-heavy}; do
-  [ -f "$OUT/$loss/manifest.json" ] || .venv/bin/spectool init-draft --data "$H" --out "$OUT/$loss" --loss "$loss" --epochs "$EPOCHS" > "$OUT/$loss.out" 2>&1
+LOSSES=${LOSSES-ce tv mix tv-heavy}
+NAMES=""
+IFS=';' read -ra EXTRA <<< "${ARMS:-}"
+for arm in $LOSSES "${EXTRA[@]}"; do
+  case "$arm" in *:*) name=${arm%%:*}; flags=${arm#*:} ;; *) name=$arm; flags="--loss $arm" ;; esac
+  NAMES="$NAMES $name"
+  # shellcheck disable=SC2086  # the arm's flags are words
+  [ -f "$OUT/$name/manifest.json" ] || .venv/bin/spectool init-draft --data "$H" --out "$OUT/$name" $flags --epochs "$EPOCHS" > "$OUT/$name.out" 2>&1
 done
-LOSSES="${LOSSES:-ce tv mix tv-heavy}" .venv/bin/python - "$OUT" <<'PY'
+LOSSES="$NAMES" .venv/bin/python - "$OUT" <<'PY'
 import json, math, os, sys
 out = sys.argv[1]
 def chain(r): return 1 + sum(math.prod(r[:i + 1]) for i in range(len(r)))
-print("loss      train s  top-1 (pos 1-3)     P(acc) greedy       P(acc) sampling     offline AL k=3: T=0 / T=1 greedy (walked) "
+print("arm       train s  top-1 (pos 1-3)     P(acc) greedy       P(acc) sampling     offline AL k=3: T=0 / T=1 greedy (walked) "
       "/ T=1 sampling   engine AL k=3: T=0 / T=1 greedy / T=1 probabilistic")
 for loss in os.environ["LOSSES"].split():
     m = json.load(open(f"{out}/{loss}/manifest.json"))
