@@ -22,7 +22,8 @@ Every step is kept under --out and reused on a rerun (delete a folder to redo it
 time includes each trainer's own feature work (spectool computes the policy's features in
 init-draft; speculators reads the files written before it, whose time is printed apart).
 
-    .venv/bin/python benchmarks/peer_speculators.py --harvest runs/demo/draft/harvest --out runs/peer
+    .venv/bin/python benchmarks/peer_speculators.py --harvest runs/demo/draft/harvest --out runs/peer \
+        --peer-arms "e6:--epochs 6"
 """
 
 from __future__ import annotations
@@ -108,26 +109,43 @@ def train_spectool(family: str, harvest: Path, out: Path, a) -> dict:
     return {"draft": draft, **json.loads(info_path.read_text())}
 
 
-def train_speculators(family: str, data: Path, shape: dict, policy_path: str, out: Path, epochs: int,
+def speculators_flags(family: str, shape: dict, epochs: int) -> dict[str, str]:
+    """speculators train's flags for this comparison (see the module docstring), by flag."""
+    flags = {"--speculator-type": family, "--epochs": str(epochs), "--num-layers": str(shape["layers"]),
+             "--draft-vocab-size": str(shape["vocab"]), "--draft-attn-impl": "sdpa", "--loss-implementation": "eager",
+             "--hidden-states-dtype": "float32", "--total-seq-len": "2048", "--num-workers": "0",
+             "--train-data-ratio": "0.95", "--checkpoint-freq": "1", "--seed": "0"}
+    if family == "dflash":  # its block holds the anchor (the bonus token) and the drafted positions
+        flags["--block-size"] = str(shape["positions"] + 1)
+    if family == "peagle":
+        flags["--num-depths"] = str(shape["positions"])
+    return flags
+
+
+def train_speculators(family: str, data: Path, policy_path: str, out: Path, flags: dict[str, str],
                       tag: str = "") -> dict:
-    """speculators' draft of `family` after `epochs` passes (spectool's, or more: the equal-time arm, `tag`)."""
+    """speculators' draft of `family` trained with `flags` (an extra arm's folders carry its `tag`)."""
     name = f"speculators-{family}{tag}"
     save, info_path = out / name, out / f"{name}.json"
     if not info_path.exists():
-        args = ["--verifier-name-or-path", policy_path, "--data-path", str(data), "--speculator-type", family,
-                "--save-path", str(save), "--log-dir", str(out / f"{name}-logs"), "--epochs", str(epochs), "--num-layers", str(shape["layers"]),
-                "--draft-vocab-size", str(shape["vocab"]), "--draft-attn-impl", "sdpa",
-                "--loss-implementation", "eager", "--hidden-states-dtype", "float32", "--total-seq-len", "2048",
-                "--num-workers", "0", "--train-data-ratio", "0.95", "--checkpoint-freq", "1", "--seed", "0"]
-        if family == "dflash":  # its block holds the anchor (the bonus token) and the drafted positions
-            args += ["--block-size", str(shape["positions"] + 1)]
-        if family == "peagle":
-            args += ["--num-depths", str(shape["positions"])]
-        wall = _run([sys.executable, str(ROOT / "benchmarks" / "speculators_cpu.py"), *args],
-                    out / f"{name}.log")
-        info_path.write_text(json.dumps({"wall_s": round(wall, 1), **shape}))
+        args = ["--verifier-name-or-path", policy_path, "--data-path", str(data), "--save-path", str(save),
+                "--log-dir", str(out / f"{name}-logs"), *(x for kv in flags.items() for x in kv)]
+        wall = _run([sys.executable, str(ROOT / "benchmarks" / "speculators_cpu.py"), *args], out / f"{name}.log")
+        info_path.write_text(json.dumps({"wall_s": round(wall, 1), "flags": flags}))
     last = max((p for p in save.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    return {"draft": last, **json.loads(info_path.read_text())}
+    return {"draft": last, "epochs": int(flags["--epochs"]), **json.loads(info_path.read_text())}
+
+
+def peer_arms(spec: str) -> dict[str, dict[str, str]]:
+    """--peer-arms "e6:--epochs 6;s512:--total-seq-len 512" -> {"e6": {"--epochs": "6"}, ...}."""
+    arms = {}
+    for arm in filter(None, spec.split(";")):
+        name, _, words = arm.partition(":")
+        w = words.split()
+        if not name or len(w) % 2 or not all(f.startswith("--") for f in w[::2]):
+            raise SystemExit(f"--peer-arms: {arm!r} must read name:--flag value [--flag value ...]")
+        arms[name.strip()] = dict(zip(w[::2], w[1::2]))
+    return arms
 
 
 def acceptance(draft: Path, family: str, k: int, mode: tuple, out: Path, a) -> dict:
@@ -145,14 +163,14 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--k", default="3,7")
-    ap.add_argument("--peer-epochs", default="", help="extra speculators arms with these epochs (e.g. 6: its "
-                    "draft at about spectool's wall time)")
+    ap.add_argument("--peer-arms", default="", help='more speculators arms, "name:--flag value ..." separated by ";" '
+                    '(e.g. "e6:--epochs 6": its draft at about spectool\'s wall time)')
     ap.add_argument("--n-prompts", type=int, default=32, help="held-out prompts (the eval split has about 20)")
     ap.add_argument("--samples", type=int, default=4, help="completions per prompt at T=1")
     ap.add_argument("--max-tokens", type=int, default=128)
     a = ap.parse_args()
     a.ks = [int(k) for k in a.k.split(",")]
-    a.peer_epochs = [int(e) for e in a.peer_epochs.split(",") if e]
+    a.peer_arms = peer_arms(a.peer_arms)
 
     from spectool.models import resolve_model
 
@@ -165,14 +183,14 @@ def main() -> None:
     for family in a.families.split(","):
         ours = train_spectool(family, harvest, out, a)
         shape, sdata = _draft_shape(ours["draft"]), out / "speculators-data" / "data"
+        flags = speculators_flags(family, shape, a.epochs)
         arms = {"spectool": {**ours, "epochs": a.epochs},
-                "speculators": {**train_speculators(family, sdata, shape, policy_path, out, a.epochs), "epochs": a.epochs}}
-        for e in a.peer_epochs:  # more passes for speculators: its draft at spectool's wall time
-            arms[f"speculators x{e}"] = {**train_speculators(family, sdata, shape, policy_path, out, e, f"-e{e}"),
-                                         "epochs": e}
+                "speculators": train_speculators(family, sdata, policy_path, out, flags)}
+        for name, extra in a.peer_arms.items():  # e.g. more passes: speculators' draft at spectool's wall time
+            arms[f"speculators {name}"] = train_speculators(family, sdata, policy_path, out, {**flags, **extra}, f"-{name}")
         for trainer, arm in arms.items():
             cells = {f"k={k} {m[0]}": acceptance(arm["draft"], family, k, m,
-                                                          out / "engine" / f"{trainer.replace(' x', '-e')}-{family}", a)
+                                                 out / "engine" / f"{trainer.replace(' ', '-')}-{family}", a)
                      for k in a.ks for m in MODES if not (k != a.ks[0] and m[1] > 0)}
             results.setdefault(family, {})[trainer] = {
                 "wall_s": arm["wall_s"], "epochs": arm["epochs"], "draft": str(arm["draft"]),
@@ -188,7 +206,8 @@ def _print(results: dict, data: dict) -> None:
     print(f"{'family':8}{'trainer':16}{'wall s':>8}{'tok/s':>8}" + "".join(f"{c:>18}" for c in cols))
     for family, arms in results.items():
         for trainer, r in arms.items():
-            print(f"{family:8}{trainer:16}{r['wall_s']:>8.0f}{r['tokens_per_s']:>8.0f}" + "".join(f"{r[c]['al']:>18.2f}" for c in cols))
+            print(f"{family:8}{trainer:16}{r['wall_s']:>8.0f}{r['tokens_per_s']:>8.0f}"
+                  + "".join(f"{r[c]['al']:>18.2f}" for c in cols))
         s = arms["spectool"]
         for trainer, p in arms.items():
             if trainer != "spectool":

@@ -17,9 +17,8 @@ import sys
 
 
 def main(argv: list[str]) -> None:
-    import torch
-
     import speculators.train.trainer as trainer
+    import torch
     from speculators.train.cli import main as train
     from speculators.train.config import TrainConfig
 

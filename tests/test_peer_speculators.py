@@ -28,7 +28,6 @@ def policy8(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def peer_data(policy8, tmp_path_factory) -> tuple[Path, dict]:
     from peer_speculators import speculators_data
-
     from spectool.records import write_shard
 
     torch.manual_seed(0)
@@ -63,12 +62,13 @@ def test_speculators_reads_every_row_in_the_layer_convention_it_trains_on(policy
             out = policy(ids[None], output_hidden_states=True)
         # aux id i is the input of decoder layer i (vLLM's convention, what speculators' ids mean in vLLM)
         want = torch.cat([out.hidden_states[j][0] for j in (2, 4, 5)], dim=-1)
-        torch.testing.assert_close(item["hidden_states"], want, atol=2e-2, rtol=2e-2)
+        aux, last = item["hidden_states"].float(), item["verifier_last_hidden_states"].float()  # stored float16
+        torch.testing.assert_close(aux, want, atol=2e-2, rtol=2e-2)
         # the last is the residual before the final norm: speculators' verifier_norm + head give the logits
-        logits = policy.lm_head(policy.model.norm(item["verifier_last_hidden_states"]))
+        logits = policy.lm_head(policy.model.norm(last))
         torch.testing.assert_close(logits, out.logits[0], atol=5e-2, rtol=5e-2)
         # a shifted layer must not pass: the check can fail
-        assert not torch.allclose(item["hidden_states"][:, :H], out.hidden_states[3][0], atol=2e-2)
+        assert not torch.allclose(aux[:, :H], out.hidden_states[3][0], atol=2e-2)
 
 
 def test_speculators_trainer_runs_on_a_cpu_and_spectool_serves_its_family(policy8, peer_data, tmp_path):
