@@ -99,14 +99,17 @@ def _draft_shape(draft: Path) -> dict:
     return {"layers": cfg["draft_layers"], "vocab": cfg["draft_vocab_size"], "positions": cfg["ttt_steps"]}
 
 
-def train_spectool(family: str, harvest: Path, out: Path, a) -> dict:
-    draft = out / f"spectool-{family}"
-    info_path = out / f"spectool-{family}.json"
+def train_spectool(family: str, harvest: Path, out: Path, a, extra: dict[str, str] | None = None,
+                   tag: str = "") -> dict:
+    """spectool's draft of `family`: init-draft's defaults, the passes and k of this run, and `extra` flags."""
+    name = f"spectool-{family}{tag}"
+    draft, info_path = out / name, out / f"{name}.json"
+    flags = {"--epochs": str(a.epochs), "--ttt-steps": str(max(a.ks)), **(extra or {})}  # serves k <= --ttt-steps
     if not info_path.exists():
-        wall = _run([*SPECTOOL, "init-draft", "--method", family, "--data", str(harvest), "--epochs", str(a.epochs),
-                     "--ttt-steps", str(max(a.ks)), "--out", str(draft)], out / f"spectool-{family}.log")  # serves k <= it
+        wall = _run([*SPECTOOL, "init-draft", "--method", family, "--data", str(harvest), "--out", str(draft),
+                     *(x for kv in flags.items() for x in kv)], out / f"{name}.log")
         info_path.write_text(json.dumps({"wall_s": round(wall, 1), **_draft_shape(draft)}))
-    return {"draft": draft, **json.loads(info_path.read_text())}
+    return {"draft": draft, "epochs": int(flags["--epochs"]), **json.loads(info_path.read_text())}
 
 
 def speculators_flags(family: str, shape: dict, epochs: int) -> dict[str, str]:
@@ -137,13 +140,13 @@ def train_speculators(family: str, data: Path, policy_path: str, out: Path, flag
 
 
 def peer_arms(spec: str) -> dict[str, dict[str, str]]:
-    """--peer-arms "e6:--epochs 6;s512:--total-seq-len 512" -> {"e6": {"--epochs": "6"}, ...}."""
+    """--peer-arms / --spectool-arms "e6:--epochs 6;s512:--total-seq-len 512" -> {"e6": {"--epochs": "6"}, ...}."""
     arms = {}
     for arm in filter(None, spec.split(";")):
         name, _, words = arm.partition(":")
         w = words.split()
         if not name or len(w) % 2 or not all(f.startswith("--") for f in w[::2]):
-            raise SystemExit(f"--peer-arms: {arm!r} must read name:--flag value [--flag value ...]")
+            raise SystemExit(f"an arm, {arm!r}, must read name:--flag value [--flag value ...]")
         arms[name.strip()] = dict(zip(w[::2], w[1::2]))
     return arms
 
@@ -165,12 +168,14 @@ def main() -> None:
     ap.add_argument("--k", default="3,7")
     ap.add_argument("--peer-arms", default="", help='more speculators arms, "name:--flag value ..." separated by ";" '
                     '(e.g. "e6:--epochs 6": its draft at about spectool\'s wall time)')
+    ap.add_argument("--spectool-arms", default="", help='more spectool arms, the same form (init-draft flags, e.g. '
+                    '"ce:--loss ce")')
     ap.add_argument("--n-prompts", type=int, default=32, help="held-out prompts (the eval split has about 20)")
     ap.add_argument("--samples", type=int, default=4, help="completions per prompt at T=1")
     ap.add_argument("--max-tokens", type=int, default=128)
     a = ap.parse_args()
     a.ks = [int(k) for k in a.k.split(",")]
-    a.peer_arms = peer_arms(a.peer_arms)
+    a.peer_arms, a.spectool_arms = peer_arms(a.peer_arms), peer_arms(a.spectool_arms)
 
     from spectool.models import resolve_model
 
@@ -179,23 +184,26 @@ def main() -> None:
     data = speculators_data(harvest, out / "speculators-data", policy_path)
     print(f"speculators data: {data['rows']} rows, {data['tokens']} tokens; prepare-data {data['prepare_data_s']} s, "
           f"hidden states {data['features_s']} s", flush=True)
-    results = {}
+    summary = out / "summary.json"  # a run over some families keeps the others' results
+    results = json.loads(summary.read_text())["results"] if summary.exists() else {}
     for family in a.families.split(","):
+        results[family] = {}
         ours = train_spectool(family, harvest, out, a)
         shape, sdata = _draft_shape(ours["draft"]), out / "speculators-data" / "data"
         flags = speculators_flags(family, shape, a.epochs)
-        arms = {"spectool": {**ours, "epochs": a.epochs},
-                "speculators": train_speculators(family, sdata, policy_path, out, flags)}
+        arms = {"spectool": ours, "speculators": train_speculators(family, sdata, policy_path, out, flags)}
+        for name, extra in a.spectool_arms.items():  # spectool with one of speculators' recipe choices
+            arms[f"spectool {name}"] = train_spectool(family, harvest, out, a, extra, f"-{name}")
         for name, extra in a.peer_arms.items():  # e.g. more passes: speculators' draft at spectool's wall time
             arms[f"speculators {name}"] = train_speculators(family, sdata, policy_path, out, {**flags, **extra}, f"-{name}")
         for trainer, arm in arms.items():
             cells = {f"k={k} {m[0]}": acceptance(arm["draft"], family, k, m,
                                                  out / "engine" / f"{trainer.replace(' ', '-')}-{family}", a)
                      for k in a.ks for m in MODES if not (k != a.ks[0] and m[1] > 0)}
-            results.setdefault(family, {})[trainer] = {
+            results[family][trainer] = {
                 "wall_s": arm["wall_s"], "epochs": arm["epochs"], "draft": str(arm["draft"]),
                 "tokens_per_s": round(arm["epochs"] * data["tokens"] / arm["wall_s"], 1), **cells}  # passes x tokens / wall
-        (out / "summary.json").write_text(json.dumps({"harvest": str(harvest), "epochs": a.epochs, "data": data,
+        summary.write_text(json.dumps({"harvest": str(harvest), "epochs": a.epochs, "data": data,
                                                       "results": results}, indent=2))
     _print(results, data)
 
