@@ -36,10 +36,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_quality import measure  # noqa: E402 (one rollout's engine acceptance)
+from draft_quality import ROOT, SPECTOOL, measure  # noqa: E402 (one rollout's engine acceptance)
 
-ROOT = Path(__file__).resolve().parents[1]
-SPECTOOL = [sys.executable, "-m", "spectool.cli"]
 FAMILIES = ("eagle3", "peagle", "dflash")
 MODES = (("T=0", 0.0, "greedy"), ("T=1 greedy", 1.0, "greedy"), ("T=1 prob", 1.0, "probabilistic"))
 
@@ -139,7 +137,7 @@ def train_speculators(family: str, data: Path, policy_path: str, out: Path, flag
     return {"draft": last, "epochs": int(flags["--epochs"]), **json.loads(info_path.read_text())}
 
 
-def peer_arms(spec: str) -> dict[str, dict[str, str]]:
+def parse_arms(spec: str) -> dict[str, dict[str, str]]:
     """--peer-arms / --spectool-arms "e6:--epochs 6;s512:--total-seq-len 512" -> {"e6": {"--epochs": "6"}, ...}."""
     arms = {}
     for arm in filter(None, spec.split(";")):
@@ -175,7 +173,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     a = ap.parse_args()
     a.ks = [int(k) for k in a.k.split(",")]
-    a.peer_arms, a.spectool_arms = peer_arms(a.peer_arms), peer_arms(a.spectool_arms)
+    a.peer_arms, a.spectool_arms = parse_arms(a.peer_arms), parse_arms(a.spectool_arms)
 
     from spectool.models import resolve_model
 
@@ -189,7 +187,7 @@ def main() -> None:
     for family in a.families.split(","):
         results[family] = {}
         ours = train_spectool(family, harvest, out, a)
-        shape, sdata = _draft_shape(ours["draft"]), out / "speculators-data" / "data"
+        shape, sdata = {k: ours[k] for k in ("layers", "vocab", "positions")}, out / "speculators-data" / "data"
         flags = speculators_flags(family, shape, a.epochs)
         arms = {"spectool": ours, "speculators": train_speculators(family, sdata, policy_path, out, flags)}
         for name, extra in a.spectool_arms.items():  # spectool with one of speculators' recipe choices
@@ -203,8 +201,8 @@ def main() -> None:
             results[family][trainer] = {
                 "wall_s": arm["wall_s"], "epochs": arm["epochs"], "draft": str(arm["draft"]),
                 "tokens_per_s": round(arm["epochs"] * data["tokens"] / arm["wall_s"], 1), **cells}  # passes x tokens / wall
-        summary.write_text(json.dumps({"harvest": str(harvest), "epochs": a.epochs, "data": data,
-                                                      "results": results}, indent=2))
+        summary.write_text(json.dumps({"harvest": str(harvest), "epochs": a.epochs, "data": data, "results": results},
+                                      indent=2))
     _print(results, data)
 
 
