@@ -248,3 +248,42 @@ def test_init_draft_warns_about_a_context_free_parallel_draft(capsys):
     assert "has not learned to read the policy's context" in capsys.readouterr().err
     render(result("dflash", learned))
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["eagle3", "peagle", "dflash"])
+def test_sampled_anchors_run_what_every_anchor_runs_there(family):
+    """A training step on sampled anchors (ttt.sample_anchors) computes, at each of them, exactly what the
+    full unroll computes there (the keys still cover every position), and the loss reads the same targets:
+    over every anchor, the sampled path's loss is the full one's."""
+    from spectool.draft.loss import ttt_loss
+
+    d = _draft(family).eval()
+    T, start, steps = 14, 3, 3
+    aux, ids = torch.randn(2, T, 96), torch.randint(0, 60, (2, T))
+    anchors = torch.tensor([3, 4, 8, 12])
+    with torch.no_grad():
+        full, some = d.unroll(aux, ids, steps, start), d.unroll(aux, ids, steps, start, anchors)
+    for j in range(steps):
+        assert some[j].shape[:2] == (2, 4)
+        torch.testing.assert_close(some[j], full[j][:, anchors - start])
+    target, P, L = torch.randn(2, T - start, 64), torch.tensor([5, 6]) - start, torch.tensor([14, 11]) - start
+    every = torch.arange(T - start)
+    whole, per = ttt_loss(full, target, P, L, 0.8, "mix")
+    again, per_again = ttt_loss(full, target, P, L, 0.8, "mix", anchors=every)
+    torch.testing.assert_close(again, whole)
+    part, _ = ttt_loss(some, target, P, L, 0.8, "mix", anchors=anchors - start)
+    assert not torch.isclose(part, whole)  # fewer positions: another mean
+
+
+def test_sampled_anchors_are_a_share_of_those_a_loss_reads():
+    """sample_anchors draws the asked share of the anchors some record's loss reads (none in a prompt
+    every record is still in, none past every record's end), sorted, reproducibly from its generator."""
+    from spectool.draft.ttt import sample_anchors
+
+    P, L, steps, start, T = torch.tensor([20, 30]), torch.tensor([60, 100]), 3, 16, 100
+    g = lambda: torch.Generator().manual_seed(7)  # noqa: E731
+    a = sample_anchors(P, L, steps, start, T, 0.25, g())
+    readable = list(range(20 - 1 - steps, 100 - 1))  # t with some step's target t+j+1 in a response
+    assert len(a) == -(-len(readable) // 4) and set(a.tolist()) <= set(readable)
+    assert a.tolist() == sorted(set(a.tolist())) and torch.equal(a, sample_anchors(P, L, steps, start, T, 0.25, g()))
+    assert sample_anchors(P, L, steps, start, T, 1.0, g()) is None

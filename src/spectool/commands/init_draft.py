@@ -310,8 +310,10 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats, evaluate,
         while tr.step < tr.total:
             epoch, idx = tr.batch(data.train)
             t0 = time.perf_counter()
+            draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + tr.step)  # a resumed step draws the same anchors
             loss, per_step = ttt_step_loss(tr.draft, [feats[i] for i in idx], [data.prompt_lens[i] for i in idx],
-                                           W_dv, cfg.ttt_steps, cfg.step_decay, acc.device, cfg.loss)
+                                           W_dv, cfg.ttt_steps, cfg.step_decay, acc.device, cfg.loss,
+                                           cfg.anchor_fraction, draw)
             tr.update(loss)
             seconds += time.perf_counter() - t0
             tokens += sum(len(feats[i][0]) for i in idx) * acc.num_processes  # all processes (near-equal shares)

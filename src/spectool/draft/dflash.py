@@ -15,9 +15,10 @@ trains and ships. The token embedding itself is the target's (shared, not export
 `aux` follows vLLM's aux convention (input of decoder layer i, hidden.py), the same cache EAGLE-3
 trains on; DFlash configs count `target_layer_ids` as layer OUTPUTS: config id = aux id - 1.
 
-Training (`unroll`) runs every anchor t of a sequence at once, with the contract of
-`Eagle3Draft.unroll`: step j at anchor t predicts x[t+j+2], so the TTT loss, the metrics and the
-trainer are shared. Every block position is trained at every anchor.
+Training (`unroll`) runs every anchor t of a sequence at once (or the anchors sampled for the
+step, `anchors`), with the contract of `Eagle3Draft.unroll`: step j at anchor t predicts x[t+j+2],
+so the TTT loss, the metrics and the trainer are shared. Every block position is trained at each
+anchor run.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spectool.draft.model import MLP, DraftBase, DraftConfig, RMSNorm, inverse_frequencies, layer_probe, rope, shape_fields
+from spectool.draft.model import (MLP, DraftBase, DraftConfig, RMSNorm, anchor_rows, inverse_frequencies, layer_probe, rope,
+                                  shape_fields)
 from spectool.engine.probe import linear_expected, param_expected
 
 MASK_EMBEDDING = "mask_embedding.pt"  # vLLM's name for a shipped mask embedding (qwen3_dflash.py)
@@ -170,27 +172,31 @@ class DFlashDraft(DraftBase):
 
     # --- the block, at every anchor ----------------------------------------------------------------
 
-    def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
-        """aux: [B, T, n_aux * H_t]; input_ids: [B, T]. Returns j -> logits [B, T - start, Vd] for
-        anchors start..T-1, slot j+1 of the block at anchor t predicting x[t+j+2] (Eagle3Draft's
-        contract). Positions past the end read token 0; callers mask."""
-        h = self.block_hidden(aux, input_ids, steps, start)  # [B, n, S, H]
+    def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0,
+               anchors: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """aux: [B, T, n_aux * H_t]; input_ids: [B, T]. Returns j -> logits [B, n, Vd] for the n
+        anchors start..T-1 (or the given `anchors` [n], sorted, >= start), slot j+1 of the block at
+        anchor t predicting x[t+j+2] (Eagle3Draft's contract). Positions past the end read token 0;
+        callers mask."""
+        h = self.block_hidden(aux, input_ids, steps, start, anchors)  # [B, n, S, H]
         logits = self.lm_head(h[:, :, 1:])  # [B, n, steps, Vd]
         return [logits[:, :, j] for j in range(steps)]
 
-    def block_hidden(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> torch.Tensor:
-        """The final-normed hidden states of every block slot: [B, T - start, steps + 1, H]."""
+    def block_hidden(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0,
+                     anchors: torch.Tensor | None = None) -> torch.Tensor:
+        """The final-normed hidden states of every block slot: [B, n anchors, steps + 1, H]."""
         B, T, _ = aux.shape
         dev = aux.device
         S = steps + 1
         ctx = self.hidden_norm(self.fc(aux))  # [B, T, H]
         ctx_pos = torch.arange(T, device=dev)
-        anchors = torch.arange(start, T, device=dev)  # [n]
+        rows = anchor_rows(start, anchors)
+        anchors = ctx_pos[rows]  # [n]
         pos = anchors[:, None] + 1 + torch.arange(S, device=dev)[None, :]  # [n, S]
         ctx_mask = ctx_pos[None, :] <= anchors[:, None]  # [n, T]
         block_mask = (torch.ones(S, S, dtype=torch.bool, device=dev).tril() if self.config.causal
                       else torch.ones(S, S, dtype=torch.bool, device=dev))
-        nxt = F.pad(input_ids[:, 1:], (0, 1), value=0)[:, start:]  # x[t+1], [B, n]
+        nxt = F.pad(input_ids[:, 1:], (0, 1), value=0)[:, rows]  # x[t+1], [B, n]
         first = self.embed_tokens(nxt)  # [B, n, H]
         is_mask_id = (nxt == self.config.mask_token_id)[..., None]  # vLLM replaces that id everywhere
         first = torch.where(is_mask_id, self.mask_embedding.to(first.dtype), first)

@@ -19,10 +19,20 @@ import torch.nn.functional as F
 from spectool.constants import LOSS_WEIGHTS, LOSSES
 
 
-def step_mask(prompt_lens: torch.Tensor, lengths: torch.Tensor, T: int, j: int) -> torch.Tensor:
-    """[B, T] bool: anchors t whose step-j target position t+j+1 lies in [prompt_len-1, length-1]."""
-    pos = torch.arange(T)[None, :] + j + 1
+def step_mask(prompt_lens: torch.Tensor, lengths: torch.Tensor, T: int, j: int,
+              anchors: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, n] bool: anchors t (0..T-1, or the given `anchors` [n]) whose step-j target position t+j+1
+    lies in [prompt_len-1, length-1]."""
+    pos = (torch.arange(T) if anchors is None else anchors.cpu())[None, :] + j + 1
     return (pos >= (prompt_lens[:, None] - 1)) & (pos <= (lengths[:, None] - 1))
+
+
+def step_targets(x: torch.Tensor, j: int, anchors: torch.Tensor | None) -> torch.Tensor:
+    """x [B, T, ...] at each anchor's step-j target position t+j+1: [B, n, ...] (`shift` when every
+    anchor runs; past the end, where step_mask is False, clamped)."""
+    if anchors is None:
+        return shift(x, j + 1)
+    return x[:, (anchors + j + 1).clamp(max=x.shape[1] - 1)]
 
 
 def shift(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -50,13 +60,14 @@ def position_loss(p: torch.Tensor, draft_logits: torch.Tensor, kind: str = "ce")
 
 
 def ttt_loss(
-    draft_logits: list[torch.Tensor],  # steps x [B, T, Vd]
+    draft_logits: list[torch.Tensor],  # steps x [B, n, Vd] at anchors 0..T-1 (n = T) or at `anchors`
     target_logits_dv: torch.Tensor,  # [B, T, Vd] policy logits at each position, draft vocab only
     prompt_lens: torch.Tensor,  # [B]
     lengths: torch.Tensor,  # [B] prompt + response length
     decay: float = 0.8,
     kind: str = "ce",
     temperature: float = 1.0,
+    anchors: torch.Tensor | None = None,  # [n] the anchors the logits were run at (ttt.sample_anchors)
 ) -> tuple[torch.Tensor, list[float]]:
     """Weighted loss (`position_loss`) over unroll steps against the policy at `temperature`.
     Returns (loss, per-step loss values)."""
@@ -64,11 +75,11 @@ def ttt_loss(
     total = draft_logits[0].new_zeros(())
     per_step = []
     for j, logits in enumerate(draft_logits):
-        m = step_mask(prompt_lens, lengths, T, j)
+        m = step_mask(prompt_lens, lengths, T, j, anchors)
         if not m.any():
             per_step.append(float("nan"))
             continue
-        p = torch.softmax(shift(target_logits_dv, j + 1)[m].float() / temperature, -1)
+        p = torch.softmax(step_targets(target_logits_dv, j, anchors)[m].float() / temperature, -1)
         loss = position_loss(p, logits[m], kind)
         total = total + (decay**j) * loss
         per_step.append(float(loss.detach()))

@@ -178,8 +178,15 @@ class DraftBase(nn.Module):
             if self.shares_head:
                 self.lm_head.weight.copy_(head[self.draft_to_target_ids()])
 
-    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
-        return self.unroll(aux, input_ids, steps, start)
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0,
+                anchors: torch.Tensor | None = None) -> list[torch.Tensor]:
+        return self.unroll(aux, input_ids, steps, start, anchors)
+
+
+def anchor_rows(start: int, anchors: torch.Tensor | None) -> slice | torch.Tensor:
+    """The anchors whose outputs a loss reads: every one from `start` (a slice: views, no copies), or
+    the sampled positions `anchors` [n] (sorted, each >= start; ttt.sample_anchors)."""
+    return slice(start, None) if anchors is None else anchors
 
 
 def layer_probe(pre: str, layer: nn.Module, dtype, norms: tuple[str, ...]) -> dict:
@@ -250,7 +257,8 @@ class Eagle3Draft(DraftBase):
 
     # --- training-time-test unroll -----------------------------------------------------------------
 
-    def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
+    def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0,
+               anchors: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Run `steps` draft steps at every anchor position >= `start`, as vLLM drafts at serving time.
 
         aux: [B, T, n_aux * H_t] target aux hidden states; input_ids: [B, T] the sequence x.
@@ -260,6 +268,8 @@ class Eagle3Draft(DraftBase):
         the drafter's KV cache holds).
         Returns j -> logits [B, T - start, draft_vocab] for anchors start..T-1, predicting x[t+j+2].
         `start` skips anchors whose outputs no loss reads (the prompt): keys still cover them.
+        `anchors` [n] (sorted, >= start): only those anchors' chains run past step 0, which still runs
+        at every position for its keys; the logits are then [B, n, draft_vocab].
         Positions past the end read token 0; callers mask.
         P-EAGLE (config.parallel): step j > 0 reads `ptd_token_id` and fc(mask_hidden) instead of
         x[t+j+1] and step j-1's output, as vLLM's one parallel forward does (same positions, same keys).
@@ -268,40 +278,41 @@ class Eagle3Draft(DraftBase):
         layers = [self.midlayer, *self.layers.values()]
         causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()  # [T, T]
         keys: list[dict] = [{"k0": None, "v0": None, "k": [], "v": []} for _ in layers]  # per layer
+        rows, every = anchor_rows(start, anchors), torch.arange(T, device=aux.device)
         h = self.fc(aux)  # [B, T, H]; step 0 runs at every position (deeper layers need all keys)
         logits = []
         for j in range(steps):
-            first = start if j else 0
-            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)[:, first:]  # x[t+j+1], [B, n]
+            at = rows if j else slice(None)  # the positions this step runs at: [n] of them
+            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)[:, at]  # x[t+j+1], [B, n]
             if j and self.config.parallel:  # a masked slot: fixed token and hidden state
                 ids = torch.full_like(ids, self.config.ptd_token_id)
-                h = self.fc(self.mask_hidden).expand(B, T - first, -1)
-            pos = torch.arange(first, T, device=aux.device) + j  # [n]
-            mask = causal[first:]  # [n, T]
+                h = self.fc(self.mask_hidden).expand(B, ids.shape[1], -1)
+            pos = every[at] + j  # [n]
             resid = h
             x = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids)), self.midlayer.hidden_norm(h)], -1)
             for i, (layer, kv) in enumerate(zip(layers, keys)):
                 if i > 0:
                     x = layer.input_layernorm(resid)
-                cut = start - first if i == len(layers) - 1 else 0  # the last layer: only anchors >= start
-                r = chain_attention(layer.self_attn, x, pos, kv, mask, self.inv_freq, cut) + resid[:, cut:]
+                out = rows if not j and i == len(layers) - 1 else slice(None)  # step 0's last layer: the anchors only
+                r = chain_attention(layer.self_attn, x, pos, kv, causal[at], self.inv_freq, out) + resid[:, out]
                 resid = layer.mlp(layer.post_attention_layernorm(r)) + r  # the layer's prenorm
-            h = resid  # [B, T - start, H]
+            h = resid  # [B, n anchors, H]
             logits.append(self.lm_head(self.norm(h)))
         return logits
 
 
 def chain_attention(a: Attention, x: torch.Tensor, pos: torch.Tensor, kv: dict, mask: torch.Tensor,
-                    inv_freq: torch.Tensor, cut: int = 0) -> torch.Tensor:
-    """One layer's attention for one unroll step. x: [B, n, in]; step 0 (kv["k0"] unset) has
-    n = T and fills the layer's keys at every position; later steps add their chain keys.
-    Queries (and the output, [B, n - cut, H]) only for rows >= cut."""
+                    inv_freq: torch.Tensor, out: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+    """One layer's attention for one unroll step. x: [B, n, in] at positions pos [n], mask [n, T];
+    step 0 (kv["k0"] unset) has n = T and fills the layer's keys at every position; later steps add
+    their chain keys. Queries (and the output, [B, m, H]) only for the rows `out` of x (m of them)."""
     B, n, _ = x.shape
     rep, scale = a.nh // a.nkv, a.hd**-0.5
     k = rope(a.k_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2), pos, inv_freq).repeat_interleave(rep, dim=1)
     v = a.v_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2).repeat_interleave(rep, dim=1)
-    n, mask = n - cut, mask[cut:]
-    q = rope(a.q_proj(x[:, cut:]).view(B, n, a.nh, a.hd).transpose(1, 2), pos[cut:], inv_freq)  # [B, nh, n, hd]
+    xq, mask = x[:, out], mask[out]
+    n = xq.shape[1]
+    q = rope(a.q_proj(xq).view(B, n, a.nh, a.hd).transpose(1, 2), pos[out], inv_freq)  # [B, nh, n, hd]
     if kv["k0"] is None:
         kv["k0"], kv["v0"] = k, v  # [B, nh, T, hd]
     else:

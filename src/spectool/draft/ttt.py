@@ -36,6 +36,22 @@ def first_anchor(prompt_lens: torch.Tensor, steps: int) -> int:
     return max(0, int(prompt_lens.min()) - 1 - steps)
 
 
+def sample_anchors(prompt_lens: torch.Tensor, lengths: torch.Tensor, steps: int, start: int, T: int, fraction: float,
+                   generator: torch.Generator) -> torch.Tensor | None:
+    """The anchors one training step runs (None: every one): a `fraction` of the anchors t >= start
+    whose loss some record reads (a step-j target t+j+1 in its response), drawn without replacement,
+    sorted; at least one. As speculators trains DFlash and P-EAGLE (512 sampled anchors per 2,048
+    packed tokens): each step costs that fraction of the full unroll, the context keys excepted.
+    Positions are absolute: [n] int64 on the host."""
+    if fraction >= 1:
+        return None
+    t = torch.arange(start, T)
+    read = ((t[None, :] >= prompt_lens[:, None] - 1 - steps) & (t[None, :] <= lengths[:, None] - 2)).any(0)  # [T-start]
+    candidates = t[read]
+    n = max(1, math.ceil(fraction * len(candidates)))
+    return candidates[torch.randperm(len(candidates), generator=generator)[:n].sort().values]
+
+
 def chain_length(rates: list[float]) -> float:
     """Expected tokens per verify step when position j is accepted with probability rates[j] given
     its prefix was: 1 + r1 + r1 r2 + ... (the proxies are measured on the policy's own path)."""
@@ -43,13 +59,17 @@ def chain_length(rates: list[float]) -> float:
 
 
 def ttt_step_loss(draft, items, prompt_lens: list[int], W_dv: torch.Tensor, ttt_steps: int, decay: float,
-                  device, loss: str = "ce") -> tuple[torch.Tensor, list[float]]:
+                  device, loss: str = "ce", anchor_fraction: float = 1.0,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, list[float]]:
     """The weighted TTT loss of one batch (the caller does backward and the optimizer step).
-    W_dv: [Vd, H] the policy's output embedding rows of the draft vocabulary; loss: loss.LOSSES."""
+    W_dv: [Vd, H] the policy's output embedding rows of the draft vocabulary; loss: loss.LOSSES;
+    anchor_fraction < 1: the step runs that share of the anchors (`sample_anchors`, drawn by `generator`)."""
     ids, aux, last, P, L = collate_features(items, prompt_lens, device)
     s = first_anchor(P, ttt_steps)
-    logits = draft(aux, ids, ttt_steps, s)  # steps x [B, T - s, Vd]
-    return ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, decay, kind=loss)
+    anchors = sample_anchors(P, L, ttt_steps, s, ids.shape[1], anchor_fraction, generator or torch.Generator())
+    logits = draft(aux, ids, ttt_steps, s, None if anchors is None else anchors.to(ids.device))  # steps x [B, n, Vd]
+    return ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, decay, kind=loss,
+                    anchors=None if anchors is None else (anchors - s).to(ids.device))
 
 
 @torch.no_grad()
