@@ -19,7 +19,9 @@
 #   sampling  greedy vs probabilistic proposals at T=1 (benchmarks/draft_sampling.sh) with DRAFT=<draft folder>
 #             HARVEST=<its harvest run> (carried; a CPU-trained draft works), batch sizes BATCHES (default 1,8)
 # Measured on the first lent H200 (docs/gpu.md): the bundle's install 76 s of device time; the `tests` part's
-# tiny pipeline alone more than 200 s; `sampling` about 120 s a proposal mode with the compile cache warm.
+# tiny pipeline alone more than 200 s; `sampling` about 120 s a proposal mode with the compile cache warm. On the
+# second (docs/gpu.md): the install 82 s; `pushes` about 125 s a family (more than one call: run -k dflash apart);
+# `measure` 150 s.
 # What each part must print: pytest "passed" with no "failed"; memory-plan "measured / plan" between 0.8 and
 # 1.1; the pipeline's times.tsv with exit 0 on every stage; pushes: 3 passed; trl: three arms, each with
 # logprob checks under the bfloat16 tolerance (0.1) and, for frozen/online, an acceptance length.

@@ -320,7 +320,7 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats, evaluate,
             rec = {"step": tr.step, "epoch": epoch, "loss": float(loss.detach()), "loss_per_step": per_step,
                    "lr": tr.sched.get_last_lr()[0], "tokens_per_s": tokens / seconds}
             if tr.step % cfg.save_every == 0 or tr.step == tr.total:
-                rec["eval"] = evaluate()
+                rec["eval"] = evaluate(walk=False)  # the proxies; the exact walk (a Python loop) runs at the end
                 tr.save()
             if acc.is_main_process:
                 append_jsonl(metrics_path, rec)
@@ -345,10 +345,10 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     tr = DraftTrainer(acc, draft, len(data.train), out / ".train", batch_size=cfg.batch_size, epochs=cfg.epochs,
                       lr=cfg.lr, warmup_steps=cfg.warmup_steps, seed=cfg.seed)
 
-    def evaluate(idx: list[int] | None = None) -> dict:
+    def evaluate(idx: list[int] | None = None, walk: bool = True) -> dict:
         idx = data.heldout if idx is None else idx
         return heldout_metrics(tr.unwrapped, [feats[i] for i in idx], [data.prompt_lens[i] for i in idx],
-                               W, target_on_device, cfg.ttt_steps, cfg.batch_size, acc.device)
+                               W, target_on_device, cfg.ttt_steps, cfg.batch_size, acc.device, walk)
 
     # loop
     tokens, seconds = _train(cfg, tr, data, feats, evaluate, W[target_ids])

@@ -107,18 +107,29 @@ def acceptance_metrics(
               at q = p; at temperature 0 the oracle's top1 is 1).
     """
     B, T, _ = target_logits_full.shape
+    # the policy's distribution, once per position (no [B, T, V] copy per step): its argmax, its top
+    # probability and its probabilities on the draft vocabulary
+    lse = torch.logsumexp(target_logits_full.float(), -1)  # [B, T]
+    top_logit, best = target_logits_full.max(-1)  # [B, T]
+    p_max = (top_logit.float() - lse).exp()  # [B, T]
+    p_dv = (target_logits_full[..., draft_ids].float() - lse[..., None]).exp()  # [B, T, Vd]
     top1, p_acc, p_samp, oracle, counts = [], [], [], [], []
     for j, logits in enumerate(draft_logits):
         m = step_mask(prompt_lens, lengths, T, j)
-        tgt = shift(target_logits_full, j + 1)[m]  # [N, V]
-        guess = draft_ids[logits[m].argmax(-1)]  # [N] target ids
-        top1.append(float((guess == tgt.argmax(-1)).float().mean()) if m.any() else float("nan"))
-        p = torch.softmax(tgt.float(), -1)  # [N, V]
-        p_acc.append(float(p.gather(-1, guess[:, None]).mean()) if m.any() else float("nan"))
+        if not m.any():
+            for out in (top1, p_acc, p_samp, oracle):
+                out.append(float("nan"))
+            counts.append(0)
+            continue
+        b, t = (i.to(best.device) for i in m.nonzero(as_tuple=True))  # [N] each, in logits[m]'s order
+        pos = t + j + 1  # the policy's position each draft step is judged at
+        guess = logits[m].argmax(-1)  # [N] draft ids
+        top1.append(float((draft_ids[guess] == best[b, pos]).float().mean()))
+        p = p_dv[b, pos]  # [N, Vd]
+        p_acc.append(float(p.gather(-1, guess[:, None]).mean()))
         q = torch.softmax(logits[m].float(), -1)  # [N, Vd]; zero outside the draft vocabulary
-        overlap = torch.minimum(p[:, draft_ids], q).sum(-1)  # [N]
-        p_samp.append(float(overlap.mean()) if m.any() else float("nan"))
-        oracle.append(float(p.max(-1).values.mean()) if m.any() else float("nan"))
+        p_samp.append(float(torch.minimum(p, q).sum(-1).mean()))
+        oracle.append(float(p_max[b, pos].mean()))
         counts.append(int(m.sum()))
     return {"top1": top1, "p_accept": p_acc, "p_accept_sampled": p_samp, "oracle_greedy": oracle, "count": counts}
 
@@ -145,7 +156,7 @@ def greedy_walk(
     positions as the engine visits them: an anchor lands right after a rejection more often.
     """
     guesses = {"draft": [draft_ids[lg.argmax(-1)] for lg in draft_logits],  # steps x [B, T]
-               "oracle": [shift(target_logits_full, j + 1).argmax(-1) for j in range(len(draft_logits))]}
+               "oracle": [shift(target_logits_full.argmax(-1), j + 1) for j in range(len(draft_logits))]}
     out = {}
     for name, g in guesses.items():
         match = torch.stack([g[j] == shift(ids, j + 2) for j in range(len(g))], -1).tolist()  # [B, T, steps]
