@@ -72,10 +72,15 @@ def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_run, tm
     draft = tmp_path / "draft"
     spectool("init-draft", "--model", str(tiny_policy), "--data", str(harvest_run), "--out", str(draft),
              "--method", family, "--draft-vocab-size", "256", "--ttt-steps", "3", "--epochs", "1", "--batch-size", "8")
-    from spectool.draft.families import folder_family
+    from spectool.draft.families import FAMILIES, folder_family
 
     assert folder_family(draft) == family
     assert json.loads((draft / "manifest.json").read_text())["family"] == family
+    # the family's default share of anchors, saved resolved (DFlash trains sampled anchors)
+    assert json.loads((draft / "init_draft.json").read_text())["anchor_fraction"] == FAMILIES[family].anchor_fraction
+    r = spectool("init-draft", "--model", str(tiny_policy), "--data", str(harvest_run), "--out", str(tmp_path / "bad"),
+                 "--method", family, "--anchor-fraction", "0", check=False)
+    assert r.returncode == 2 and "--anchor-fraction" in r.stderr and not (tmp_path / "bad").exists()
     out = tmp_path / "export"
     r = spectool("export", "--draft", str(draft), "--out", str(out), "--k", "3", "--min-acceptance", "1.0",
                  "--for", "verl")

@@ -102,10 +102,11 @@ class InitDraftConfig:
     draft forward per drafted token (init-draft prints the measured draft/policy cost)."""
     step_decay: float = 0.8
     """Loss weight of unroll position j is step_decay^j."""
-    anchor_fraction: float = 1.0
+    anchor_fraction: float | None = None
     """Share of the anchors (response positions a draft proposes from) each step trains, drawn afresh per step, as
     speculators trains DFlash and P-EAGLE (512 per 2,048 tokens = 0.25): a step costs about that share, so more
-    passes fit the same time (docs/drafters.md, "Sampled anchors")."""
+    passes fit the same time. Default: the family's, as measured (dflash 0.25; eagle3, peagle and mtp 1, every
+    anchor: docs/drafters.md, "Sampled anchors")."""
     loss: str = DEFAULT_LOSS
     """Per-position loss against the policy's distribution: ce (soft cross-entropy) | tv (1 - sum min(p, q),
     the rejection probability of a sampling draft) | mix (ce + tv; measured best of the three, docs/results.md) |
@@ -160,7 +161,7 @@ class InitDraftConfig:
         check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
         check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
         check(0 < self.step_decay <= 1, "--step-decay", self.step_decay, "must be in (0, 1]")
-        check(0 < self.anchor_fraction <= 1, "--anchor-fraction", self.anchor_fraction,
+        check(self.anchor_fraction is None or 0 < self.anchor_fraction <= 1, "--anchor-fraction", self.anchor_fraction,
               "must be in (0, 1] (1: every anchor)")
         check(self.loss in LOSSES, "--loss", self.loss, f"must be one of {', '.join(LOSSES)}")
         check(0 < self.eval_fraction < 0.5, "--eval-fraction", self.eval_fraction, "must be in (0, 0.5)")

