@@ -29,8 +29,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spectool.draft.model import (MLP, DraftBase, DraftConfig, RMSNorm, anchor_rows, inverse_frequencies, layer_probe, rope,
-                                  shape_fields)
+from spectool.draft.model import (
+    MLP,
+    DraftBase,
+    DraftConfig,
+    RMSNorm,
+    anchor_rows,
+    inverse_frequencies,
+    layer_probe,
+    rope,
+    shape_fields,
+)
 from spectool.engine.probe import linear_expected, param_expected
 
 MASK_EMBEDDING = "mask_embedding.pt"  # vLLM's name for a shipped mask embedding (qwen3_dflash.py)
