@@ -200,16 +200,16 @@ class DFlashDraft(DraftBase):
         ctx = self.hidden_norm(self.fc(aux))  # [B, T, H]
         ctx_pos = torch.arange(T, device=dev)
         rows = anchor_rows(start, anchors)
-        anchors = ctx_pos[rows]  # [n]
-        pos = anchors[:, None] + 1 + torch.arange(S, device=dev)[None, :]  # [n, S]
-        ctx_mask = ctx_pos[None, :] <= anchors[:, None]  # [n, T]
+        at = ctx_pos[rows]  # [n] the anchor positions (the argument `anchors` may be None)
+        pos = at[:, None] + 1 + torch.arange(S, device=dev)[None, :]  # [n, S]
+        ctx_mask = ctx_pos[None, :] <= at[:, None]  # [n, T]
         block_mask = (torch.ones(S, S, dtype=torch.bool, device=dev).tril() if self.config.causal
                       else torch.ones(S, S, dtype=torch.bool, device=dev))
         nxt = F.pad(input_ids[:, 1:], (0, 1), value=0)[:, rows]  # x[t+1], [B, n]
         first = self.embed_tokens(nxt)  # [B, n, H]
         is_mask_id = (nxt == self.config.mask_token_id)[..., None]  # vLLM replaces that id everywhere
         first = torch.where(is_mask_id, self.mask_embedding.to(first.dtype), first)
-        masks = self.mask_embedding.to(first.dtype).expand(B, anchors.numel(), steps, -1)
+        masks = self.mask_embedding.to(first.dtype).expand(B, at.numel(), steps, -1)
         h = torch.cat([first[:, :, None], masks], dim=2)  # [B, n, S, H]
         for layer in self.layers:
             a = layer.self_attn
