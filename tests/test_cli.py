@@ -56,6 +56,13 @@ def test_out_of_range_sampling_values_name_the_flag(tmp_path, flag, value, needl
     assert not (tmp_path / "h").exists()
 
 
+@pytest.mark.parametrize("flag,value", [("--position-weights", "uniform"), ("--loss", "kl"), ("--anchor-fraction", "2")])
+def test_init_draft_training_choices_name_the_flag(tmp_path, flag, value):
+    r = runner.invoke(app, ["init-draft", "--out", str(tmp_path / "d"), flag, value])
+    assert r.exit_code == 2 and flag in r.output and "must be" in r.output
+    assert not (tmp_path / "d").exists()
+
+
 def test_unknown_data_source(tiny_policy):
     r = runner.invoke(app, ["rollout", "--data", "nope", "--model", str(tiny_policy)])
     assert r.exit_code == 2 and "unknown data source 'nope'" in r.output, r.output

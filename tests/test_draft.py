@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -89,6 +91,38 @@ def test_ttt_loss_matches_hand_computation():
         manual += 0.5**j * torch.stack(ces).mean()
     torch.testing.assert_close(loss, manual)
     assert step_mask(P, L, T, 0).tolist() == [[True, True, True, True, False]]
+
+
+def test_position_weights_match_hand_computation():
+    """rejection: each step's positions by 1 - sum min(p, q), renormalised, times decay^j; reach: by the product of
+    the anchor's earlier acceptance (1 where the earlier step's target is in the prompt), no decay. Detached."""
+    torch.manual_seed(1)
+    B, T, V = 2, 6, 5
+    target = torch.randn(B, T, V)
+    draft = [torch.randn(B, T, V, requires_grad=True) for _ in range(3)]
+    P, L = torch.tensor([2, 3]), torch.tensor([6, 5])
+    probs = torch.softmax(target, -1)
+
+    def cell(b, t, j):  # (CE at anchor t, step j; its acceptance) or None where the step's mask is off
+        pos = t + j + 1
+        if not (P[b] - 1 <= pos <= L[b] - 1):
+            return None
+        p, logq = probs[b, pos], F.log_softmax(draft[j][b, t], -1)
+        return -(p * logq).sum(), float(torch.minimum(p, logq.detach().exp()).sum())
+
+    rejection = reach = 0.0
+    for j in range(3):
+        cells = [(b, t, cell(b, t, j)) for b in range(B) for t in range(T) if cell(b, t, j) is not None]
+        w = torch.tensor([1 - a for _, _, (_, a) in cells])
+        rejection += 0.5**j * sum(wi * ce for wi, (_, _, (ce, _)) in zip(w / w.sum(), cells))
+        reached = [math.prod(cell(b, t, i)[1] for i in range(j) if cell(b, t, i) is not None) for b, t, _ in cells]
+        reach += sum(r * ce for r, (_, _, (ce, _)) in zip(reached, cells)) / len(cells)
+    for weights, manual in (("rejection", rejection), ("reach", reach)):
+        loss, per = ttt_loss(draft, target, P, L, decay=0.5, weights=weights)
+        torch.testing.assert_close(loss, manual)
+        assert per == ttt_loss(draft, target, P, L, decay=0.5)[1]  # per-step values stay unweighted means
+    with pytest.raises(ValueError, match="unknown position weights"):
+        ttt_loss(draft, target, P, L, weights="uniform")
 
 
 def test_acceptance_metrics_hand_made():

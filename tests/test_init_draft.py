@@ -81,12 +81,13 @@ def test_resume_after_kill_has_no_lost_or_repeated_steps(tiny_policy, fake_harve
         return orig(*a, **k)
 
     monkeypatch.setattr(loss_mod, "ttt_loss", dying)
-    with pytest.raises(KeyboardInterrupt):
-        train.run(_cfg(tiny_policy, fake_harvest, tmp_path / "d"))
+    with pytest.raises(KeyboardInterrupt):  # reach weights: the setting resumes with the run
+        train.run(_cfg(tiny_policy, fake_harvest, tmp_path / "d", position_weights="reach"))
     monkeypatch.setattr(loss_mod, "ttt_loss", orig)
-    r = train.run(_cfg(tiny_policy, fake_harvest, tmp_path / "d"))
+    r = train.run(_cfg(tiny_policy, fake_harvest, tmp_path / "d", position_weights="reach"))
     steps = [json.loads(x)["step"] for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, r.steps + 1))
+    assert json.loads((tmp_path / "d" / "init_draft.json").read_text())["position_weights"] == "reach"
 
 
 def test_init_from_another_policys_draft_fails_before_training(tiny_policy, fake_harvest, tmp_path):

@@ -13,6 +13,7 @@ from spectool.constants import (  # noqa: F401
     DEFAULT_K,
     DEFAULT_LOSS,
     DEFAULT_MODEL,
+    DEFAULT_POSITION_WEIGHTS,
     DRAFT_SAMPLING,
     DRAFTERS,
     ENGINE_DTYPES,
@@ -22,6 +23,7 @@ from spectool.constants import (  # noqa: F401
     K_MIN,
     LOSSES,
     METHODS,
+    POSITION_WEIGHTS,
     TRAINABLE,
     check_dtype,
     check_gpu_memory,
@@ -111,6 +113,11 @@ class InitDraftConfig:
     """Per-position loss against the policy's distribution: ce (soft cross-entropy) | tv (1 - sum min(p, q),
     the rejection probability of a sampling draft) | mix (ce + tv; measured best of the three, docs/results.md) |
     tv-heavy (0.1 ce + 0.9 tv, the field's T=1 recipe: docs/results.md, "The T=1 recipe")."""
+    position_weights: str = DEFAULT_POSITION_WEIGHTS
+    """How each unroll step's positions are weighted: decay (--step-decay^j, all alike) | rejection (each position
+    by the probability a sampling draft is rejected there, Draft-OPD's error positions) | reach (by the
+    probability verification reaches that step from its anchor, in place of --step-decay^j). Measured:
+    docs/results.md, "The T=1 recipe: position weights"."""
     epochs: int = 2
     """Passes over the harvested records."""
     batch_size: int = 4
@@ -164,6 +171,8 @@ class InitDraftConfig:
         check(self.anchor_fraction is None or 0 < self.anchor_fraction <= 1, "--anchor-fraction", self.anchor_fraction,
               "must be in (0, 1] (1: every anchor)")
         check(self.loss in LOSSES, "--loss", self.loss, f"must be one of {', '.join(LOSSES)}")
+        check(self.position_weights in POSITION_WEIGHTS, "--position-weights", self.position_weights,
+              f"must be one of {', '.join(POSITION_WEIGHTS)}")
         check(0 < self.eval_fraction < 0.5, "--eval-fraction", self.eval_fraction, "must be in (0, 0.5)")
         self.harvest.validate()
 

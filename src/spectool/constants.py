@@ -39,6 +39,13 @@ K_MIN, K_MAX = 1, 16
 LOSS_WEIGHTS = {"ce": (1.0, 0.0), "tv": (0.0, 1.0), "mix": (1.0, 1.0), "tv-heavy": (0.1, 0.9)}
 LOSSES = tuple(LOSS_WEIGHTS)
 DEFAULT_LOSS = "mix"
+# How the per-position losses of one unroll step are weighted (draft/loss.py, ttt_loss): "decay" step_decay^j, every
+# position alike (EAGLE-3, SpecForge); "rejection" step_decay^j, each position by the probability that a sampling
+# draft is rejected there (Draft-OPD's verification-exposed errors, offline); "reach" by the probability that
+# verification reaches step j from that anchor at all (the product of the earlier steps' acceptance), in place of
+# step_decay^j. Measured: docs/results.md, "The T=1 recipe: position weights".
+POSITION_WEIGHTS = ("decay", "rejection", "reach")
+DEFAULT_POSITION_WEIGHTS = "decay"
 # The largest share of GPU memory an engine may take (vLLM needs a little for itself).
 GPU_SHARE_MAX = 0.98
 

@@ -11,7 +11,8 @@ Workflow (`run`, phase by phase):
  3. the draft vocabulary = most frequent response tokens (coverage printed); embedding and lm_head
     rows from the policy, or warm start from --init-from;
  4. training-time-test unroll over `ttt_steps` positions (>= the largest k you will run), the
-    weighted per-position loss `--loss` (loss.py: ce, tv, their sum mix (the default), or tv-heavy), AdamW +
+    weighted per-position loss `--loss` (loss.py: ce, tv, their sum mix (the default), or tv-heavy; its
+    positions weighted by `--position-weights`: decay (the default), rejection or reach), AdamW +
     cosine schedule, under `accelerate`;
  5. held-out per-position top-1 agreement and expected acceptance; metrics.jsonl; a checkpoint
     every `save_every` steps; a killed run resumes at the next step; final vLLM-loadable folder;
@@ -93,7 +94,7 @@ def _claim_out(cfg: InitDraftConfig) -> None:
     anything is written; then record the settings (a rerun of the same command resumes)."""
 
     claim(Path(cfg.out), "mtp-model" if cfg.method == "mtp" else "draft", cfg, saved_as=RUN_CONFIG,
-          may_change=RESUME_MAY_CHANGE, defaults={"anchor_fraction": 1.0},  # runs before it trained every anchor
+          may_change=RESUME_MAY_CHANGE, defaults={"anchor_fraction": 1.0, "position_weights": "decay"},  # older runs' settings
           hint=f" (--init-from {cfg.out} warm-starts a new draft from it)")
 
 
@@ -315,7 +316,7 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats, evaluate,
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + tr.step)  # a resumed step draws the same anchors
             loss, per_step = ttt_step_loss(tr.draft, [feats[i] for i in idx], [data.prompt_lens[i] for i in idx],
                                            W_dv, cfg.ttt_steps, cfg.step_decay, acc.device, cfg.loss,
-                                           cfg.anchor_fraction, draw)
+                                           cfg.anchor_fraction, draw, cfg.position_weights)
             tr.update(loss)
             seconds += time.perf_counter() - t0
             tokens += sum(len(feats[i][0]) for i in idx) * acc.num_processes  # all processes (near-equal shares)

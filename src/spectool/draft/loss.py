@@ -3,7 +3,8 @@
 For unroll step j (0-based) at anchor t the draft predicts x[t+j+2]; its target is the policy's
 next-token distribution at position t+j+1, restricted to the draft vocabulary and renormalised
 (soft cross-entropy = forward KL up to the target's entropy). Steps are weighted decay**j
-(EAGLE-3 / SpecForge use 0.8). Only positions whose target predicts a response token count.
+(EAGLE-3 / SpecForge use 0.8), or by what verification measures there (`POSITION_WEIGHTS`: ttt_loss).
+Only positions whose target predicts a response token count.
 
 Losses per position (`LOSSES`): "ce" soft cross-entropy; "tv" total variation 1 - sum_v min(p_v, q_v),
 one minus the probability that a draft sampling from q is accepted (what T=1 speculation pays for);
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spectool.constants import LOSS_WEIGHTS, LOSSES
+from spectool.constants import DEFAULT_POSITION_WEIGHTS, LOSS_WEIGHTS, LOSSES, POSITION_WEIGHTS
 
 
 def step_mask(prompt_lens: torch.Tensor, lengths: torch.Tensor, T: int, j: int,
@@ -45,18 +46,23 @@ def shift(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 
-def position_loss(p: torch.Tensor, draft_logits: torch.Tensor, kind: str = "ce") -> torch.Tensor:
-    """p: [N, Vd] target distribution, draft_logits: [N, Vd] -> mean loss over the N positions."""
+def position_losses(p: torch.Tensor, draft_logits: torch.Tensor, kind: str = "ce") -> torch.Tensor:
+    """p: [N, Vd] target distribution, draft_logits: [N, Vd] -> [N] the loss at each position."""
     if kind not in LOSSES:
         raise ValueError(f"unknown loss {kind!r}; one of {LOSSES}")
     w_ce, w_tv = LOSS_WEIGHTS[kind]
     logq = F.log_softmax(draft_logits.float(), -1)
-    loss = draft_logits.new_zeros((), dtype=torch.float32)
+    loss = draft_logits.new_zeros(draft_logits.shape[:1], dtype=torch.float32)
     if w_ce:
-        loss = loss + w_ce * -(p * logq).sum(-1).mean()
+        loss = loss + w_ce * -(p * logq).sum(-1)
     if w_tv:
-        loss = loss + w_tv * (1 - torch.minimum(p, logq.exp()).sum(-1)).mean()
+        loss = loss + w_tv * (1 - torch.minimum(p, logq.exp()).sum(-1))
     return loss
+
+
+def position_loss(p: torch.Tensor, draft_logits: torch.Tensor, kind: str = "ce") -> torch.Tensor:
+    """The mean of `position_losses` over the N positions."""
+    return position_losses(p, draft_logits, kind).mean()
 
 
 def ttt_loss(
@@ -68,21 +74,39 @@ def ttt_loss(
     kind: str = "ce",
     temperature: float = 1.0,
     anchors: torch.Tensor | None = None,  # [n] the anchors the logits were run at (ttt.sample_anchors)
+    weights: str = DEFAULT_POSITION_WEIGHTS,
 ) -> tuple[torch.Tensor, list[float]]:
-    """Weighted loss (`position_loss`) over unroll steps against the policy at `temperature`.
-    Returns (loss, per-step loss values)."""
+    """Weighted loss (`position_losses`) over unroll steps against the policy at `temperature`.
+    `weights` (constants.POSITION_WEIGHTS) weighs the positions of step j, from a = sum_v min(p_v, q_v), the
+    probability that a draft sampling from q is accepted there (detached: a weight, not a loss term):
+      decay      decay**j, every position alike;
+      rejection  decay**j * (1 - a), renormalised to the step's mean: the positions verification rejects;
+      reach      the product of the anchor's a at steps < j: the probability that verification reaches step j
+                 (an earlier step in the prompt counts as accepted), in place of decay**j.
+    Returns (loss, per-step mean losses, unweighted, so arms with other weights compare)."""
+    if weights not in POSITION_WEIGHTS:
+        raise ValueError(f"unknown position weights {weights!r}; one of {POSITION_WEIGHTS}")
     B, T, _ = target_logits_dv.shape
     total = draft_logits[0].new_zeros(())
+    reach = torch.ones(draft_logits[0].shape[:2], device=draft_logits[0].device)  # [B, n]
     per_step = []
     for j, logits in enumerate(draft_logits):
-        m = step_mask(prompt_lens, lengths, T, j, anchors)
+        m = step_mask(prompt_lens, lengths, T, j, anchors).to(logits.device)  # [B, n]
         if not m.any():
             per_step.append(float("nan"))
             continue
-        p = torch.softmax(step_targets(target_logits_dv, j, anchors)[m].float() / temperature, -1)
-        loss = position_loss(p, logits[m], kind)
-        total = total + (decay**j) * loss
-        per_step.append(float(loss.detach()))
+        p = torch.softmax(step_targets(target_logits_dv, j, anchors)[m].float() / temperature, -1)  # [N, Vd]
+        losses = position_losses(p, logits[m], kind)  # [N]
+        accept = torch.minimum(p, torch.softmax(logits[m].detach().float(), -1)).sum(-1)  # [N]
+        if weights == "decay":
+            total = total + (decay**j) * losses.mean()
+        elif weights == "rejection":
+            reject = 1 - accept
+            total = total + (decay**j) * (reject * losses).sum() / reject.sum().clamp_min(1e-6)
+        else:
+            total = total + (reach[m] * losses).mean()
+            reach[m] = reach[m] * accept
+        per_step.append(float(losses.detach().mean()))
     return total, per_step
 
 

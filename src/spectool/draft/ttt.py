@@ -12,6 +12,7 @@ import math
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from spectool.constants import DEFAULT_POSITION_WEIGHTS
 from spectool.draft.loss import acceptance_metrics, greedy_walk, ttt_loss
 
 METRICS = ("top1", "p_accept", "p_accept_sampled", "oracle_greedy")  # per draft position (loss.acceptance_metrics)
@@ -60,16 +61,18 @@ def chain_length(rates: list[float]) -> float:
 
 def ttt_step_loss(draft, items, prompt_lens: list[int], W_dv: torch.Tensor, ttt_steps: int, decay: float,
                   device, loss: str = "ce", anchor_fraction: float = 1.0,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, list[float]]:
+                  generator: torch.Generator | None = None,
+                  weights: str = DEFAULT_POSITION_WEIGHTS) -> tuple[torch.Tensor, list[float]]:
     """The weighted TTT loss of one batch (the caller does backward and the optimizer step).
     W_dv: [Vd, H] the policy's output embedding rows of the draft vocabulary; loss: loss.LOSSES;
-    anchor_fraction < 1: the step runs that share of the anchors (`sample_anchors`, drawn by `generator`)."""
+    anchor_fraction < 1: the step runs that share of the anchors (`sample_anchors`, drawn by `generator`);
+    weights: how each step's positions are weighted (constants.POSITION_WEIGHTS, loss.ttt_loss)."""
     ids, aux, last, P, L = collate_features(items, prompt_lens, device)
     s = first_anchor(P, ttt_steps)
     anchors = sample_anchors(P, L, ttt_steps, s, ids.shape[1], anchor_fraction, generator or torch.Generator())
     logits = draft(aux, ids, ttt_steps, s, None if anchors is None else anchors.to(ids.device))  # steps x [B, n, Vd]
     return ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, decay, kind=loss,
-                    anchors=None if anchors is None else (anchors - s).to(ids.device))
+                    anchors=None if anchors is None else (anchors - s).to(ids.device), weights=weights)
 
 
 @torch.no_grad()
