@@ -2,10 +2,12 @@
 # Which per-position loss trains the better draft for T=1 speculation? One harvest, the same cached policy
 # features, the same steps (so about the same wall time: each arm's training seconds are printed); --loss ce | tv |
 # mix | tv-heavy (the field's 0.1 CE + 0.9 TV) side by side on held-out prompts: the offline metrics (top-1,
-# P(accept) of a greedy and of a sampling draft) and the engine's acceptance length at k=3 that init-draft measures
-# on the held-out records (T=0, T=1 greedy and T=1 probabilistic proposals). LOSSES="..." picks the arms; ARMS adds
-# others, "name:init-draft flags" separated by ";" (the draft's size: ARMS="layers2:--draft-layers 2;vocab16k:
-# --draft-vocab-size 16384"); an arm's flags follow the default loss unless they name one.
+# P(accept) of a greedy and of a sampling draft), the acceptance lengths at k=3 they imply, and init-draft's own
+# report at k = its --ttt-steps (T=0, T=1 greedy walked, T=1 probabilistic; offline too: the engine's figures come
+# from benchmarks/draft_quality.py). LOSSES="..." picks the arms; ARMS adds others, "name:init-draft flags"
+# separated by ";" (the draft's size: ARMS="layers2:--draft-layers 2;vocab16k:--draft-vocab-size 16384"; the
+# position weights: ARMS="rejection:--position-weights rejection;reach:--position-weights reach"); an arm's flags
+# follow the default loss unless they name one.
 # FEATURES_CACHE (an init-draft .train/features.safetensors of that harvest) becomes the harvest's
 # hidden-state shard, so no run recomputes the policy's features.
 # Usage: bash benchmarks/draft_loss.sh HARVEST_RUN [FEATURES_CACHE] [OUT] [EPOCHS]
@@ -39,7 +41,7 @@ import json, math, os, sys
 out = sys.argv[1]
 def chain(r): return 1 + sum(math.prod(r[:i + 1]) for i in range(len(r)))
 print("arm       train s  top-1 (pos 1-3)     P(acc) greedy       P(acc) sampling     offline AL k=3: T=0 / T=1 greedy (walked) "
-      "/ T=1 sampling   engine AL k=3: T=0 / T=1 greedy / T=1 probabilistic")
+      "/ T=1 sampling   init-draft's AL at k=ttt_steps: T=0 / T=1 greedy / T=1 probabilistic")
 for loss in os.environ["LOSSES"].split():
     m = json.load(open(f"{out}/{loss}/manifest.json"))
     r, e = m["result"], m.get("acceptance_lengths", {}).get("heldout", {})

@@ -3,10 +3,11 @@ probability p(token); "probabilistic", a sample from its own q, accepted with mi
 is accepted with probability sum_v min(p_v, q_v). Both are exact. "auto" (every command's default)
 picks per build from measurement (docs/results.md, "Draft proposals"; benchmarks/draft_sampling.sh):
 
-- CPU build: greedy, at every batch size. Probabilistic proposals raise acceptance at T=1 (+10-13% with
-  the demo's draft at batch 1-8), but the draft's probabilities over the vocabulary travel to the rejection
-  sampler on every step, making a speculative step 5-23% dearer: no batch size measured faster beyond the
-  other mode's interval (docs/results.md, "Draft proposals").
+- CPU build: greedy. Probabilistic proposals raise acceptance at T=1 (+10-13% with the demo's draft at
+  batch 1-8), but the draft's probabilities over the vocabulary travel to the rejection sampler on every
+  step, making a speculative step 5-23% dearer. From batch 2 up (an RL rollout's batch) greedy measured level
+  or ahead; at batch 1 probabilistic was ahead (1.16x and 1.07x against 1.07x and 0.90x at the policy's own
+  lengths), which a user decoding one sequence at a time sets by hand (docs/results.md, "Draft proposals").
 - GPU builds: probabilistic. On a GPU that transfer is a small share of a verify step; NeMo RL's
   co-trained DFlash / DSpark recipes propose this way, and the Qwen team's Bebop study kept an MTP
   head's acceptance through RL with it. Measured once (an H200, vLLM 0.26.0, the demo's EAGLE-3 draft at
