@@ -271,6 +271,9 @@ def test_sampled_anchors_run_what_every_anchor_runs_there(family):
     whole, per = ttt_loss(full, target, P, L, 0.8, "mix")
     again, per_again = ttt_loss(full, target, P, L, 0.8, "mix", anchors=every)
     torch.testing.assert_close(again, whole)
+    for weights in ("rejection", "reach"):  # the position weights read the same anchors' rows
+        torch.testing.assert_close(ttt_loss(full, target, P, L, 0.8, "mix", anchors=every, weights=weights)[0],
+                                   ttt_loss(full, target, P, L, 0.8, "mix", weights=weights)[0])
     part, _ = ttt_loss(some, target, P, L, 0.8, "mix", anchors=anchors - start)
     assert not torch.isclose(part, whole)  # fewer positions: another mean
 
