@@ -97,15 +97,16 @@ def ttt_loss(
             continue
         p = torch.softmax(step_targets(target_logits_dv, j, anchors)[m].float() / temperature, -1)  # [N, Vd]
         losses = position_losses(p, logits[m], kind)  # [N]
-        accept = torch.minimum(p, torch.softmax(logits[m].detach().float(), -1)).sum(-1)  # [N]
         if weights == "decay":
             total = total + (decay**j) * losses.mean()
-        elif weights == "rejection":
-            reject = 1 - accept
-            total = total + (decay**j) * (reject * losses).sum() / reject.sum().clamp_min(1e-6)
         else:
-            total = total + (reach[m] * losses).mean()
-            reach[m] = reach[m] * accept
+            accept = torch.minimum(p, torch.softmax(logits[m].detach().float(), -1)).sum(-1)  # [N]
+            if weights == "rejection":
+                reject = 1 - accept
+                total = total + (decay**j) * (reject * losses).sum() / reject.sum().clamp_min(1e-6)
+            else:
+                total = total + (reach[m] * losses).mean()
+                reach[m] = reach[m] * accept
         per_step.append(float(losses.detach().mean()))
     return total, per_step
 
