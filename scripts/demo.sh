@@ -16,8 +16,8 @@ $S rollout --draft "$RUN/export" --k 3 --compare --temperature 1 --n-prompts 13 
   --out "$RUN/rollout-t1"
 # Where speculation pays on this machine, beyond noise: T=1 (what RL samples at) at batch 1 and 4, k = 2 and 3, each
 # speedup with its 95% interval; a recommendation only where the interval clears the margin, else the reason.
-# Completions end at EOS as in RL, and the draft samples its proposals: at batch 1 that measured 1.16x and 1.07x
-# (docs/results.md, "Draft proposals"), the one place speculation paid at T=1 on 2 cores.
+# Completions end at EOS as in RL, and the draft samples its proposals: at batch 1 that measured 1.04-1.16x in three
+# sweeps (docs/results.md, "Draft proposals"), the one place speculation paid at T=1 on 2 cores.
 $S sweep-k --draft "$RUN/draft" --k 2,3 --batch-sizes 1,4 --temperature 1 --draft-sampling probabilistic \
   --out "$RUN/sweep-t1"
 # Online GRPO with speculative rollouts and the draft refreshed from the trainer's own forward.

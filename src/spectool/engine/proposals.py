@@ -7,8 +7,8 @@ picks per build from measurement (docs/results.md, "Draft proposals"; benchmarks
   batch 1-8), but the draft's probabilities over the vocabulary travel to the rejection sampler on every
   step, making a speculative step 5-23% dearer. From batch 2 up (an RL rollout's batch) neither mode beat
   plain decoding, and greedy was ahead where they differed most (batch 4). At batch 1 probabilistic was
-  ahead (1.16x and 1.07x against 1.07x and 0.90x at the policy's own lengths), which a user decoding one
-  sequence at a time sets by hand (docs/results.md, "Draft proposals").
+  ahead (1.16x, 1.07x and 1.04x against 1.07x, 0.90x and 0.95x at the policy's own lengths), which a user
+  decoding one sequence at a time sets by hand (docs/results.md, "Draft proposals").
 - GPU builds: probabilistic. On a GPU that transfer is a small share of a verify step; NeMo RL's
   co-trained DFlash / DSpark recipes propose this way, and the Qwen team's Bebop study kept an MTP
   head's acceptance through RL with it. Measured once (an H200, vLLM 0.26.0, the demo's EAGLE-3 draft at
