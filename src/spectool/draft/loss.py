@@ -100,7 +100,7 @@ def ttt_loss(
         if weights == "decay":
             total = total + (decay**j) * losses.mean()
         else:
-            accept = torch.minimum(p, torch.softmax(logits[m].detach().float(), -1)).sum(-1)  # [N]
+            accept = 1 - position_losses(p, logits[m].detach(), "tv")  # [N] sum_v min(p_v, q_v)
             if weights == "rejection":
                 reject = 1 - accept
                 total = total + (decay**j) * (reject * losses).sum() / reject.sum().clamp_min(1e-6)
