@@ -146,3 +146,36 @@ def make_moe_policy(folder: Path, family: str = "qwen3_moe", layers: int = 4, hi
         model.get_output_embeddings().weight.mul_(8.0)
     model.save_pretrained(folder)
     return folder
+
+
+def write_fake_harvest(policy_folder: Path, run: Path, n: int = 24, max_new_tokens: int = 12,
+                       prompt_pad: int = 0) -> Path:
+    """A harvest run dir with `n` records sampled from the policy by transformers (each prompt 4 tokens plus
+    `i % 3 * prompt_pad` more: lengths that differ)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from spectool.models import resolve_model
+    from spectool.records import write_shard
+    from spectool.runs import MANIFEST, atomic_write_json, make_manifest
+
+    policy = AutoModelForCausalLM.from_pretrained(policy_folder, dtype=torch.float32)
+    torch.manual_seed(0)
+    rows = []
+    for i in range(n):
+        prompt = [1, 3 + i % 7, 40 + i % 200, *([5] * (i % 3 * prompt_pad)), 4]
+        out = policy.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=True, pad_token_id=2)
+        resp = out[0, len(prompt):].tolist()
+        rows.append(dict(prompt_id=f"{i:016x}", sample_idx=0, prompt="p", answer="", prompt_ids=prompt,
+                         response_ids=resp, logprobs=[0.0] * len(resp), reward=0.0, finish_reason="length",
+                         response=""))
+    write_shard(run, 0, rows)
+    m = resolve_model(str(policy_folder))
+    atomic_write_json(run / MANIFEST, make_manifest("harvest", model=m.name, model_identity=m.identity, data="x"))
+    return run
+
+
+@pytest.fixture
+def fake_harvest(tiny_policy, tmp_path):
+    """A harvest run dir with 24 records sampled from the tiny policy (init-draft's tests)."""
+    return write_fake_harvest(tiny_policy, tmp_path / "harvest")

@@ -11,32 +11,6 @@ import torch
 from spectool.errors import SpectoolError
 
 
-@pytest.fixture
-def fake_harvest(tiny_policy, tmp_path):
-    """A harvest run dir with records sampled from the tiny policy by transformers."""
-    from transformers import AutoModelForCausalLM
-
-    from spectool.models import resolve_model
-    from spectool.records import write_shard
-    from spectool.runs import MANIFEST, atomic_write_json, make_manifest
-
-    policy = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32)
-    torch.manual_seed(0)
-    rows = []
-    for i in range(24):
-        prompt = [1, 3 + i % 7, 40 + i, 4]
-        out = policy.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=True, pad_token_id=2)
-        resp = out[0, len(prompt):].tolist()
-        rows.append(dict(prompt_id=f"{i:016x}", sample_idx=0, prompt="p", answer="", prompt_ids=prompt,
-                         response_ids=resp, logprobs=[0.0] * len(resp), reward=0.0, finish_reason="length",
-                         response=""))
-    run = tmp_path / "harvest"
-    write_shard(run, 0, rows)
-    m = resolve_model(str(tiny_policy))
-    atomic_write_json(run / MANIFEST, make_manifest("harvest", model=m.name, model_identity=m.identity, data="x"))
-    return run
-
-
 def _cfg(tiny_policy, data, out, **kw):
     from spectool.commands.init_draft import InitDraftConfig
 
@@ -217,7 +191,7 @@ def test_a_harvests_hidden_state_shards_are_trained_on_without_a_policy_forward(
     from spectool.records import load_records
     from spectool.runs import MANIFEST, atomic_write_json, read_json
 
-    fresh = run(_cfg(tiny_policy, fake_harvest, tmp_path / "fresh", epochs=1))
+    fresh = run(_cfg(tiny_policy, fake_harvest, tmp_path / "fresh", epochs=1, features="cache"))
     assert (tmp_path / "fresh" / ".train" / "features.safetensors").exists()
 
     with_shards = tmp_path / "harvest-with-hidden"
@@ -233,11 +207,14 @@ def test_a_harvests_hidden_state_shards_are_trained_on_without_a_policy_forward(
         raise AssertionError("the policy's features were recomputed")
 
     monkeypatch.setattr(hidden, "feature_items", no_forward)
-    reused = run(_cfg(tiny_policy, with_shards, tmp_path / "reused", epochs=1))
+    reused = run(_cfg(tiny_policy, with_shards, tmp_path / "reused", epochs=1, features="cache"))
     assert not (tmp_path / "reused" / ".train" / "features.safetensors").exists()
+    # streamed from the same shards, a shard at a time: the same batches, and nothing written
+    streamed = run(_cfg(tiny_policy, with_shards, tmp_path / "streamed", epochs=1, features="stream"))
+    assert not (tmp_path / "streamed" / ".train" / "features").exists() and streamed.feature_cache_bytes == 0
     losses = [[json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-              for d in ("fresh", "reused")]
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+              for d in ("fresh", "reused", "streamed")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] == pytest.approx(losses[2], rel=1e-5)
     assert all(reused.heldout[k] == pytest.approx(v) for k, v in fresh.heldout.items())
 
 
@@ -245,7 +222,8 @@ def test_disk_budget_refuses_before_anything_is_written(tiny_policy, fake_harves
     from spectool.commands.init_draft import run
 
     out = tmp_path / "d"
-    with pytest.raises(SpectoolError, match=r"feature cache would take up to .* GiB .*--disk-budget-gb is 1e-06"):
+    with pytest.raises(SpectoolError, match=r"features would take up to .* GiB .*--disk-budget-gb is 1e-06; "
+                                            r"--features online .* takes no disk"):
         run(_cfg(tiny_policy, fake_harvest, out, disk_budget_gb=1e-6))
     assert not out.exists()
     r = run(_cfg(tiny_policy, fake_harvest, out, disk_budget_gb=1.0, epochs=1))  # the same run within budget

@@ -10,6 +10,7 @@ from pathlib import Path
 from spectool.constants import (  # noqa: F401
     CONTROLS,
     DEFAULT_DATA,
+    DEFAULT_FEATURES,
     DEFAULT_K,
     DEFAULT_LOSS,
     DEFAULT_MODEL,
@@ -17,6 +18,7 @@ from spectool.constants import (  # noqa: F401
     DRAFT_SAMPLING,
     DRAFTERS,
     ENGINE_DTYPES,
+    FEATURE_SOURCES,
     GPU_MEMORY_UTILIZATION,
     GPU_SHARE_MAX,
     K_MAX,
@@ -120,6 +122,22 @@ class InitDraftConfig:
     docs/results.md, "The T=1 recipe: position weights"."""
     epochs: int = 2
     """Passes over the harvested records."""
+    max_steps: int | None = None
+    """Stop after this many steps if --epochs would run longer (a budget for data larger than a run can pass over;
+    the learning-rate schedule spans the steps that run)."""
+    features: str = DEFAULT_FEATURES
+    """Where the policy's features come from: stream (bounded shards on disk, read a shard at a time: memory flat in
+    the data's size) | online (the policy's forward per training batch: no disk, a policy forward per record per
+    epoch) | cache (one file loaded whole into memory: grows with the data). All three train the same draft;
+    measured: docs/drafters.md, "Features at scale"."""
+    shard_tokens: int = 32768
+    """Tokens per feature shard (stream) and per shuffle group (every --features): with --shuffle-window, what one
+    window holds in memory (shard_tokens x window x the features' bytes per token)."""
+    shuffle_window: int = 4
+    """Shards whose records are shuffled together each epoch (the shards' own order is shuffled too)."""
+    max_batch_tokens: int = 8192
+    """Most padded tokens per training forward: a step's records go through in micro-batches of similar length
+    within it, gradients accumulated, so a step's memory stays bounded however long the sequences are."""
     batch_size: int = 4
     """Records per step. Small: one epoch at batch 4 trained a better draft than at 8 or 16 on this machine
     (more steps for the same tokens; docs/results.md, "Draft quality")."""
@@ -165,6 +183,13 @@ class InitDraftConfig:
         check(not self.remap_vocab or self.init_from is not None, "--remap-vocab", self.remap_vocab,
               "needs --init-from (a fresh draft always builds its vocabulary from the data)")
         check(self.epochs >= 1, "--epochs", self.epochs, "must be >= 1")
+        check(self.max_steps is None or self.max_steps >= 1, "--max-steps", self.max_steps, "must be >= 1")
+        check(self.features in FEATURE_SOURCES, "--features", self.features,
+              f"must be one of {', '.join(FEATURE_SOURCES)}")
+        check(self.shard_tokens >= 1, "--shard-tokens", self.shard_tokens,
+              "must be >= 1 (a record longer than a shard has one to itself)")
+        check(self.shuffle_window >= 1, "--shuffle-window", self.shuffle_window, "must be >= 1")
+        check(self.max_batch_tokens >= 64, "--max-batch-tokens", self.max_batch_tokens, "must be >= 64")
         check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
         check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
         check(0 < self.step_decay <= 1, "--step-decay", self.step_decay, "must be in (0, 1]")

@@ -46,6 +46,11 @@ DEFAULT_LOSS = "mix"
 # step_decay^j. Measured: docs/results.md, "The T=1 recipe: position weights".
 POSITION_WEIGHTS = ("decay", "rejection", "reach")
 DEFAULT_POSITION_WEIGHTS = "decay"
+# Where init-draft's policy features come from (features.py): "stream" bounded shards on disk read a shard at a time,
+# "online" the policy's forward per training batch (no disk), "cache" one file loaded whole (RAM grows with the
+# data). The default: measured, docs/drafters.md "Features at scale".
+FEATURE_SOURCES = ("stream", "online", "cache")
+DEFAULT_FEATURES = "stream"
 # The largest share of GPU memory an engine may take (vLLM needs a little for itself).
 GPU_SHARE_MAX = 0.98
 

@@ -28,6 +28,7 @@ import gc
 import hashlib
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +44,21 @@ from spectool.draft.training import DraftTrainer
 from spectool.draft.ttt import chain_length, heldout_metrics, ttt_step_loss
 from spectool.draft.vocab import build_vocab, ids_from_d2t
 from spectool.errors import SpectoolError
+from spectool.features import (
+    EVAL_RECORDS,
+    InMemory,
+    Lazy,
+    OnTheFly,
+    Streamed,
+    epoch_order,
+    harvest_shards,
+    iter_column,
+    record_lengths,
+    token_groups,
+    write_shards,
+)
 from spectool.harvesting import HarvestConfig, harvest
-from spectool.hidden import default_aux_layer_ids
+from spectool.hidden import bytes_per_token, default_aux_layer_ids, token_batches
 from spectool.models import fingerprint_mismatch, resolve_model
 from spectool.prompts import encode_prompt
 from spectool.records import load_records
@@ -52,8 +66,12 @@ from spectool.runs import append_jsonl, claim, load_manifest, truncate_jsonl
 from spectool.ui import console
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
-RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset"}  # settings a rerun may change and still resume
+RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features"}  # a rerun may change these and resume
+# (every --features trains the same draft: a stream run short of disk resumes with --features online)
 GIB = 1024**3
+# the settings of runs made before each was added, as they ran (a resume keeps them)
+OLDER_RUNS = {"anchor_fraction": 1.0, "position_weights": "decay", "features": "cache", "max_steps": None,
+              "shard_tokens": 32768, "shuffle_window": 4, "max_batch_tokens": 8192}
 
 
 @dataclass
@@ -65,10 +83,12 @@ class InitDraftResult:
     train: dict[str, list[float]]  # the same on as many training records: the gap says whether data limits
     train_tokens_per_s: float
     draft_to_policy_cost: float  # measured forward time ratio per drafted token
-    feature_cache_bytes: int  # disk the policy features took (0: a harvest's shards were reused)
+    feature_cache_bytes: int  # disk the policy features took (0: online, or a harvest's shards were reused)
     seconds: float
     main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
     family: str = "eagle3"  # the drafter family trained (draft/families.py)
+    features: str = "cache"  # where the policy's features came from (--features)
+    peak_memory_gib: float = 0.0  # GPU: the last step's peak allocated; CPU: the process's peak RSS
 
     def context_free(self) -> bool:
         """A parallel draft whose held-out agreement is the same at every block position: it proposes
@@ -94,7 +114,7 @@ def _claim_out(cfg: InitDraftConfig) -> None:
     anything is written; then record the settings (a rerun of the same command resumes)."""
 
     claim(Path(cfg.out), "mtp-model" if cfg.method == "mtp" else "draft", cfg, saved_as=RUN_CONFIG,
-          may_change=RESUME_MAY_CHANGE, defaults={"anchor_fraction": 1.0, "position_weights": "decay"},  # older runs' settings
+          may_change=RESUME_MAY_CHANGE, defaults=OLDER_RUNS,
           hint=f" (--init-from {cfg.out} warm-starts a new draft from it)")
 
 
@@ -122,7 +142,13 @@ class _Data:
     train: list[int]  # record indices
     heldout: list[int]  # whole prompts never trained on
     prompt_lens: list[int]
+    lengths: list[int]  # prompt + response tokens per record
     model_path: str  # the policy's folder
+
+    def seq(self, i: int) -> list[int]:
+        """Record i's prompt + response ids (read from the memory-mapped records, one record at a time)."""
+        r = self.records[i]
+        return r["prompt_ids"] + r["response_ids"]
 
 
 def _setup(cfg: InitDraftConfig):
@@ -175,7 +201,7 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
     harvested, the most it can produce (n_prompts x samples x (longest prompt + max_tokens))."""
     from spectool.runs import MANIFEST, read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
 
-    if (Path(cfg.out) / ".train" / "features.safetensors").exists():
+    if cfg.features == "online" or (Path(cfg.out) / ".train" / "features.safetensors").exists():
         return 0
     p = Path(cfg.data)
     if (p / MANIFEST).exists():
@@ -183,8 +209,7 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
         if (p / "hidden").is_dir() and read_json(p / MANIFEST).get("aux_layer_ids") == ids:
             return 0
 
-        r = load_records(p)
-        return sum(len(a) + len(b) for a, b in zip(r["prompt_ids"], r["response_ids"]))
+        return sum(record_lengths(load_records(p))[1])
     from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     h = cfg.harvest
@@ -201,25 +226,25 @@ def _layer_ids(cfg: InitDraftConfig, num_layers: int) -> list[int]:
 
 
 def _check_disk_budget(cfg: InitDraftConfig, model) -> None:
-    """Refuse, before anything is written, a feature cache over --disk-budget-gb (default: the
-    free space where --out will live)."""
-
-    from spectool.hidden import bytes_per_token  # noqa: PLC0415 (binds a name this module uses otherwise)
+    """Refuse, before anything is written, policy features over --disk-budget-gb (default: the free space where
+    --out will live); stream shards already written count as spent. (`stream` checks again per shard.)"""
 
     per_token = bytes_per_token(model.fingerprint["hidden_size"], len(_layer_ids(cfg, model.fingerprint["num_hidden_layers"])))
-    need = _tokens_to_cache(cfg, model) * per_token
-    if need == 0:
+    written = sum(p.stat().st_size for p in (Path(cfg.out) / ".train" / "features").glob("shard-*.safetensors"))
+    need = _tokens_to_cache(cfg, model) * per_token - written
+    if need <= 0:
         return
     where = next(q for q in [Path(cfg.out).absolute(), *Path(cfg.out).absolute().parents] if q.exists())
     free = shutil.disk_usage(where).free
-    budget = cfg.disk_budget_gb * GIB if cfg.disk_budget_gb is not None else free
+    budget = cfg.disk_budget_gb * GIB - written if cfg.disk_budget_gb is not None else free
     if need > min(budget, free):
         limit = (f"--disk-budget-gb is {cfg.disk_budget_gb:g}" if cfg.disk_budget_gb is not None and budget <= free
                  else f"{where} has {free / GIB:.2f} GiB free")
         raise SpectoolError(
-            f"the policy-feature cache would take up to {need / GIB:.2f} GiB "
-            f"({per_token / 1024:.1f} KiB per token) and {limit}; "
-            "lower --n-prompts, --samples or --max-tokens, put --out on a larger disk, or raise --disk-budget-gb")
+            f"the policy features would take up to {need / GIB:.2f} GiB more "
+            f"({per_token / 1024:.1f} KiB per token) and {limit}; --features online computes them in the training "
+            "loop and takes no disk (a policy forward per record per epoch), or put --out on a larger disk, or raise "
+            "--disk-budget-gb")
 
 
 def _data(cfg: InitDraftConfig, model) -> _Data:
@@ -238,8 +263,13 @@ def _data(cfg: InitDraftConfig, model) -> _Data:
             for p in records["prompt_id"]]
     if all(held) or not any(held):  # too few prompts for a hash split: hold out the last record
         held = [i == len(held) - 1 for i in range(len(held))]
-    return _Data(run_dir, hm, records, [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h],
-                 [len(p) for p in records["prompt_ids"]], model.path)
+    prompt_lens, lengths = record_lengths(records)
+    heldout = [i for i, h in enumerate(held) if h]
+    if len(heldout) > EVAL_RECORDS:  # a fixed sample: a held-out pass per checkpoint stays bounded at any data size
+        g = torch.Generator().manual_seed(cfg.seed)
+        heldout = sorted(heldout[i] for i in torch.randperm(len(heldout), generator=g)[:EVAL_RECORDS].tolist())
+    return _Data(run_dir, hm, records, [i for i, h in enumerate(held) if not h], heldout, prompt_lens, lengths,
+                 model.path)
 
 
 def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
@@ -247,22 +277,24 @@ def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
     started with its vocabulary map kept, or warm started and remapped (--remap-vocab)."""
     from spectool.draft.checkpoint import load_draft, new_draft, remap_vocab  # noqa: PLC0415 (binds a name this module uses otherwise)
 
-    responses = [data.records[i]["response_ids"] for i in data.train]
+    def responses():  # the training records' response ids, a batch of records at a time (never all in memory)
+        return iter_column(data.records.select(data.train), "response_ids")
+
     if cfg.method == "mtp":  # the model's own MTP layers over the full vocabulary, with its lm_head
 
         return load_mtp(data.model_path, policy), torch.arange(policy.config.vocab_size), 1.0
     vsize = min(cfg.draft_vocab_size, policy.config.vocab_size)
     if not cfg.init_from:
-        target_ids, coverage = build_vocab(responses, policy.config.vocab_size, vsize)
+        target_ids, coverage = build_vocab(responses(), policy.config.vocab_size, vsize)
         torch.manual_seed(cfg.seed)
         layers = default_aux_layer_ids(policy.config.num_hidden_layers)
         return new_draft(policy, target_ids, layers, cfg.draft_layers, family=cfg.method), target_ids, coverage
     warm, _ = load_draft(Path(cfg.init_from), policy)
     if not cfg.remap_vocab:  # keep the warm start's vocabulary map
         target_ids = ids_from_d2t(warm.d2t)
-        return warm, target_ids, _coverage(responses, target_ids)
-    old_coverage = _coverage(responses, ids_from_d2t(warm.d2t))
-    target_ids, coverage = build_vocab(responses, policy.config.vocab_size, vsize)
+        return warm, target_ids, _coverage(responses(), target_ids)
+    old_coverage = _coverage(responses(), ids_from_d2t(warm.d2t))
+    target_ids, coverage = build_vocab(responses(), policy.config.vocab_size, vsize)
     draft, kept = remap_vocab(warm, target_ids, policy)
     if main:
         print(f"--remap-vocab: draft vocabulary {warm.config.draft_vocab_size} -> {len(target_ids)} tokens, "
@@ -271,35 +303,103 @@ def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
     return draft, target_ids, coverage
 
 
-def _features(policy, data: _Data, layer_ids: list[int], cache: Path):
-    """Per record (ids, aux, last) in the one features format (hidden.py): the cache of an earlier
-    run, else the harvest's own --hidden-states shards when they hold these layers, else one
-    policy forward per record (batched, on the policy's device), cached for resume and reruns."""
+@dataclass
+class _Features:
+    train: object  # features.InMemory | Streamed | OnTheFly: .items(record indices) -> FeatureItems
+    heldout: object  # what held-out evaluation (and the report's training sample) reads
+    groups: list[list[int]]  # the training records' shuffle groups (features.epoch_order)
+    disk_bytes: int  # disk the features took in --out (0: online, or a harvest's own shards)
+
+
+def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], folder: Path) -> _Features:
+    """The policy's features per --features (features.py): `stream` from the harvest's --hidden-states shards
+    when they hold these layers, else from shards written here (resumable, the disk budget checked per shard);
+    `online` from the policy per batch; `cache` from one file loaded whole (the harvest's shards, or computed
+    once and saved). Held-out records are computed per evaluation except under `cache`."""
     from rich.progress import Progress  # noqa: PLC0415 (binds a name this module uses otherwise)
 
-    from spectool.hidden import bytes_per_token, feature_items, load_features, save_features  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.hidden import feature_items, load_features, save_features  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     pin = next(policy.parameters()).device.type == "cuda"  # training batches copy from here to the GPU
+    shards = harvest_shards(data.run_dir, layer_ids, data.manifest, data.lengths)
+    train = set(data.train)
+    groups = ([[i for i in idx if i in train] for _, idx in shards] if shards
+              else token_groups(data.train, data.lengths, cfg.shard_tokens))
+    groups = [g for g in groups if g]
+    online = OnTheFly(policy, data.seq, layer_ids)
+    if cfg.features == "online":
+        return _Features(online, online, groups, 0)
+    if cfg.features == "stream":
+        disk = 0
+        if not shards:
+            tokens = sum(data.lengths[i] for i in data.train)
+            print(f"policy features: {tokens} tokens in {len(groups)} shards of <= {cfg.shard_tokens} tokens, "
+                  f"{tokens * bytes_per_token(policy.config.hidden_size, len(layer_ids)) / GIB:.2f} GiB at "
+                  f"{folder / 'features'}; {cfg.shuffle_window} in memory at a time")
+            with Progress() as bar:
+                job = bar.add_task("policy features", total=len(data.train))
+                shards = write_shards(policy, groups, data.seq, layer_ids, folder / "features",
+                                      cfg.disk_budget_gb * GIB if cfg.disk_budget_gb is not None else None,
+                                      on_shard=lambda n: bar.advance(job, n))
+            disk = sum(p.stat().st_size for p, _ in shards)
+        return _Features(Streamed(shards, cfg.shuffle_window, pin), online, groups, disk)
+    cache = folder / "features.safetensors"
     if cache.exists():
-        return load_features(cache, pin)
-    shards = sorted((data.run_dir / "hidden").glob("shard-*.safetensors"))
-    if shards and data.manifest.get("aux_layer_ids") == list(layer_ids):
-        items = [x for s in shards for x in load_features(s, pin)]
-        if len(items) == len(data.records) and all(len(x[0]) == len(p) + len(r) for x, p, r in
-                                                   zip(items, data.records["prompt_ids"], data.records["response_ids"])):
-            return items
-    seqs = [p + r for p, r in zip(data.records["prompt_ids"], data.records["response_ids"])]
-    tokens = sum(map(len, seqs))
-    print(f"policy features: {tokens} tokens, a {tokens * bytes_per_token(policy.config.hidden_size) / GIB:.2f} GiB "
-          f"cache at {cache}")
-    with Progress() as bar:
-        job = bar.add_task("policy hidden states", total=len(seqs))
-        items = feature_items(policy, seqs, layer_ids, on_batch=lambda n: bar.advance(job, n))
-    save_features(cache, items)
-    return load_features(cache, pin) if pin else items
+        items = load_features(cache, pin)
+    elif shards:
+        items = [x for p, _ in shards for x in load_features(p, pin)]
+    else:
+        print(f"policy features: {sum(data.lengths)} tokens, a "
+              f"{sum(data.lengths) * bytes_per_token(policy.config.hidden_size, len(layer_ids)) / GIB:.2f} GiB cache "
+              f"at {cache}, loaded whole")
+        with Progress() as bar:
+            job = bar.add_task("policy hidden states", total=len(data.records))
+            items = feature_items(policy, [data.seq(i) for i in range(len(data.records))], layer_ids,
+                                  on_batch=lambda n: bar.advance(job, n))
+        save_features(cache, items)
+        items = load_features(cache, pin) if pin else items
+    whole = InMemory(dict(enumerate(items)))
+    return _Features(whole, whole, groups, cache.stat().st_size if cache.exists() else 0)
 
 
-def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats, evaluate, W_dv: torch.Tensor) -> tuple[int, float]:
+def _step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens: list[int], W_dv: torch.Tensor,
+          draw: torch.Generator) -> tuple[float, list[float]]:
+    """One optimizer step over a batch, in micro-batches of at most --max-batch-tokens padded tokens (records of
+    similar length together, a longer one alone; the whole batch at once when it fits), each micro-batch's loss
+    weighted by its share of the batch's response tokens, gradients accumulated. (loss, per-unroll-step losses)."""
+    lengths = [len(x[0]) for x in items]
+    response = [n - p for n, p in zip(lengths, prompt_lens)]
+    whole = len(items) * max(lengths) <= cfg.max_batch_tokens
+    parts = [list(range(len(items)))] if whole else token_batches(lengths, cfg.max_batch_tokens)
+    loss_sum, per_step = 0.0, [0.0] * cfg.ttt_steps
+    seen = [0.0] * cfg.ttt_steps
+    for mb in parts:
+        share = sum(response[i] for i in mb) / max(sum(response), 1)
+        loss, steps = ttt_step_loss(tr.draft, [items[i] for i in mb], [prompt_lens[i] for i in mb], W_dv,
+                                    cfg.ttt_steps, cfg.step_decay, tr.acc.device, cfg.loss, cfg.anchor_fraction, draw,
+                                    cfg.position_weights)
+        tr.backward(loss * share if not whole else loss)
+        loss_sum += share * float(loss.detach())
+        for j, x in enumerate(steps):
+            if x == x:  # a step with no position in this micro-batch is nan
+                per_step[j], seen[j] = per_step[j] + share * x, seen[j] + share
+    tr.finish()
+    return loss_sum, [x / w if w else float("nan") for x, w in zip(per_step, seen)]
+
+
+def _peak_memory_gib(device: torch.device) -> float:
+    """The training step's peak: GPU memory allocated on a GPU (reset per step), else the process's peak RSS."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak / GIB
+    import resource  # noqa: PLC0415 (POSIX only, read only here)
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+
+def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats: _Features, evaluate,
+           W_dv: torch.Tensor) -> tuple[int, float]:
     """The loop: TTT steps, metrics.jsonl per step, a held-out eval and checkpoint every save_every.
     Returns (training tokens, training seconds)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn  # noqa: PLC0415 (binds a name this module uses otherwise)
@@ -307,21 +407,24 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats, evaluate,
     metrics_path = Path(cfg.out) / "metrics.jsonl"
     truncate_jsonl(metrics_path, tr.step)  # steps logged after the last checkpoint are redone
     acc, tokens, seconds = tr.acc, 0, 0.0
+
+    def order(seed: int, epoch: int) -> list[int]:
+        return epoch_order(feats.groups, seed, epoch, cfg.shuffle_window)
+
     with Progress(TextColumn("init-draft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                   TimeRemainingColumn(), disable=not acc.is_main_process) as bar:
         job = bar.add_task("", total=tr.total, completed=tr.step, info="")
         while tr.step < tr.total:
-            epoch, idx = tr.batch(data.train)
+            epoch, idx = tr.batch(order)
             t0 = time.perf_counter()
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + tr.step)  # a resumed step draws the same anchors
-            loss, per_step = ttt_step_loss(tr.draft, [feats[i] for i in idx], [data.prompt_lens[i] for i in idx],
-                                           W_dv, cfg.ttt_steps, cfg.step_decay, acc.device, cfg.loss,
-                                           cfg.anchor_fraction, draw, cfg.position_weights)
-            tr.update(loss)
+            items = feats.train.items(idx)
+            loss, per_step = _step(cfg, tr, items, [data.prompt_lens[i] for i in idx], W_dv, draw)
             seconds += time.perf_counter() - t0
-            tokens += sum(len(feats[i][0]) for i in idx) * acc.num_processes  # all processes (near-equal shares)
-            rec = {"step": tr.step, "epoch": epoch, "loss": float(loss.detach()), "loss_per_step": per_step,
-                   "lr": tr.sched.get_last_lr()[0], "tokens_per_s": tokens / seconds}
+            tokens += sum(len(x[0]) for x in items) * acc.num_processes  # all processes (near-equal shares)
+            rec = {"step": tr.step, "epoch": epoch, "loss": loss, "loss_per_step": per_step,
+                   "lr": tr.sched.get_last_lr()[0], "tokens_per_s": tokens / seconds,
+                   "peak_memory_gib": _peak_memory_gib(acc.device)}
             if tr.step % cfg.save_every == 0 or tr.step == tr.total:
                 rec["eval"] = evaluate(walk=False)  # the proxies; the exact walk (a Python loop) runs at the end
                 tr.save()
@@ -344,29 +447,30 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     model, acc, data, policy = _setup(cfg)
     draft, target_ids, coverage = _initial_draft(cfg, policy, data, acc.is_main_process)
     with acc.main_process_first():
-        feats = _features(policy, data, draft.config.aux_layer_ids, out / ".train" / "features.safetensors")
+        feats = _features(cfg, policy, data, draft.config.aux_layer_ids, out / ".train")
     W = policy.get_output_embeddings().weight  # [V, H]
     target_on_device = target_ids.to(acc.device)  # [Vd]
     tr = DraftTrainer(acc, draft, len(data.train), out / ".train", batch_size=cfg.batch_size, epochs=cfg.epochs,
-                      lr=cfg.lr, warmup_steps=cfg.warmup_steps, seed=cfg.seed)
+                      lr=cfg.lr, warmup_steps=cfg.warmup_steps, seed=cfg.seed, max_steps=cfg.max_steps)
 
     def evaluate(idx: list[int] | None = None, walk: bool = True) -> dict:
         idx = data.heldout if idx is None else idx
-        return heldout_metrics(tr.unwrapped, [feats[i] for i in idx], [data.prompt_lens[i] for i in idx],
-                               W, target_on_device, cfg.ttt_steps, cfg.batch_size, acc.device, walk)
+        batch = max(1, min(cfg.batch_size, cfg.max_batch_tokens // max(data.lengths[i] for i in idx)))  # bounded too
+        return heldout_metrics(tr.unwrapped, Lazy(feats.heldout, idx), [data.prompt_lens[i] for i in idx],
+                               W, target_on_device, cfg.ttt_steps, batch, acc.device, walk)
 
     # loop
     tokens, seconds = _train(cfg, tr, data, feats, evaluate, W[target_ids])
     # save: held-out and training-sample metrics, the vLLM-loadable folder with its metadata, the manifest
     g = torch.Generator().manual_seed(cfg.seed)
     train_sample = [data.train[i] for i in torch.randperm(len(data.train), generator=g)[: max(len(data.heldout), 32)]]
-    cache = out / ".train" / "features.safetensors"
     result = InitDraftResult(
         out=str(out), steps=tr.step, coverage=coverage, heldout=evaluate(), train=evaluate(train_sample),
         train_tokens_per_s=tokens / seconds if seconds else 0.0,
-        draft_to_policy_cost=_cost_ratio(policy, tr.unwrapped, feats[data.train[0]]),
-        feature_cache_bytes=cache.stat().st_size if cache.exists() else 0,
-        seconds=time.perf_counter() - t_start, main_process=acc.is_main_process, family=cfg.method,
+        draft_to_policy_cost=_cost_ratio(policy, tr.unwrapped, feats.heldout.items(data.train[:1])[0]),
+        feature_cache_bytes=feats.disk_bytes, seconds=time.perf_counter() - t_start,
+        main_process=acc.is_main_process, family=cfg.method, features=cfg.features,
+        peak_memory_gib=_peak_memory_gib(acc.device),
     )
     if acc.is_main_process:
         meta = draft_metadata(model, cfg.ttt_steps, coverage=coverage)
@@ -383,11 +487,13 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     return result
 
 
-def _coverage(responses: list[list[int]], target_ids) -> float:
+def _coverage(responses: Iterable[list[int]], target_ids) -> float:
     """Fraction of response tokens inside the draft vocabulary."""
-    keep = set(target_ids.tolist())
-    toks = [t for r in responses for t in r]
-    return sum(t in keep for t in toks) / max(len(toks), 1)
+    keep, inside, total = set(target_ids.tolist()), 0, 0
+    for r in responses:
+        inside += sum(t in keep for t in r)
+        total += len(r)
+    return inside / max(total, 1)
 
 
 @torch.no_grad()
@@ -424,8 +530,10 @@ def render(r: InitDraftResult) -> None:
     t.add_row("draft vocab coverage of responses", f"{r.coverage:.1%}")
     t.add_row("training throughput", f"{r.train_tokens_per_s:.0f} tokens/s")
     t.add_row("draft / policy forward cost per drafted token", f"{r.draft_to_policy_cost:.3f}")
-    t.add_row("feature cache", f"{r.feature_cache_bytes / GIB:.2f} GiB" if r.feature_cache_bytes
-              else "none (the harvest's --hidden-states shards)")
+    t.add_row(f"policy features ({r.features})", f"{r.feature_cache_bytes / GIB:.2f} GiB on disk" if r.feature_cache_bytes
+              else "none on disk (computed per batch)" if r.features == "online"
+              else "none written (the harvest's --hidden-states shards)")
+    t.add_row("peak memory", f"{r.peak_memory_gib:.2f} GiB" + (" (process RSS)" if not torch.cuda.is_available() else ""))
     t.add_row("wall time", f"{r.seconds:.0f} s")
     console().print(t)
     k = len(r.heldout["top1"])

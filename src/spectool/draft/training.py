@@ -6,6 +6,7 @@ init-draft's loop drives it; the step's loss is draft/ttt.ttt_step_loss, as in t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,11 +19,13 @@ class DraftTrainer:
     checkpointed step (weights, optimizer, schedule, step; batch order is seeded per epoch)."""
 
     def __init__(self, acc, draft, n_train: int, state_dir: Path, *, batch_size: int, epochs: int, lr: float,
-                 warmup_steps: int, seed: int):
-        """`acc`: an accelerate Accelerator; `draft`: an Eagle3Draft or MtpDraft; `n_train`: training records."""
+                 warmup_steps: int, seed: int, max_steps: int | None = None):
+        """`acc`: an accelerate Accelerator; `draft`: an Eagle3Draft or MtpDraft; `n_train`: training records;
+        `max_steps`: stop there if the epochs run longer (the schedule spans the steps that run)."""
         self.acc, self.batch_size, self.seed = acc, batch_size, seed
         self.steps_per_epoch = math.ceil(n_train / batch_size)
-        self.total = total = self.steps_per_epoch * epochs
+        self.total = total = min(self.steps_per_epoch * epochs, max_steps or math.inf)
+        self._order: tuple[int, list[int]] | None = None  # (epoch, its record order)
         opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: min(1.0, (s + 1) / warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
@@ -40,19 +43,24 @@ class DraftTrainer:
     def unwrapped(self):
         return self.acc.unwrap_model(self.draft)
 
-    def batch(self, train: list[int]) -> tuple[int, list[int]]:
-        """(epoch, record indices of this process's share of the current step's batch)."""
+    def batch(self, order: Callable[[int, int], list[int]]) -> tuple[int, list[int]]:
+        """(epoch, record indices of this process's share of the current step's batch); `order(seed, epoch)`: the
+        epoch's records in the order they are drawn (features.epoch_order), computed once an epoch."""
         epoch, pos = divmod(self.step, self.steps_per_epoch)
-        g = torch.Generator().manual_seed(self.seed * 1000 + epoch)
-        order = [train[i] for i in torch.randperm(len(train), generator=g).tolist()]
-        idx = order[pos * self.batch_size : (pos + 1) * self.batch_size]
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, order(self.seed, epoch))
+        idx = self._order[1][pos * self.batch_size : (pos + 1) * self.batch_size]
         return epoch, idx[self.acc.process_index :: self.acc.num_processes] or idx[:1]
 
-    def update(self, loss: torch.Tensor) -> None:
-        self.opt.zero_grad()
+    def backward(self, loss: torch.Tensor) -> None:
+        """One micro-batch's share of the step's gradient (accumulated until `finish`)."""
         self.acc.backward(loss)
+
+    def finish(self) -> None:
+        """The optimizer step over the accumulated gradient; the next step starts from zero."""
         self.opt.step()
         self.sched.step()
+        self.opt.zero_grad()
         self.step += 1
 
     def save(self) -> None:

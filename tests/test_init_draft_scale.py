@@ -1,0 +1,191 @@
+"""init-draft at data sizes that do not fit in memory (features.py): the three feature sources train the same
+draft, the stream holds at most its window of shards, resumes mid-epoch and mid-write, keeps to its disk budget
+shard by shard, and a step's records go through in micro-batches within a token budget."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from spectool.errors import SpectoolError
+
+SMALL = dict(shard_tokens=64, shuffle_window=2)  # the fake harvest's 24 records in several shards and windows
+
+
+def _cfg(tiny_policy, data, out, **kw):
+    from spectool.commands.init_draft import InitDraftConfig
+
+    base = dict(out=str(out), model=str(tiny_policy), data=str(data), draft_vocab_size=128, ttt_steps=3,
+                epochs=2, batch_size=4, save_every=2, lr=1e-3, warmup_steps=1, **SMALL)
+    base.update(kw)
+    return InitDraftConfig(**base)
+
+
+def _losses(folder) -> list[float]:
+    return [json.loads(x)["loss"] for x in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(folder) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_epoch_order_is_a_seeded_permutation_shuffled_within_windows():
+    from spectool.features import epoch_order, token_groups
+
+    lengths = [10] * 40
+    groups = token_groups(list(range(40)), lengths, 50)  # 8 groups of 5
+    assert [len(g) for g in groups] == [5] * 8 and sum(groups, []) == list(range(40))
+    a = epoch_order(groups, seed=0, epoch=1, window=2)
+    assert sorted(a) == list(range(40)) and a == epoch_order(groups, 0, 1, 2) and a != epoch_order(groups, 0, 2, 2)
+    for w in range(4):  # each window of 10 records holds exactly two whole groups
+        window = set(a[10 * w : 10 * (w + 1)])
+        assert sum(set(g) <= window for g in groups) == 2
+    # one window: the whole-data permutation the first release drew (old runs resume in their own order)
+    g = torch.Generator().manual_seed(0 * 1000 + 3)
+    assert epoch_order(groups, 0, 3, window=8) == torch.randperm(40, generator=g).tolist()
+
+
+def test_a_stream_holds_at_most_its_window_of_shards(tiny_policy, fake_harvest, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from spectool.features import Streamed, epoch_order, token_groups, write_shards
+    from spectool.hidden import default_aux_layer_ids
+    from spectool.records import load_records
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32).eval()
+    recs = load_records(fake_harvest)
+    seqs = [p + r for p, r in zip(recs["prompt_ids"], recs["response_ids"])]
+    groups = token_groups(list(range(len(seqs))), [len(s) for s in seqs], 64)
+    layers = default_aux_layer_ids(policy.config.num_hidden_layers)
+    shards = write_shards(policy, groups, seqs.__getitem__, layers, tmp_path / "f", None)
+    assert len(shards) == len(groups) >= 4
+    s = Streamed(shards, window=2)
+    for b in range(0, len(seqs), 4):
+        items = s.items(epoch_order(groups, 0, 0, 2)[b : b + 4])
+        assert len(s.loaded) <= 2 and all(len(x[0]) > 0 for x in items)
+    assert s.reads == len(groups)  # each shard read once an epoch
+
+
+def test_every_feature_source_trains_the_same_draft(tiny_policy, fake_harvest, tmp_path):
+    from spectool.commands.init_draft import run
+
+    runs = {m: run(_cfg(tiny_policy, fake_harvest, tmp_path / m, features=m)) for m in ("cache", "stream", "online")}
+    assert len(list((tmp_path / "stream" / ".train" / "features").glob("shard-*.safetensors"))) >= 2
+    assert not (tmp_path / "online" / ".train" / "features").exists() and runs["online"].feature_cache_bytes == 0
+    assert (tmp_path / "cache" / ".train" / "features.safetensors").exists()
+    base = _weights(tmp_path / "cache")
+    for m in ("stream", "online"):
+        assert _losses(tmp_path / m) == pytest.approx(_losses(tmp_path / "cache"), rel=1e-4)
+        w = _weights(tmp_path / m)
+        assert all(torch.allclose(w[k].float(), base[k].float(), atol=1e-4) for k in base)
+        assert runs[m].heldout["top1"] == pytest.approx(runs["cache"].heldout["top1"], abs=1e-3)
+
+
+def test_a_stream_resumes_mid_epoch_and_mid_write_as_if_never_stopped(tiny_policy, fake_harvest, tmp_path, monkeypatch):
+    import spectool.draft.ttt as ttt
+    import spectool.features as features
+    from spectool.commands.init_draft import run
+
+    whole = run(_cfg(tiny_policy, fake_harvest, tmp_path / "whole", epochs=3))
+
+    saves = {"n": 0}
+    orig_save = features.save_features
+
+    def dies_on_third_shard(*a, **k):
+        saves["n"] += 1
+        if saves["n"] == 3:
+            raise KeyboardInterrupt
+        return orig_save(*a, **k)
+
+    monkeypatch.setattr(features, "save_features", dies_on_third_shard)
+    out = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        run(_cfg(tiny_policy, fake_harvest, out, epochs=3))
+    assert len(list((out / ".train" / "features").glob("shard-*"))) == 2  # whole shards only, kept
+    monkeypatch.setattr(features, "save_features", orig_save)
+
+    calls = {"n": 0}
+    orig_loss = ttt.ttt_loss
+
+    def dies_in_step_8(*a, **k):  # mid-epoch 2 (6 steps an epoch), after the checkpoint at step 6
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return orig_loss(*a, **k)
+
+    monkeypatch.setattr(ttt, "ttt_loss", dies_in_step_8)
+    with pytest.raises(KeyboardInterrupt):
+        run(_cfg(tiny_policy, fake_harvest, out, epochs=3))
+    monkeypatch.setattr(ttt, "ttt_loss", orig_loss)
+    resumed = run(_cfg(tiny_policy, fake_harvest, out, epochs=3))
+    assert resumed.steps == whole.steps
+    assert _losses(out) == pytest.approx(_losses(tmp_path / "whole"), rel=1e-5)
+
+
+def test_the_disk_budget_holds_shard_by_shard_and_online_finishes_the_run(tiny_policy, fake_harvest, tmp_path,
+                                                                          monkeypatch):
+    import shutil
+
+    import spectool.features as features
+    from spectool.commands.init_draft import run
+
+    real = shutil.disk_usage
+    writes = {"n": 0}
+    orig_save = features.save_features
+
+    def counted(*a, **k):
+        writes["n"] += 1
+        return orig_save(*a, **k)
+
+    def shrinking(path):  # the disk fills up (another job) after the second shard
+        u = real(path)
+        return u._replace(free=u.free if writes["n"] < 2 else 100)
+
+    monkeypatch.setattr(features, "save_features", counted)
+    monkeypatch.setattr(features.shutil, "disk_usage", shrinking)
+    out = tmp_path / "d"
+    with pytest.raises(SpectoolError, match=r"feature shard 3 of \d+ .* would go past the 0.00 GiB free .* "
+                                            r"kept for a resume\); --features online"):
+        run(_cfg(tiny_policy, fake_harvest, out))
+    assert len(list((out / ".train" / "features").glob("shard-*"))) == 2
+    monkeypatch.setattr(features.shutil, "disk_usage", real)
+    r = run(_cfg(tiny_policy, fake_harvest, out, features="online"))  # the same run resumes without disk
+    assert r.features == "online" and [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] \
+        == list(range(1, r.steps + 1))
+
+
+def test_micro_batches_bound_every_forward_and_train_like_the_whole_batch(tiny_policy, tmp_path, monkeypatch):
+    import spectool.commands.init_draft as init_draft
+
+    from conftest import write_fake_harvest
+
+    data = write_fake_harvest(tiny_policy, tmp_path / "h", n=24, max_new_tokens=12, prompt_pad=20)  # 16..56 tokens
+    whole = init_draft.run(_cfg(tiny_policy, data, tmp_path / "whole", features="cache", epochs=1))
+    shapes = []
+    orig = init_draft.ttt_step_loss
+
+    def seen(draft, items, *a, **k):
+        shapes.append((len(items), max(len(x[0]) for x in items)))  # the forward's [B, T]
+        return orig(draft, items, *a, **k)
+
+    monkeypatch.setattr(init_draft, "ttt_step_loss", seen)
+    split = init_draft.run(_cfg(tiny_policy, data, tmp_path / "split", features="cache", epochs=1, max_batch_tokens=64))
+    assert len(shapes) > split.steps and all(b * t <= 64 or b == 1 for b, t in shapes)
+    a, b = _losses(tmp_path / "whole"), _losses(tmp_path / "split")
+    assert b == pytest.approx(a, rel=0.05) and b[-1] < b[0]
+    assert split.heldout["top1"] == pytest.approx(whole.heldout["top1"], abs=0.05)
+
+
+def test_bad_scale_settings_are_refused_by_name(tiny_policy, fake_harvest, tmp_path):
+    from spectool.commands.init_draft import run
+
+    for kw, flag in ((dict(features="ram"), "--features"), (dict(shard_tokens=0), "--shard-tokens"),
+                     (dict(shuffle_window=0), "--shuffle-window"), (dict(max_batch_tokens=1), "--max-batch-tokens"),
+                     (dict(max_steps=0), "--max-steps")):
+        with pytest.raises(SpectoolError, match=flag):
+            run(_cfg(tiny_policy, fake_harvest, tmp_path / "d", **kw))
+        assert not (tmp_path / "d").exists()
