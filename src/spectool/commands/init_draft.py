@@ -88,7 +88,8 @@ class InitDraftResult:
     main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
     family: str = "eagle3"  # the drafter family trained (draft/families.py)
     features: str = "cache"  # where the policy's features came from (--features)
-    peak_memory_gib: float = 0.0  # GPU: the last step's peak allocated; CPU: the process's peak RSS
+    peak_memory_gib: float = 0.0  # GPU: the largest step's peak allocated; CPU: the process's peak RSS
+    longest_sequence: int = 0  # tokens of the longest training record: positions beyond were never trained
 
     def context_free(self) -> bool:
         """A parallel draft whose held-out agreement is the same at every block position: it proposes
@@ -363,10 +364,11 @@ def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], f
 
 
 def _step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens: list[int], W_dv: torch.Tensor,
-          draw: torch.Generator) -> tuple[float, list[float]]:
+          draw: torch.Generator) -> tuple[float, list[float], float]:
     """One optimizer step over a batch, in micro-batches of at most --max-batch-tokens padded tokens (records of
     similar length together, a longer one alone; the whole batch at once when it fits), each micro-batch's loss
-    weighted by its share of the batch's response tokens, gradients accumulated. (loss, per-unroll-step losses)."""
+    weighted by its share of the batch's response tokens, gradients accumulated.
+    (loss, per-unroll-step losses, the share of the forwards' tokens that were padding)."""
     lengths = [len(x[0]) for x in items]
     response = [n - p for n, p in zip(lengths, prompt_lens)]
     whole = len(items) * max(lengths) <= cfg.max_batch_tokens
@@ -384,11 +386,13 @@ def _step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens: list
             if x == x:  # a step with no position in this micro-batch is nan
                 per_step[j], seen[j] = per_step[j] + share * x, seen[j] + share
     tr.finish()
-    return loss_sum, [x / w if w else float("nan") for x, w in zip(per_step, seen)]
+    padded = sum(len(mb) * max(lengths[i] for i in mb) for mb in parts)
+    return loss_sum, [x / w if w else float("nan") for x, w in zip(per_step, seen)], 1 - sum(lengths) / padded
 
 
 def _peak_memory_gib(device: torch.device) -> float:
-    """The training step's peak: GPU memory allocated on a GPU (reset per step), else the process's peak RSS."""
+    """On a GPU the memory allocated at its peak since the last call; elsewhere the process's peak RSS so far (not
+    reset: resetting Linux's high-water mark would also reset what the process reports as its peak at exit)."""
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -399,14 +403,15 @@ def _peak_memory_gib(device: torch.device) -> float:
 
 
 def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats: _Features, evaluate,
-           W_dv: torch.Tensor) -> tuple[int, float]:
+           W_dv: torch.Tensor) -> tuple[int, float, float]:
     """The loop: TTT steps, metrics.jsonl per step, a held-out eval and checkpoint every save_every.
-    Returns (training tokens, training seconds)."""
+    Returns (training tokens, training seconds, the largest peak memory of a step, GiB)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     metrics_path = Path(cfg.out) / "metrics.jsonl"
     truncate_jsonl(metrics_path, tr.step)  # steps logged after the last checkpoint are redone
-    acc, tokens, seconds = tr.acc, 0, 0.0
+    acc, tokens, seconds, peak = tr.acc, 0, 0.0, 0.0
+    _peak_memory_gib(acc.device)  # each step's peak from here
 
     def order(seed: int, epoch: int) -> list[int]:
         return epoch_order(feats.groups, seed, epoch, cfg.shuffle_window)
@@ -419,12 +424,13 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats: _Features
             t0 = time.perf_counter()
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + tr.step)  # a resumed step draws the same anchors
             items = feats.train.items(idx)
-            loss, per_step = _step(cfg, tr, items, [data.prompt_lens[i] for i in idx], W_dv, draw)
+            loss, per_step, padding = _step(cfg, tr, items, [data.prompt_lens[i] for i in idx], W_dv, draw)
             seconds += time.perf_counter() - t0
             tokens += sum(len(x[0]) for x in items) * acc.num_processes  # all processes (near-equal shares)
             rec = {"step": tr.step, "epoch": epoch, "loss": loss, "loss_per_step": per_step,
-                   "lr": tr.sched.get_last_lr()[0], "tokens_per_s": tokens / seconds,
-                   "peak_memory_gib": _peak_memory_gib(acc.device)}
+                   "lr": tr.sched.get_last_lr()[0], "tokens_per_s": tokens / seconds, "padding": padding,
+                   "peak_memory_gib": _peak_memory_gib(acc.device)}  # this step's (with the eval and checkpoint before)
+            peak = max(peak, rec["peak_memory_gib"])
             if tr.step % cfg.save_every == 0 or tr.step == tr.total:
                 rec["eval"] = evaluate(walk=False)  # the proxies; the exact walk (a Python loop) runs at the end
                 tr.save()
@@ -432,7 +438,7 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats: _Features
                 append_jsonl(metrics_path, rec)
             top1 = rec.get("eval", {}).get("top1")
             bar.update(job, completed=tr.step, info=f"loss {rec['loss']:.3f}" + (f" top1 {top1[0]:.2f}" if top1 else ""))
-    return tokens, seconds
+    return tokens, seconds, peak
 
 
 def run(cfg: InitDraftConfig) -> InitDraftResult:
@@ -460,7 +466,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
                                W, target_on_device, cfg.ttt_steps, batch, acc.device, walk)
 
     # loop
-    tokens, seconds = _train(cfg, tr, data, feats, evaluate, W[target_ids])
+    tokens, seconds, peak = _train(cfg, tr, data, feats, evaluate, W[target_ids])
     # save: held-out and training-sample metrics, the vLLM-loadable folder with its metadata, the manifest
     g = torch.Generator().manual_seed(cfg.seed)
     train_sample = [data.train[i] for i in torch.randperm(len(data.train), generator=g)[: max(len(data.heldout), 32)]]
@@ -470,7 +476,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         draft_to_policy_cost=_cost_ratio(policy, tr.unwrapped, feats.heldout.items(data.train[:1])[0]),
         feature_cache_bytes=feats.disk_bytes, seconds=time.perf_counter() - t_start,
         main_process=acc.is_main_process, family=cfg.method, features=cfg.features,
-        peak_memory_gib=_peak_memory_gib(acc.device),
+        peak_memory_gib=peak, longest_sequence=max(data.lengths[i] for i in data.train),
     )
     if acc.is_main_process:
         meta = draft_metadata(model, cfg.ttt_steps, coverage=coverage)
@@ -533,7 +539,9 @@ def render(r: InitDraftResult) -> None:
     t.add_row(f"policy features ({r.features})", f"{r.feature_cache_bytes / GIB:.2f} GiB on disk" if r.feature_cache_bytes
               else "none on disk (computed per batch)" if r.features == "online"
               else "none written (the harvest's --hidden-states shards)")
-    t.add_row("peak memory", f"{r.peak_memory_gib:.2f} GiB" + (" (process RSS)" if not torch.cuda.is_available() else ""))
+    t.add_row("peak memory", f"{r.peak_memory_gib:.2f} GiB" + (" (GPU, allocated by a training step)"
+                                                                 if torch.cuda.is_available() else " (the process's RSS)"))
+    t.add_row("longest training sequence", f"{r.longest_sequence} tokens (drafting past it uses untrained positions)")
     t.add_row("wall time", f"{r.seconds:.0f} s")
     console().print(t)
     k = len(r.heldout["top1"])
