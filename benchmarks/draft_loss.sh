@@ -8,7 +8,7 @@
 # separated by ";" (the draft's size: ARMS="layers2:--draft-layers 2;vocab16k:--draft-vocab-size 16384"; the
 # position weights: ARMS="rejection:--position-weights rejection;reach:--position-weights reach"); an arm's flags
 # follow the default loss unless they name one.
-# FEATURES_CACHE (an init-draft .train/features.safetensors of that harvest) becomes the harvest's
+# FEATURES_CACHE (the .train/features.safetensors of an init-draft --features cache run on that harvest) becomes the harvest's
 # hidden-state shard, so no run recomputes the policy's features.
 # Usage: bash benchmarks/draft_loss.sh HARVEST_RUN [FEATURES_CACHE] [OUT] [EPOCHS]
 set -euo pipefail

@@ -159,8 +159,9 @@ class InitDraftConfig:
     """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
     capability 8.0) | float32 | bfloat16 | float16."""
     disk_budget_gb: float | None = None
-    """Most disk (GiB) the policy-feature cache may take; init-draft refuses to start above it.
-    Default: the free space where --out lives. A harvest's --hidden-states shards are reused and cost none."""
+    """Most disk (GiB) the policy features may take (--features stream or cache); init-draft refuses to start above
+    it, and stream checks again before each shard it writes. Default: the free space where --out lives. A harvest's
+    --hidden-states shards are reused and cost none; --features online takes none."""
     preset: str | None = None
     """Named settings (see `spectool init-draft --help`); a flag given on the command line overrides them."""
 

@@ -202,7 +202,7 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
     harvested, the most it can produce (n_prompts x samples x (longest prompt + max_tokens))."""
     from spectool.runs import MANIFEST, read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
 
-    if cfg.features == "online" or (Path(cfg.out) / ".train" / "features.safetensors").exists():
+    if cfg.features == "online" or (cfg.features == "cache" and (Path(cfg.out) / ".train" / "features.safetensors").exists()):
         return 0
     p = Path(cfg.data)
     if (p / MANIFEST).exists():
