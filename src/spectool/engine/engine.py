@@ -28,7 +28,8 @@ from spectool.draft.preflight import check_positions, draft_position_range
 from spectool.engine import colocated
 from spectool.engine.colocated import WORKER_EXTENSION
 from spectool.engine.compat import support
-from spectool.engine.logs import native_stderr_to_log, route
+from spectool.engine.kernel_cache import cut_short_advice, remove_truncated_kernels
+from spectool.engine.logs import log_size, native_stderr_to_log, route, written_since
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
 from spectool.precision import engine_dtype
@@ -136,6 +137,7 @@ class Engine:
         log = route(cfg.log_path)  # before vLLM is imported: its logging reads the stream then
         quiet = log is not None
         self.cfg = cfg
+        remove_truncated_kernels()  # a killed run's zero-byte kernels would fail this start (said on the terminal)
         with native_stderr_to_log(log):
             cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
             self.llm = self._start(cfg, cpu, quiet)
@@ -169,10 +171,11 @@ class Engine:
             kwargs.update(load_format="dummy", skip_tokenizer_init=True)
         kwargs.update(spectool_kwargs(cfg, cpu))
         kwargs.update(cfg.extra)
+        logged = log_size()
         try:
             return LLM(**kwargs)
         except Exception as e:  # noqa: BLE001 - translate any start failure into advice
-            raise SpectoolError(_start_error_advice(e, cfg, cpu)) from e
+            raise SpectoolError(_start_error_advice(e, cfg, cpu, written_since(logged))) from e
 
     # --- generation -----------------------------------------------------------------------------
 
@@ -396,7 +399,11 @@ def _refused_precision(msg: str) -> bool:
             or "bfloat16 is only supported on gpus" in low)  # vLLM below compute capability 8.0 (platforms/cuda.py)
 
 
-def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool) -> str:
+def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool, log: str = "") -> str:
+    """What to change after a failed engine start (`log`: what the engine log received during the start)."""
+    kernel = cut_short_advice(f"{e}\n{log}")
+    if kernel:
+        return kernel
     msg = " ".join(str(e).split())[:500]
     if "memory" in msg.lower():
         if cpu:
