@@ -219,6 +219,35 @@ def test_every_engine_is_sized_for_its_runs_batch():
     assert rollout_batch(cfg) == 32
 
 
+def test_a_batch_above_vllms_default_is_capped_and_planned_at_the_cap(tiny_policy, monkeypatch, capsys):
+    """rollout --n-prompts 4200 --samples 4 gave vLLM max_num_seqs 16,800, above max_num_batched_tokens (16,384 on an
+    H100): refused at engine start. The engine is given vLLM's own 1,024 (the scheduler queues the rest), never above a
+    max_num_batched_tokens set, and train-rl's plan counts the drafter logits of the sequences vLLM holds."""
+    from types import SimpleNamespace
+
+    from spectool.commands import train_rl
+    from spectool.engine.engine import MAX_NUM_SEQS, EngineConfig, spectool_kwargs
+    from spectool.memory import drafter_logits
+    from spectool.rl.config import RLConfig
+
+    assert MAX_NUM_SEQS == 1024
+    for cpu in (True, False):
+        assert spectool_kwargs(EngineConfig(model_path="m", max_num_seqs=4200 * 4), cpu)["max_num_seqs"] == 1024
+        assert spectool_kwargs(EngineConfig(model_path="m", max_num_seqs=1000), cpu)["max_num_seqs"] == 1000
+        capped = EngineConfig(model_path="m", max_num_seqs=4200 * 4, extra={"max_num_batched_tokens": 512})
+        assert spectool_kwargs(capped, cpu)["max_num_seqs"] == 512
+    cfg = RLConfig()
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.eval_every = 4200, 4, 0
+    cfg.draft_refresh.mode = "frozen"
+    planned = []
+    monkeypatch.setattr("spectool.engine.compat.installed", lambda: ("0.26.0", False))  # V2: float32 drafter logits
+    monkeypatch.setattr(train_rl, "check_train_rl", lambda plan, config, share, logits: planned.append(logits))
+    spec = SimpleNamespace(method="eagle3", proposals="probabilistic", k=3, draft_path="draft")
+    train_rl.check_memory(cfg, str(tiny_policy), spec, longest_prompt=64, total_bytes=80 * 2**30)
+    vocab = json.loads((tiny_policy / "config.json").read_text())["vocab_size"]
+    assert planned == [drafter_logits(1024, 3, vocab, 4)]
+
+
 @pytest.mark.engine
 def test_the_engine_schedules_at_most_the_batch_it_was_given(tiny_policy, random_draft):
     from spectool.engine.engine import Engine, EngineConfig

@@ -32,7 +32,7 @@ from spectool.draft.checkpoint import draft_metadata
 from spectool.draft.refresh import DraftNotLive, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
 from spectool.engine.compat import drafter_logits_bytes
-from spectool.engine.engine import Engine, EngineConfig, Sampling
+from spectool.engine.engine import Engine, EngineConfig, Sampling, max_num_seqs
 from spectool.errors import SpectoolError
 from spectool.memory import check_train_rl, draft_params, drafter_logits, train_rl_plan
 from spectool.models import resolve_model
@@ -99,7 +99,7 @@ def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, tota
     dtype = engine_dtype(cfg.engine.dtype)
     logits = 0
     if spec.k and (spec.draft_path is not None or mtp):
-        logits = drafter_logits(rollout_batch(cfg), spec.k, config.vocab_size,
+        logits = drafter_logits(max_num_seqs(rollout_batch(cfg)), spec.k, config.vocab_size,
                                 drafter_logits_bytes(spec.method, spec.proposals, dtype))
     plan = train_rl_plan(config, engine_share=cfg.engine.gpu_memory_utilization, total_bytes=total_bytes,
                          micro_tokens=cfg.policy.micro_batch_size * (longest_prompt + cfg.rollout.max_tokens),
