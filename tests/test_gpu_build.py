@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,6 +33,38 @@ def test_auto_dtype_is_float16_below_compute_capability_8(monkeypatch):
     assert precision.LOGPROB_TOLERANCE["float16"] > 0
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert precision.engine_dtype("auto") == "float32"
+
+
+def test_a_float16_engine_trains_the_policy_in_float32_not_unscaled_float16(tiny_policy, monkeypatch):
+    """Below compute capability 8.0 the engine serves float16, and float16 autocast without loss scaling lets small
+    GRPO gradients underflow: the trainer stays float32 there (no autocast), and its memory plan counts float32
+    activations and no half-precision weight copies. bfloat16 engines keep the bfloat16 autocast."""
+    import contextlib
+    import warnings
+
+    from spectool import precision
+    from spectool.commands import train_rl
+    from spectool.rl.config import RLConfig
+
+    for capability, served, trains in (((7, 5), "float16", "float32"), ((8, 0), "bfloat16", "bfloat16")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        assert precision.engine_dtype("auto") == served and precision.trainer_dtype(served) == trains
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # torch.autocast("cuda") asks the device
+        with warnings.catch_warnings():  # "CUDA is not available": autocast disabled here, built all the same
+            warnings.simplefilter("ignore")
+            ctx = precision.trainer_autocast(served, torch.device("cuda"))
+        assert isinstance(ctx, torch.autocast if trains == "bfloat16" else contextlib.nullcontext)
+    assert precision.trainer_dtype("float32") == "float32"
+    plans = []
+    monkeypatch.setattr(train_rl, "check_train_rl", lambda plan, *a: plans.append(plan))
+    spec = SimpleNamespace(method="eagle3", proposals="greedy", k=3, draft_path=None)
+    for served in ("float16", "bfloat16"):
+        cfg = RLConfig()
+        cfg.engine.dtype = served
+        train_rl.check_memory(cfg, str(tiny_policy), spec, longest_prompt=64, total_bytes=80 * 2**30)
+    copies = [[r for r, _ in p.rows if "weight copies" in r] for p in plans]
+    assert copies == [[], ["bfloat16 weight copies (autocast)"]]
 
 
 def test_vllms_bfloat16_refusal_gets_the_float16_advice():
