@@ -67,6 +67,28 @@ def test_a_float16_engine_trains_the_policy_in_float32_not_unscaled_float16(tiny
     assert copies == [[], ["bfloat16 weight copies (autocast)"]]
 
 
+def test_the_draft_probe_reduces_float16_matmuls_in_float32_too_and_restores_both_flags():
+    """The engine-side probe (worker_ext.spectool_draft_probe) assumes float32 accumulation: the bfloat16 flag alone
+    left a float16 engine (compute capability < 8.0) reducing in float16. Both off while probing, each restored."""
+    from spectool.engine.probe import REDUCED_PRECISION_FLAGS, float32_reductions
+
+    matmul = torch.backends.cuda.matmul
+    before = {flag: getattr(matmul, flag) for flag in REDUCED_PRECISION_FLAGS}
+    try:
+        matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction = True, False
+        with pytest.raises(RuntimeError, match="probe failed"), float32_reductions():
+            assert not matmul.allow_bf16_reduced_precision_reduction and not matmul.allow_fp16_reduced_precision_reduction
+            raise RuntimeError("probe failed")
+        assert matmul.allow_bf16_reduced_precision_reduction and not matmul.allow_fp16_reduced_precision_reduction
+        matmul.allow_fp16_reduced_precision_reduction = True
+        with float32_reductions():
+            assert not matmul.allow_fp16_reduced_precision_reduction
+        assert matmul.allow_fp16_reduced_precision_reduction
+    finally:
+        for flag, value in before.items():
+            setattr(matmul, flag, value)
+
+
 def test_vllms_bfloat16_refusal_gets_the_float16_advice():
     from spectool.engine.engine import EngineConfig, _start_error_advice
 
