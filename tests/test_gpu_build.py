@@ -296,7 +296,7 @@ def test_a_batch_above_vllms_default_is_capped_and_planned_at_the_cap(tiny_polic
     cfg.draft_refresh.mode = "frozen"
     planned = []
     monkeypatch.setattr("spectool.engine.compat.installed", lambda: ("0.26.0", False))  # V2: float32 drafter logits
-    monkeypatch.setattr(train_rl, "check_train_rl", lambda plan, config, share, logits: planned.append(logits))
+    monkeypatch.setattr(train_rl, "check_train_rl", lambda plan, config, share, logits, dtype: planned.append(logits))
     spec = SimpleNamespace(method="eagle3", proposals="probabilistic", k=3, draft_path="draft")
     train_rl.check_memory(cfg, str(tiny_policy), spec, longest_prompt=64, total_bytes=80 * 2**30)
     vocab = json.loads((tiny_policy / "config.json").read_text())["vocab_size"]

@@ -106,7 +106,7 @@ def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, tota
                          kl_beta=cfg.policy.kl_beta, autocast_bf16=trainer_dtype(dtype) == "bfloat16",
                          draft_params=draft_params(spec.draft_path, mtp) if online else 0, draft_embedding=not mtp,
                          logits=logits)
-    check_train_rl(plan, config, cfg.engine.gpu_memory_utilization, logits)
+    check_train_rl(plan, config, cfg.engine.gpu_memory_utilization, logits, dtype)
     print(plan.text())
 
 
