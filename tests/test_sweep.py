@@ -141,3 +141,25 @@ def test_plain_decodings_two_runs_pool_into_one_row_with_their_drift():
     assert spec["speedup"] == pytest.approx(1.1)  # against the pooled 90 tokens/s
     assert spec["speedup_lo"] < 1.03 < spec["speedup_hi"]  # but the machine drifted 20%: within the noise
     assert recommend(rows, [1], 0.03)[1]["method"] == "none"
+
+
+def test_sweep_ks_refusals_name_its_own_k_flag(tmp_path, monkeypatch):
+    """SweepConfig.ks is spelled --k on the command line: a refusal of its k names --k, never --ks."""
+    import json
+    from types import SimpleNamespace
+
+    from spectool.cli import CLI, _flag
+    from spectool.commands.sweep_k import SWEEP_FLAGS
+    from spectool.draft import guard
+    from spectool.engine import serves
+
+    assert SWEEP_FLAGS.k == _flag(CLI["sweep-k"], "ks") == "--k"
+    folder = tmp_path / "mimo"
+    folder.mkdir()
+    config = {"architectures": ["MiMoForCausalLM"], "model_type": "mimo", "num_nextn_predict_layers": 2}
+    (folder / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(guard, "is_cpu_build", lambda: False)
+    monkeypatch.setattr(serves, "installed", lambda: ("0.33.0", False))
+    monkeypatch.setattr(serves, "has_module", lambda m: True)
+    with pytest.raises(SpectoolError, match=r"^--k 3: .* Use --k 1"):
+        guard.check_speculation(SimpleNamespace(path=str(folder)), "mtp", None, 3, SWEEP_FLAGS)

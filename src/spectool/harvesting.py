@@ -182,9 +182,10 @@ def _start_engine(cfg: HarvestConfig, model, out: Path, place: _Place):
         from transformers import AutoConfig  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
         from spectool.memory import harvest_plan  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+        from spectool.precision import engine_dtype  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
         share, plan = harvest_plan(AutoConfig.from_pretrained(model.path), share,
-                                   torch.cuda.get_device_properties(0).total_memory)
+                                   torch.cuda.get_device_properties(0).total_memory, engine_dtype(cfg.dtype))
         log.info(plan.text())
     return Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
                                gpu_memory_utilization=share, dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size,

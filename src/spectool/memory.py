@@ -21,6 +21,7 @@ from spectool.errors import SpectoolError
 GIB = 1024**3
 ACTIVATION_SHARE = 0.10  # of the GPU kept free for a no-grad forward's activations and the allocator
 MIN_ENGINE_GIB = 2.0  # beyond its weights: the least KV cache and buffers worth starting an engine with
+ENGINE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # a weight as the engine holds it (precision.engine_dtype)
 
 
 @dataclass
@@ -154,21 +155,22 @@ def add_engine_share(plan: Plan, share: float, total_bytes: int, logits: int, se
     plan.add(f"engine share: weights, KV cache ({setting})", share * total_bytes - logits)
 
 
-def engine_floor(config, logits: int) -> float:
-    """The least engine share worth starting (GiB): the policy's bfloat16 weights, the drafter logits, a little KV."""
-    return (2 * param_count(config) + logits) / GIB + MIN_ENGINE_GIB
+def engine_floor(config, logits: int, dtype: str) -> float:
+    """The least engine share worth starting (GiB): the policy's weights in the engine's `dtype` (a float32 engine's
+    are twice a bfloat16 one's), the drafter logits, a little KV."""
+    return (ENGINE_DTYPE_BYTES[dtype] * param_count(config) + logits) / GIB + MIN_ENGINE_GIB
 
 
-def check_engine_floor(plan: Plan, config, share: float, logits: int, setting: str, who: str, other_fixes: str,
-                       past_the_gpu: str = "") -> None:
-    """Refuse an engine share (`setting` = `share`) that cannot hold the policy's bfloat16 weights, the drafter logits
-    and a little KV cache (vLLM would start with no KV blocks), naming the share that would (`other_fixes` after it;
-    `past_the_gpu` after "use GPUs with more memory" when no share would do)."""
-    floor = engine_floor(config, logits)
+def check_engine_floor(plan: Plan, config, share: float, logits: int, dtype: str, setting: str, who: str,
+                       other_fixes: str, past_the_gpu: str = "") -> None:
+    """Refuse an engine share (`setting` = `share`) that cannot hold the policy's weights in the engine's `dtype`, the
+    drafter logits and a little KV cache (vLLM would start with no KV blocks), naming the share that would
+    (`other_fixes` after it; `past_the_gpu` after "use GPUs with more memory" when no share would do)."""
+    floor = engine_floor(config, logits, dtype)
     if share * plan.total_gib >= floor:
         return
     need = math.ceil(100 * floor / plan.total_gib) / 100
-    raise SpectoolError(f"{plan.text()}\n{who} ({share} x {plan.total_gib:.0f} GiB) cannot hold the policy's bfloat16 "
+    raise SpectoolError(f"{plan.text()}\n{who} ({share} x {plan.total_gib:.0f} GiB) cannot hold the policy's {dtype} "
                         f"weights, the drafter logits and a little KV cache ({floor:.1f} GiB): raise {setting} to {need} "
                         f"or more{other_fixes if need < 1 else ''}" + ("" if need < 1 else
                         f", which is more than the GPU: use GPUs with more memory{past_the_gpu}"))
@@ -194,22 +196,22 @@ def train_rl_plan(config, *, engine_share: float, total_bytes: int, micro_tokens
     return plan
 
 
-def check_train_rl(plan: Plan, config, engine_share: float, logits: int = 0) -> None:
+def check_train_rl(plan: Plan, config, engine_share: float, logits: int = 0, dtype: str = "bfloat16") -> None:
     """Refuse a built-in plan that cannot fit, naming what would: a smaller engine share (if the
-    engine still holds its bfloat16 weights and a little cache), else the trainer's own settings,
-    else the TRL backend. A plan that fits is still refused when the engine's share cannot hold its bfloat16
+    engine still holds its weights in its `dtype` and a little cache), else the trainer's own settings,
+    else the TRL backend. A plan that fits is still refused when the engine's share cannot hold its
     weights, the drafter logits and a little KV cache (vLLM would start with no KV blocks)."""
     if plan.fits:
-        check_engine_floor(plan, config, engine_share, logits, "engine.gpu_memory_utilization", "the engine's share",
-                           ", or lower rollout.prompts_per_step x group_size (the drafter-logits rows)")
+        check_engine_floor(plan, config, engine_share, logits, dtype, "engine.gpu_memory_utilization",
+                           "the engine's share", ", or lower rollout.prompts_per_step x group_size (the drafter-logits rows)")
         return
     p = param_count(config)
     total, engine = plan.total_gib, engine_share * plan.total_gib
     room = total - (plan.used_gib - engine)  # what the engine could have
     state = 16 * p / GIB  # weights, gradients, AdamW
-    if room >= engine_floor(config, logits):
+    if room >= engine_floor(config, logits, dtype):
         advice = f"lower engine.gpu_memory_utilization to {math.floor(100 * room / total) / 100:.2f} or less"
-    elif state + engine_floor(config, logits) > total:
+    elif state + engine_floor(config, logits, dtype) > total:
         advice = (f"no setting fits it: the float32 weights, gradients and AdamW alone take {state:.1f} GiB")
     else:
         rows = dict(plan.rows)
@@ -223,11 +225,12 @@ def check_train_rl(plan: Plan, config, engine_share: float, logits: int = 0) -> 
                "`spectool train-rl --backend trl` (TRL's GRPOTrainer: DeepSpeed/FSDP sharding, LoRA, several GPUs)")
 
 
-def harvest_plan(config, wanted: float, total_bytes: int, flag: str = "--gpu-memory-utilization") -> tuple[float, Plan]:
+def harvest_plan(config, wanted: float, total_bytes: int, dtype: str = "bfloat16",
+                 flag: str = "--gpu-memory-utilization") -> tuple[float, Plan]:
     """harvest --hidden-states: the float32 policy computes features beside the engine. vLLM refuses
     to start unless share x total is free, so the engine's share leaves room for the policy and a
     no-grad forward (ACTIVATION_SHARE). Returns (the share to use, the plan); refuses when the
-    engine would get less than its bfloat16 weights and a little cache."""
+    engine would get less than its weights in its `dtype` and a little cache."""
     p = param_count(config)
     total = total_bytes / GIB
     share = min(wanted, 1 - 4 * p / total_bytes - ACTIVATION_SHARE)
@@ -237,7 +240,7 @@ def harvest_plan(config, wanted: float, total_bytes: int, flag: str = "--gpu-mem
     plan.add(f"engine share ({flag} {share:.2f})", max(share, 0) * total_bytes)
     if share < wanted:
         plan.notes.append(f"{flag} {wanted} lowered to {share:.2f}: vLLM starts only if its share is free")
-    if share * total < 2 * p / GIB + MIN_ENGINE_GIB:
+    if share * total < engine_floor(config, 0, dtype):
         raise SpectoolError(f"{plan.text()}\nthe float32 policy leaves the engine {max(share, 0):.0%} of the GPU, less "
                             "than its weights and a little cache: harvest without --hidden-states (init-draft computes "
                             "the features from the records in a second pass), or use a larger GPU")

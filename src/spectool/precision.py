@@ -4,10 +4,15 @@
   CPU build   float32         float32                                 float32            mean |diff| <= 0.001
   GPU         bfloat16        float32 weights, bfloat16 autocast      float32            mean |diff| <= 0.1
                               forward (the engine's matmul precision)
-  GPU < 8.0   float16         float32 weights, float16 autocast       float32            mean |diff| <= 0.1
+  GPU < 8.0   float16         float32, no autocast                    float32            mean |diff| <= 0.1
 
 vLLM refuses bfloat16 below compute capability 8.0 (T4, V100: platforms/cuda.py), so "auto" serves
-float16 there (unmeasured by spectool: its tolerance is bfloat16's, whose rounding is coarser).
+float16 there (unmeasured by spectool: its tolerance is bfloat16's, whose rounding is coarser). The
+trainer does not follow it into float16: float16 autocast needs loss scaling (a GradScaler) or small
+GRPO gradients underflow to zero silently, where bfloat16 has float32's exponent range and needs none.
+A float32 trainer is the smaller correct fix (`trainer_dtype`): slower on those GPUs and float32
+activations (the memory plan counts them), and its logprobs differ from a float16 engine's by less
+than from a bfloat16 one (float16 keeps more mantissa bits).
 
 On CPU bf16 is several times slower (no bf16 units here), so everything is float32 and the engine's
 logprobs equal a transformers forward to ~1e-6. On a GPU the engine serves bfloat16 (vLLM's default
@@ -61,8 +66,15 @@ def logprob_gaps(engine: list[list[float]], trainer: list[list[float]]) -> tuple
     return (sum(gaps) / len(gaps), max(gaps)) if gaps else (0.0, 0.0)
 
 
+def trainer_dtype(engine: str) -> str:
+    """The precision of the trainer's forward for an engine serving `engine`: bfloat16 autocast where the engine
+    serves bfloat16, else float32. Not float16: unscaled float16 gradients underflow (module docstring)."""
+    return "bfloat16" if engine == "bfloat16" else "float32"
+
+
 def trainer_autocast(dtype: str, device: torch.device):
-    """The trainer's forward context: bfloat16 (float16) autocast on a GPU whose engine serves it."""
-    if dtype in ("bfloat16", "float16") and device.type == "cuda":
-        return torch.autocast("cuda", dtype=getattr(torch, dtype))
+    """The trainer's forward context (`dtype`: the engine's): bfloat16 autocast on a GPU whose engine serves it;
+    float32 otherwise, a float16 engine's included (trainer_dtype)."""
+    if trainer_dtype(dtype) == "bfloat16" and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()

@@ -138,7 +138,7 @@ def _parallel_methods(cfg: SweepConfig) -> list[str]:
     return [m for m in cfg.methods if m in FAMILIES and FAMILIES[m].parallel]
 
 
-SWEEP_FLAGS = Flags(draft="--drafts", k="--ks", method="--methods")
+SWEEP_FLAGS = Flags(draft="--drafts", k="--k", method="--methods")  # as cli.py spells them (SweepConfig.ks is --k)
 
 
 def _check_mtp(cfg: SweepConfig, model) -> None:

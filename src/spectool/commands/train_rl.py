@@ -32,11 +32,11 @@ from spectool.draft.checkpoint import draft_metadata
 from spectool.draft.refresh import DraftNotLive, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
 from spectool.engine.compat import drafter_logits_bytes
-from spectool.engine.engine import Engine, EngineConfig, Sampling
+from spectool.engine.engine import Engine, EngineConfig, Sampling, max_num_seqs
 from spectool.errors import SpectoolError
 from spectool.memory import check_train_rl, draft_params, drafter_logits, train_rl_plan
 from spectool.models import resolve_model
-from spectool.precision import engine_dtype, logprob_tolerance
+from spectool.precision import engine_dtype, logprob_tolerance, trainer_dtype
 from spectool.prompts import encode_prompt
 from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
 from spectool.rl.grpo import group_advantages
@@ -99,14 +99,14 @@ def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, tota
     dtype = engine_dtype(cfg.engine.dtype)
     logits = 0
     if spec.k and (spec.draft_path is not None or mtp):
-        logits = drafter_logits(rollout_batch(cfg), spec.k, config.vocab_size,
+        logits = drafter_logits(max_num_seqs(rollout_batch(cfg)), spec.k, config.vocab_size,
                                 drafter_logits_bytes(spec.method, spec.proposals, dtype))
     plan = train_rl_plan(config, engine_share=cfg.engine.gpu_memory_utilization, total_bytes=total_bytes,
                          micro_tokens=cfg.policy.micro_batch_size * (longest_prompt + cfg.rollout.max_tokens),
-                         kl_beta=cfg.policy.kl_beta, autocast_bf16=dtype in ("bfloat16", "float16"),
+                         kl_beta=cfg.policy.kl_beta, autocast_bf16=trainer_dtype(dtype) == "bfloat16",
                          draft_params=draft_params(spec.draft_path, mtp) if online else 0, draft_embedding=not mtp,
                          logits=logits)
-    check_train_rl(plan, config, cfg.engine.gpu_memory_utilization, logits)
+    check_train_rl(plan, config, cfg.engine.gpu_memory_utilization, logits, dtype)
     print(plan.text())
 
 

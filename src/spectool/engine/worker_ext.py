@@ -150,19 +150,13 @@ class SpectoolWorkerExtension:
         Embeddings (shared with the policy) and the integer vocabulary map are skipped.
         Returns {vLLM module name: [sum, sum of squares, "shard" | "replicated"]} (probe.stats): a
         tensor-parallel rank reports its shard of a column-parallel output (added up by the caller)."""
-        import torch  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
+        from spectool.engine.probe import float32_reductions  # noqa: PLC0415 (runs inside vLLM's worker, where vLLM is loaded)
 
         draft = self.model_runner.get_draft_model()
         dtype = self.vllm_config.speculative_config.draft_model_config.dtype
         found: dict = {}
-        # the probe's bound assumes float32 accumulation; cuBLAS may reduce bfloat16 split-K sums in bfloat16
-        # (torch's default), which could exceed it on a draft that is in sync: off while probing
-        reduced = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-        try:
+        with float32_reductions():  # the probe's bound assumes float32 accumulation
             self._spectool_probe_into(found, draft, dtype)
-        finally:
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
         return found
 
     def _spectool_probe_into(self, found: dict, draft, dtype) -> None:

@@ -68,7 +68,7 @@ class PolicyTrainer:
         self.eps_low, self.eps_high, self.kl_beta = eps_low, eps_high, kl_beta
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
-        self.engine_dtype = engine_dtype  # the forward runs at the engine's precision (precision.py)
+        self.engine_dtype = engine_dtype  # bfloat16: the forward runs at it; float16: float32 (precision.trainer_dtype)
 
     @property
     def unwrapped(self):

@@ -28,6 +28,7 @@ from spectool.engine.engine import (
     prepare_environment,
     spectool_kwargs,
 )
+from spectool.engine.kernel_cache import remove_truncated_kernels
 from spectool.engine.probe import torch_dtype
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
@@ -55,6 +56,7 @@ def speculative_llm(spec: SpeculationSettings):
                             method=spec.method, k=spec.k,
                             k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, dtype=spec.dtype,
                             enforce_eager=spec.enforce_eager)
+        remove_truncated_kernels()  # a killed run's zero-byte kernels would fail this start
         cpu = prepare_environment(ecfg)
         kwargs.update(spectool_kwargs(ecfg, cpu))
         if kwargs.get("enable_sleep_mode") and spec.draft is not None:  # allowed where the build keeps the draft

@@ -157,7 +157,8 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
     fixes += ["train LoRA adapters" if not peft else "", "or use more GPUs" if weights_sharded else ""]
     plan.check(f"TRL's GRPOTrainer cannot fit this on one GPU{' per rank' if how else ''}: "
                + ", ".join(f for f in fixes if f))
-    check_engine_floor(plan, config, args.vllm_gpu_memory_utilization, logits, "vllm_gpu_memory_utilization",
+    check_engine_floor(plan, config, args.vllm_gpu_memory_utilization, logits, engine_dtype(spec.dtype),
+                       "vllm_gpu_memory_utilization",
                        "the colocated engine's share", " (the trainer's rows above must then still fit)",
                        " (tensor parallelism inside TRL's engine is refused with a refreshed draft: docs/rl.md)")
     log.info(plan.text())
