@@ -158,3 +158,41 @@ def test_auto_refresh_logs_staleness_and_refreshes_as_its_rule_says(tied_policy,
             assert all(x > 0 for x in parts) and sum(parts) <= r["refresh_s"]
     summary = json.loads((out / "manifest.json").read_text())["summary"]
     assert summary["refreshes"] == len(want)
+
+
+def test_a_resumed_dflash_run_refreshes_past_the_checkpoint_it_resumed_from(tiny_policy, tmp_path_factory, tmp_path):
+    """vLLM re-reads a DFlash draft's mask_embedding.pt from the folder its engine started from at every push. A
+    resumed run used to start its engine from checkpoints/step-N/draft, which the next checkpoint deletes: the next
+    refresh push then died with a raw HFValidationError (vLLM took the missing path for a hub id; review N3). Now the
+    engine starts from the run's own draft folder and the checkpoint's draft is pushed into it. Refresh and
+    checkpoint every step; killed after a checkpoint, resumed, and carried past the next checkpoint with refreshes."""
+    from test_parallel_drafters import _draft
+
+    from conftest import sums_with_answer
+
+    _, folder = _draft(tiny_policy, tmp_path_factory, "dflash")
+    out = tmp_path / "rl"
+    args = _args(tiny_policy, folder, sums_with_answer(tmp_path, "8"), out, steps=5, extra=[
+        "speculation.method=dflash", "draft_refresh.every=1", "checkpoint_every=1", "rollout.eval_every=0"])
+    proc = subprocess.Popen([sys.executable, "-m", "spectool.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=os.environ.copy(), start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:  # kill it once step 2 is logged (its checkpoint written)
+        if (out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= 2:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-3000:]
+
+    r = spectool(*args, check=False)  # resumes from step 2's checkpoint (or step 3's, had it been written)
+    assert r.returncode == 0 and "HFValidationError" not in r.stderr, r.stderr[-3000:]
+    m = _metrics(out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["resumed_from"] in (2, 3) and manifest["draft"] == str(folder)
+    assert [r["step"] for r in m] == [1, 2, 3, 4, 5]
+    # every step refreshed and pushed, checked in the engine: after the resume, pushes past the deletion of the
+    # checkpoint the run resumed from
+    assert all(r["draft_check_excess"] <= 1 and r["logprob_check_max_diff"] < 1e-3 for r in m)
+    assert [c.name for c in sorted((out / "checkpoints").iterdir())] == ["step-000005"]
+    assert (folder / "mask_embedding.pt").exists()  # the folder the engine started from is the run's own

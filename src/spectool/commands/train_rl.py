@@ -150,10 +150,8 @@ def _setup(cfg: RLConfig) -> _Run:
     refresher, cadence = None, None
     if draft_path is not None:
         cadence = cfg.draft_refresh.policy()  # a frozen draft's too: its decay watch
-        if cfg.draft_refresh.refreshes:
-            if ckpt:  # the refreshed draft as it was at the checkpoint (MTP layers: in the saved policy)
-                draft_path = str(ckpt[1] / ("policy" if spec.method == "mtp" else "draft"))
-            refresher = _refresher(cfg, draft_path, trainer)
+        if cfg.draft_refresh.refreshes:  # from the refreshed draft as it was at the checkpoint, if any
+            refresher = _refresher(cfg, _checkpoint_draft(ckpt, spec.method) or draft_path, trainer)
     if ckpt:
         st = torch.load(ckpt[1] / "state.pt", weights_only=False)
         trainer.load_state_dict(st["policy"])
@@ -173,8 +171,8 @@ def _setup(cfg: RLConfig) -> _Run:
     ))
     if ckpt:
         engine.update_policy(trainer.engine_state())  # the engine starts from the base model's weights
-        if mtp and refresher is not None:  # and its MTP layers from the base model's
-            refresher.push(engine)
+        if refresher is not None:  # and from the run's own draft (MTP: the base model's layers)
+            _push_draft(refresher, engine, ckpt[0])
     start = ckpt[0] if ckpt else 0
     return _Run(cfg, out, model, source, tokenizer, tasks, eval_tasks, spec.draft_path, start, trainer, refresher, cadence,
                 engine, logprob_tolerance(p.logprob_tolerance or None, dtype), truncate_jsonl(out / "metrics.jsonl", start))
@@ -367,6 +365,13 @@ def _save_checkpoint(out: Path, step: int, trainer: PolicyTrainer, refresher, mo
         torch.save(st, tmp / "state.pt")
     for old in sorted(root.glob("step-*"))[:-1]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _checkpoint_draft(ckpt: tuple[int, Path] | None, method: str) -> str | None:
+    """The refreshed draft a checkpoint holds (MTP layers: in its saved policy), for the refresher alone. The engine
+    starts from the run's own draft folder and gets this one pushed: vLLM re-reads a DFlash draft's mask_embedding.pt
+    from the folder its engine started from at every push, and the next checkpoint deletes this one."""
+    return str(ckpt[1] / ("policy" if method == "mtp" else "draft")) if ckpt else None
 
 
 def _latest_checkpoint(out: Path) -> tuple[int, Path] | None:
