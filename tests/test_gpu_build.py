@@ -241,21 +241,25 @@ def test_export_of_a_cut_short_draft_is_a_clear_error(tmp_path, tiny_policy, ran
     assert "is not a readable safetensors file" in text and "Traceback" not in text, text[-1500:]
 
 
-def test_trl_sleep_mode_is_allowed_only_where_the_build_keeps_the_draft(monkeypatch):
-    """vLLM 0.26-0.32 drop the drafter's weights at a level-2 sleep (vllm#52479): refused, naming the release that
-    keeps them. On a build with sleep_preserve_parameter_names (0.33) it passes the pre-flight; the push after each
-    wake (integrations/trl/attach.py `_wake_up`) needs that GPU build and has not run."""
-    from dataclasses import replace
-    from types import SimpleNamespace
-
-    from spectool.engine.compat import support
+def test_trl_sleep_mode_is_refused_on_every_build_with_its_reason(monkeypatch):
+    """TRL sleeps its engine at level 2 as soon as it is built and wakes it only inside its own sync and generate;
+    spectool's probe at attach, its pushes and its logprob check fall outside those windows (review N1: a crash or a
+    hang on 0.33). Refused on the installed CPU build and on a 0.33 GPU build whose ModelConfig has
+    sleep_preserve_parameter_names (the stand-in: the features the 0.33 wheel offers), where it used to be allowed."""
+    from spectool.engine import compat
     from spectool.integrations.trl import preflight
 
     args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, vllm_tensor_parallel_size=1)
-    with pytest.raises(SpectoolError, match=r"on vLLM 0\.32\.0 drops the drafter's weights .* or use vLLM 0\.33"):
-        preflight.check_args(args)
-    monkeypatch.setattr(preflight, "support", lambda: replace(support(), sleep_keeps_draft=True))
-    preflight.check_args(args)
+    v033 = compat.select("0.33.0", False, set(compat.REQUIRED) | {compat.INPLACE_RELOAD, compat.MULTI_MODULE_MTP,
+                                                                   "ModelConfig.sleep_preserve_parameter_names"})
+    for build in (compat.support(), v033):
+        monkeypatch.setattr(preflight, "support", lambda b=build: b)
+        with pytest.raises(SpectoolError) as e:
+            preflight.check_args(args)
+        text = str(e.value)
+        assert "outside those windows" in text and "a crash" in text and "a hang" in text, text
+        assert "vllm#52479" in text and "Set vllm_enable_sleep_mode=False" in text
+    preflight.check_args(SimpleNamespace(**{**vars(args), "vllm_enable_sleep_mode": False}))  # the way out passes
 
 
 def test_every_engine_is_sized_for_its_runs_batch():

@@ -20,8 +20,9 @@ docs/gpu.md "The contract with each build", benchmarks/vllm_contract.py) and the
   reading live memory.
 - MTP with several MTP layers and k > 1: 0.33's V2 runner serves it one module per step
   (MultiModuleMTPSpeculator), which MiMo's and ERNIE's MTP modules refuse (they predict one step).
-- sleep mode keeping the draft (`sleep_preserve_parameter_names`, 0.33): TRL's sleep mode is allowed
-  there and the draft is pushed again after each wake; refused elsewhere.
+- TRL's sleep mode is refused on every release (integrations/trl/preflight.py SLEEP_MODE_REFUSED): 0.33's
+  `sleep_preserve_parameter_names` keeps a drafter's parameters, but spectool calls the engine outside TRL's
+  wake windows.
 - vLLM's weight-transfer API (`LLM.init_weight_transfer_engine`, NCCL / CUDA-IPC back ends) is
   detected and reported, not used yet: every release goes through a safetensors file in /dev/shm.
 Features are probed, never inferred from the version alone; a release that lacks one gets an
@@ -48,7 +49,6 @@ MAX_VERSION = (0, 33)  # the newest release reviewed against this code (docs/gpu
 TESTED: dict[str, tuple[str, ...]] = {"gpu": (), "cpu": ("0.32.0",)}
 INPLACE_RELOAD = "vllm.model_executor.model_loader.reload.inplace"
 MULTI_MODULE_MTP = "vllm.v1.worker.gpu.spec_decode.multi_module_mtp"  # 0.33's V2 MTP, one module per draft step
-SLEEP_KEEPS_DRAFT = "ModelConfig.sleep_preserve_parameter_names"  # 0.33: a level-2 sleep keeps "draft.*"
 # What every supported release must have: (name used in messages, how spectool uses it).
 REQUIRED = {
     "LLM.collective_rpc": "calls spectool's worker extension (weight sync, checks)",
@@ -71,7 +71,6 @@ CONTRACT: tuple[tuple[str, str, str], ...] = (
     ("vllm.sampling_params:SamplingParams", "all", "sampling settings"),
     ("vllm.inputs.llm:TokensPrompt", "all", "prompts as token ids"),
     ("vllm.config:set_current_vllm_config", "all", "the draft reload's config context"),
-    ("vllm.config.model:ModelConfig.sleep_preserve_parameter_names", "gpu>=0.33", "TRL sleep mode keeping the draft"),
     ("vllm.config.speculative:SpeculativeConfig.parallel_drafting", "all", "P-EAGLE"),
     ("vllm.config.speculative:SpeculativeConfig.draft_sample_method", "all", "greedy or probabilistic proposals"),
     ("vllm.config.speculative:SpeculativeConfig.num_speculative_tokens_per_batch_size", "all", "k per batch size"),
@@ -136,7 +135,6 @@ class VllmSupport:
     weight_transfer_api: bool  # LLM.init_weight_transfer_engine exists (detected, not used)
     tested: bool = True  # a release spectool has run with (TESTED)
     multi_module_mtp: bool = False  # a GPU build serving several MTP layers one module per step (0.33)
-    sleep_keeps_draft: bool = False  # a level-2 sleep can keep the drafter's weights (0.33)
 
     def warning(self) -> str | None:
         """A line for an untested release, None for a tested one."""
@@ -195,8 +193,7 @@ def select(version: str, cpu_build: bool, features: set[str]) -> VllmSupport:
     return VllmSupport(version=version, cpu_build=cpu_build,
                        draft_reload="inplace" if INPLACE_RELOAD in features else "load_weights",
                        weight_transfer_api="LLM.init_weight_transfer_engine" in features, tested=tested,
-                       multi_module_mtp=MULTI_MODULE_MTP in features and not cpu_build,
-                       sleep_keeps_draft=SLEEP_KEEPS_DRAFT in features and not cpu_build)
+                       multi_module_mtp=MULTI_MODULE_MTP in features and not cpu_build)
 
 
 def probe() -> set[str]:
@@ -207,10 +204,6 @@ def probe() -> set[str]:
              if hasattr(vllm.LLM, a)}
     found |= {name for name in ("SamplingParams", "TokensPrompt") if hasattr(vllm, name)}
     found |= {module for module in (INPLACE_RELOAD, MULTI_MODULE_MTP) if has_module(module)}
-    from vllm.config import ModelConfig  # noqa: PLC0415 (vLLM loads only with the engine, after its environment is set)
-
-    if "sleep_preserve_parameter_names" in getattr(ModelConfig, "__dataclass_fields__", {}):
-        found.add(SLEEP_KEEPS_DRAFT)
     return found
 
 

@@ -25,8 +25,8 @@ What it does to stock TRL (tested: trl 1.16, colocate mode), all from outside TR
 - under `accelerate launch` every rank's engine holds one draft: the refresher's gradients are
   averaged over the ranks and the drafts' digests compared after every push (spectool/ranks.py).
 Refused up front: server mode (a frozen draft goes through `spectool export --for trl-serve`), sleep
-mode where the build drops the drafter's weights (vLLM 0.26-0.32: vllm#52479; 0.33 keeps them and the
-draft is pushed again after each wake), a TRL outside the tested range.
+mode on every build (spectool calls the engine outside TRL's wake windows: preflight.SLEEP_MODE_REFUSED),
+a TRL outside the tested range.
 
 The package: speculation.py (the settings), settings.py (SpectoolSpeculation: them and grpo_trainer), preflight.py
 (refusals before anything starts), attach.py (what runs inside the trainer), data.py (task_data), internals.py (every

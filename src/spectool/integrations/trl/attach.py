@@ -16,8 +16,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from spectool import ranks
 from spectool.constants import OWN_MTP as MTP
-from spectool.draft.checkpoint import load_draft
-from spectool.draft.refresh import CHECKPOINT_STATE, DraftNotLive, DraftRefresher
+from spectool.draft.refresh import CHECKPOINT_STATE, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
 from spectool.engine import colocated
 from spectool.engine.compat import support
@@ -59,8 +58,6 @@ def speculative_llm(spec: SpeculationSettings):
         remove_truncated_kernels()  # a killed run's zero-byte kernels would fail this start
         cpu = prepare_environment(ecfg)
         kwargs.update(spectool_kwargs(ecfg, cpu))
-        if kwargs.get("enable_sleep_mode") and spec.draft is not None:  # allowed where the build keeps the draft
-            kwargs["sleep_preserve_parameter_names"] = ["draft.*"]  # (preflight); buffers: pushed again on wake
         check_exact_verification(kwargs.get("speculative_config"), where="TRL's engine:")
         if kwargs.get("max_model_len") is None:  # GRPOConfig.vllm_max_model_length unset: TRL's 4096-token
             kwargs["max_model_len"] = default_max_len(ecfg.model_path)  # batches must hold a whole prompt
@@ -114,10 +111,6 @@ class _Attached:
         self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # ids, mask of the last training forward
         trainer.model.register_forward_pre_hook(self._remember_rows, with_kwargs=True)
         self._counters = colocated.acceptance(self.llm)
-        if trainer.args.vllm_enable_sleep_mode and spec.draft is not None:  # a build that keeps the draft (preflight)
-            self._asleep_draft = self._frozen_draft_state()
-            self._trl_wake_up = self.llm.wake_up
-            self.llm.wake_up = self._wake_up
         self.pending_check = False  # a push waits for the next generation's counters
         self.history: list[dict] = []  # one entry per refresh: step, draft loss, probe check
         attached = self
@@ -135,39 +128,6 @@ class _Attached:
         self._trl_train = trainer.train
         trainer.train = self._train
         trainer.spectool = self  # for users and tests: the refresher, the engine, the metrics
-
-    # --- sleep mode (vLLM 0.33: the draft's parameters survive a level-2 sleep) ----------------------
-
-    def _frozen_draft_state(self) -> tuple[dict | None, dict] | None:
-        """For a frozen draft: (its weights in vLLM's names, or None for the policy's MTP layers; the engine's
-        probe of it now, without the lm_head, which may be the policy's). None with a refresher."""
-        if self.refresher is not None:
-            return None
-        state = None
-        if self.spec.draft != MTP:
-            state = load_draft(Path(self.spec.draft))[0].export_state_dict()
-        probe = {k: v for k, v in colocated.draft_probe(self.llm).items() if "lm_head" not in k}
-        return state, probe
-
-    def _wake_up(self, tags: list[str] | None = None, **kwargs):
-        """TRL wakes the engine before each sync and generation. A wake that brings the weights back brings the
-        draft's parameters (sleep_preserve_parameter_names "draft.*") but not what vLLM derives from them
-        (DFlash's fused context buffers, P-EAGLE's slot state): the draft is pushed again and checked."""
-        out = self._trl_wake_up(tags=tags, **kwargs)
-        if tags is None or "weights" in tags:
-            if self.refresher is not None:
-                self.refresher.push(self.llm)  # the current draft, checked by the probe
-            else:
-                state, before = self._asleep_draft
-                if state is not None:
-                    colocated.send_weights(self.llm, "spectool_reload_draft", state)
-                now = colocated.draft_probe(self.llm)
-                off = [k for k, was in before.items() if k not in now or
-                       any(abs(a - b) > 1e-3 * (abs(b) + 1) for a, b in zip(now[k][:2], was[:2]))]
-                if off:
-                    raise DraftNotLive(f"after the engine's wake the drafter does not hold the draft: {off[:4]} differ "
-                                       "from before the sleep. Set vllm_enable_sleep_mode=False")
-        return out
 
     # --- checkpoint and resume ---------------------------------------------------------------------
 

