@@ -228,6 +228,31 @@ def test_a_sweep_or_forecast_schedule_sets_k_per_batch_size(random_draft, tmp_pa
         SpectoolSpeculation.from_sweep(str(tmp_path / "none"))
 
 
+def test_both_backends_say_the_same_about_draft_proposals(tiny_policy, random_draft, tmp_path, caplog):
+    """train-rl --backend trl said "draft proposals greedy (set by the user)" for a config that leaves them on auto,
+    where the built-in backend said "auto: the CPU build": it handed TRL the resolved mode. Now the setting goes to
+    TRL as given (from_sweep's too), and both print engine/proposals.describe of it."""
+    import logging
+
+    from spectool.commands.train_rl_trl import _speculation
+    from spectool.engine.proposals import describe
+    from spectool.integrations.trl import SpectoolSpeculation
+    from spectool.models import resolve_model
+    from spectool.rl.config import RLConfig
+    from spectool.schedule import write_schedule
+
+    cfg = RLConfig()
+    cfg.speculation.draft, cfg.speculation.k = str(random_draft), 2
+    with caplog.at_level(logging.INFO, logger="spectool.rl.speculation"):
+        trl_spec = _speculation(cfg, resolve_model(str(tiny_policy)))
+    said = [r.getMessage() for r in caplog.records if "draft proposals" in r.getMessage()]
+    assert trl_spec.draft_sampling == "auto"
+    assert said == [f"train-rl: {describe(trl_spec.draft_sampling)}"] and "(auto: the CPU build" in said[0], said
+    write_schedule(tmp_path / "sweep", [(1, 1024, 2)], "sweep", str(random_draft), "greedy")
+    assert SpectoolSpeculation.from_sweep(str(tmp_path / "sweep")).draft_sampling == "auto"
+    assert describe("greedy") == "draft proposals greedy (set by the user)"
+
+
 @pytest.mark.engine
 def test_grpo_with_the_policys_own_mtp_layer_refreshed(tiny_policy, sums, tmp_path):
     """SpectoolSpeculation("mtp"): TRL's engine drafts with the policy's MTP layer, which the

@@ -66,7 +66,7 @@ def _speculation(cfg: RLConfig, model):
     if spec.draft_path is None:  # plain decoding, with spectool's engine settings, weight sync and logprob guard
         return SpectoolSpeculation(None, **common)
     draft = MTP if spec.method == "mtp" else spec.draft_path  # MTP: the policy's own layers, refreshed like a draft
-    return SpectoolSpeculation(draft, k=max(spec.k, 1), draft_sampling=spec.proposals,
+    return SpectoolSpeculation(draft, k=max(spec.k, 1), draft_sampling=spec.draft_sampling,  # auto stays auto
                                k_schedule=spec.schedule, refresh=cfg.draft_refresh, seed=cfg.seed, **common)
 
 

@@ -38,3 +38,9 @@ def resolve(setting: str) -> tuple[str, str]:
 
     build = "cpu" if is_cpu_build() else "gpu"
     return BY_BUILD[build], WHY[build]
+
+
+def describe(setting: str) -> str:
+    """"draft proposals <mode> (<why>)" for a setting as the user gave it (auto stays auto): the line train-rl prints
+    on either backend, and the TRL integration."""
+    return "draft proposals {} ({})".format(*resolve(setting))

@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from spectool.draft.guard import Flags, check_speculation
+from spectool.engine.proposals import describe
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.rl.config import RLConfig
 from spectool.schedule import read_schedule, schedule_method
@@ -23,6 +24,7 @@ class Speculation:
     k: int  # the largest k the engine uses (0: plain decoding)
     method: str = "eagle3"  # a drafter family; "mtp": the policy's own MTP layers (draft_path: its folder)
     proposals: str = "greedy"  # how the drafter proposes (engine/proposals.py: speculation.draft_sampling resolved)
+    draft_sampling: str = "auto"  # the setting as the user gave it (auto stays auto: what the TRL backend passes on)
 
 
 def resolve(cfg: RLConfig, model) -> Speculation:
@@ -32,19 +34,20 @@ def resolve(cfg: RLConfig, model) -> Speculation:
     s = cfg.speculation
     if not s.enabled:
         return Speculation(None, None, 0)
-    proposals, why = resolve_proposals(s.draft_sampling)
-    log.info(f"train-rl: draft proposals {proposals} ({why})")
+    proposals = resolve_proposals(s.draft_sampling)[0]
+    log.info(f"train-rl: {describe(s.draft_sampling)}")
     if s.method == "mtp":
         note = check_speculation(model, "mtp", None, s.k, RL_FLAGS).note  # refreshing them: DraftRefresher.from_mtp
         if note:
             log.info(f"train-rl: {note}")
-        return Speculation(None, model.path, s.k, "mtp", proposals)
+        return Speculation(None, model.path, s.k, "mtp", proposals, s.draft_sampling)
     schedule, folder, method = None, s.draft, s.method
     if s.k == "auto":
         schedule, folder = read_schedule(s.sweep, s.draft, proposals, flag="speculation.")
         method = schedule_method(s.sweep)  # the family the sweep chose (its draft folder's)
     k = max(k for _, _, k in schedule) if schedule else s.k
-    return Speculation(schedule, check_speculation(model, method, folder, k, RL_FLAGS).draft, k, method, proposals)
+    return Speculation(schedule, check_speculation(model, method, folder, k, RL_FLAGS).draft, k, method, proposals,
+                       s.draft_sampling)
 
 
 RL_FLAGS = Flags(draft="speculation.draft", k="speculation.k", method="speculation.method:")

@@ -29,7 +29,7 @@ from spectool.engine.engine import (
 )
 from spectool.engine.kernel_cache import remove_truncated_kernels
 from spectool.engine.probe import torch_dtype
-from spectool.engine.proposals import resolve
+from spectool.engine.proposals import describe
 from spectool.errors import SpectoolError
 from spectool.integrations.trl import internals
 from spectool.integrations.trl.speculation import SpeculationSettings
@@ -103,8 +103,8 @@ class _Attached:
         self.served_by = None  # the vLLM build and model runner serving the draft
         if spec.draft is not None:
             self.served_by = colocated.served_by(self.llm, spec.method)
-            log.info("spectool in TRL: %s; draft proposals %s (%s); draft refresh %s", self.served_by,
-                     *resolve(spec.draft_sampling), spec.refresh.mode)
+            log.info("spectool in TRL: %s; %s; draft refresh %s", self.served_by, describe(spec.draft_sampling),
+                     spec.refresh.mode)
         self.gen_s = 0.0  # generation seconds since the last step end (the cadence's cost side)
         self._trl_generate = self.vg.generate
         self.vg.generate = self._timed_generate

@@ -52,8 +52,7 @@ class SpeculationSettings:
         """k per batch size from a sweep-k run (with the draft it measured) or a forecast (give
         the draft); vLLM then picks k by the live batch size as TRL's batch shrinks into its tail."""
 
-        draft_sampling = resolve(draft_sampling)[0]
-        schedule, folder = read_schedule(sweep, draft, draft_sampling, flag="")
+        schedule, folder = read_schedule(sweep, draft, resolve(draft_sampling)[0], flag="")
         if max(k for _, _, k in schedule) == 0:
             raise SpectoolError(f"sweep {sweep} recommends no speculation at any batch size; use draft=None")
         return cls(folder, k=max(k for _, _, k in schedule), draft_sampling=draft_sampling, k_schedule=schedule,
