@@ -229,6 +229,46 @@ def test_a_draft_served_with_the_policys_lm_head_keeps_it(random_draft, policy):
     assert not own.draft.shares_head and any(p is own.draft.lm_head.weight for p in own.online.params)
 
 
+def test_a_reduced_vocabulary_draft_never_shares_the_policys_head(policy):
+    """vLLM shares the target's lm_head only when the whole [V, H] tensors are equal (torch.equal at load): a draft
+    over half the vocabulary whose rows were copied from the policy's (new_draft does) keeps its own head there, so
+    the refresher trains and pushes it (it used to freeze it for nothing and drop its probe entry)."""
+    from spectool.draft.checkpoint import new_draft
+    from spectool.draft.refresh import DraftRefresher, RefreshSettings
+    from spectool.hidden import default_aux_layer_ids
+
+    rows = torch.arange(0, policy.config.vocab_size, 2)
+    draft = new_draft(policy, rows, default_aux_layer_ids(policy.config.num_hidden_layers))
+    assert torch.equal(draft.lm_head.weight, policy.lm_head.weight[rows])  # the rows are the policy's
+    r = DraftRefresher(draft, policy, RefreshSettings(batch_size=4, warmup_steps=0))
+    assert not r.draft.shares_head and r.draft.lm_head.weight.requires_grad
+    assert any(p is r.draft.lm_head.weight for p in r.online.params)
+
+
+def test_the_worker_compares_a_multimodal_targets_language_model_head():
+    """vLLM shares a multimodal target's language model's lm_head (get_language_model()); a *ForConditionalGeneration
+    has none of its own, so the worker's guard against writing the policy's head must look there too."""
+    from spectool.engine.probe import shared_lm_head
+
+    class Language(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head = torch.nn.Linear(4, 8, bias=False)
+
+    class Multimodal(torch.nn.Module):  # as vLLM's *ForConditionalGeneration: the head lives in the language model
+        def __init__(self):
+            super().__init__()
+            self.language_model = Language()
+
+        def get_language_model(self):
+            return self.language_model
+
+    mm, text = Multimodal(), Language()
+    assert shared_lm_head(mm) is mm.language_model.lm_head
+    assert shared_lm_head(text) is text.lm_head
+    assert shared_lm_head(torch.nn.Module()) is None
+
+
 @pytest.mark.engine
 def test_a_push_never_changes_the_policy_in_the_engine(tiny_policy, random_draft, policy):
     """The push of a refreshed draft that vLLM serves with the policy's lm_head leaves the engine's

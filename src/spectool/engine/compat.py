@@ -91,6 +91,8 @@ CONTRACT: tuple[tuple[str, str, str], ...] = (
      "P-EAGLE's slot: through fc or not"),
     ("vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._maybe_share_lm_head", "all",
      "why a draft's lm_head may be the policy's (never written)"),
+    ("vllm.model_executor.models.interfaces:SupportsMultiModal.get_language_model", "all",
+     "the lm_head a multimodal target shares with a draft"),
     ("vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM.combine_hidden_states", "all", "P-EAGLE's slot"),
     ("vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM.mask_hidden", "all", "P-EAGLE's mask state"),
     ("vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._build_fused_kv_buffers", "all",

@@ -44,6 +44,14 @@ def float32_reductions() -> Iterator[None]:
             setattr(matmul, flag, value)
 
 
+def shared_lm_head(target: torch.nn.Module) -> torch.nn.Module | None:
+    """The target's lm_head vLLM compares a draft's with, and serves the draft with when they are equal: a multimodal
+    target's language model's (`get_language_model()`, as llm_base_proposer.load_model and the V2 runner take it;
+    a `*ForConditionalGeneration` has no lm_head of its own), else the target's own. None when it has none."""
+    language = target.get_language_model() if callable(getattr(target, "get_language_model", None)) else target
+    return getattr(language, "lm_head", None)
+
+
 def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else DTYPES[str(dtype).removeprefix("torch.")]
 

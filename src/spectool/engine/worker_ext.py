@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from spectool.engine import cpu_fix
+from spectool.engine.probe import shared_lm_head
 
 _STATUS = cpu_fix.apply()
 
@@ -74,8 +75,7 @@ class SpectoolWorkerExtension:
 
         draft = self.model_runner.get_draft_model()
         weights = load_file(path)
-        if getattr(draft, "lm_head", None) is not None and draft.lm_head is getattr(self.model_runner.get_model(),
-                                                                                  "lm_head", None):
+        if getattr(draft, "lm_head", None) is not None and draft.lm_head is shared_lm_head(self.model_runner.get_model()):
             # vLLM serves this draft with the target's lm_head (llm_base_proposer._maybe_share_lm_head, when
             # they were equal at load): writing it would change the policy. The refresher keeps it frozen.
             weights.pop("lm_head.weight", None)
