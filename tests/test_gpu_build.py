@@ -148,6 +148,28 @@ def test_a_policy_the_build_cannot_draft_for_is_refused_before_anything_is_writt
         assert "SupportsEagle3" in text and "--method mtp" in text and "Traceback" not in text
 
 
+def test_a_weightless_what_if_for_a_policy_the_build_cannot_draft_for_is_refused_up_front(tmp_path):
+    """sweep-k --dummy-weights skipped the one pre-flight (audit L5): a Gemma 3 config's what-if went on to start
+    engines. The pre-flight's share that needs no weights (the family, the build, the architecture's answer) now
+    runs first, before the run folder is claimed."""
+    from transformers import AutoConfig
+
+    from spectool.commands.sweep_k import run
+    from spectool.config import SweepConfig
+
+    folder = tmp_path / "gemma3-config"
+    AutoConfig.for_model("gemma3_text", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
+                         architectures=["Gemma3ForCausalLM"]).save_pretrained(folder)
+    for method in ("eagle3", "peagle"):
+        out = tmp_path / f"what-if-{method}"
+        with pytest.raises(SpectoolError, match=rf"--methods {method}: vLLM 0\.32\.0 \(CPU build\) serves Gemma3ForCausalLM"
+                                                r" .*SupportsEagle3"):
+            run(SweepConfig(out=str(out), model=str(folder), dummy_weights=True, methods=[method], acceptance_length=2.0,
+                            ks=[2], batch_sizes=[1]))
+        assert not out.exists()
+
+
 def test_the_architecture_answer_is_the_builds_own_and_kept(tmp_path, tiny_policy, monkeypatch):
     from spectool.engine import serves
 

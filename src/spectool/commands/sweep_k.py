@@ -81,6 +81,7 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     from spectool.draft.families import folder_family  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     model = resolve_config(cfg.model)
+    _check_weightless(cfg, model)
     target = AutoConfig.from_pretrained(model.path)
     drafts = {"draft_model": _dummy_draft_model(cfg.draft_model, target)} if cfg.draft_model else {}
     if "eagle3" in cfg.methods:
@@ -103,6 +104,17 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     n = max(cfg.batch_sizes + [cfg.min_seqs])
     prompts = [[rng.randrange(100, target.vocab_size - 100) for _ in range(cfg.prompt_len)] for _ in range(n)]
     return model, drafts, prompts, output_lengths(cfg.lengths or "fixed", n, cfg.max_tokens, cfg.seed)
+
+
+def _check_weightless(cfg: SweepConfig, model) -> None:
+    """The one pre-flight (draft/guard.py) where no weights exist: each drafter family in --methods known, served by
+    this build, and served for the model's architecture (its config tells). The draft folders are not read here: a
+    what-if's drafts may be configs alone, and the ones spectool builds are written after the claim."""
+    from spectool.draft.families import FAMILIES  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+    for method in cfg.methods:
+        if method in FAMILIES and FAMILIES[method].folder:
+            check_speculation(model, method, None, max(cfg.ks), SWEEP_FLAGS)
 
 
 def _family_drafts(cfg: SweepConfig) -> dict[str, str]:
