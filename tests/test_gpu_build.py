@@ -336,3 +336,28 @@ def test_the_engine_schedules_at_most_the_batch_it_was_given(tiny_policy, random
     with Engine(EngineConfig(str(tiny_policy), draft_path=str(random_draft), k=2, kv_cache_gib=1, max_num_seqs=6)) as e:
         assert e.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs == 6
         assert e.served_by == "vLLM 0.32.0 (CPU build), Model Runner V1 (EagleProposer)"
+
+
+def test_the_gpu_first_run_is_ordered_and_sized_for_one_lent_machine(tmp_path):
+    """benchmarks/gpu_first_run.sh (issue 50 finding 7, review N9): the parts most valuable first (the install, the
+    pipeline on the embedded model and its verify, TRL with an online-refreshed draft), each with its own case and
+    capped within one 10-minute call, the header naming each one's measured device seconds or "not measured", and
+    the venv's python, not a plain python3. The script itself needs a GPU; this reads it and runs its refusal."""
+    import re
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_first_run.sh"
+    text = script.read_text()
+    parts = re.search(r'PARTS="([^"]+)"', text).group(1).split(" | ")
+    assert parts[:4] == ["install", "pipeline", "verify", "trl"]
+    header = text.split("# What each part must print")[0]
+    for part in parts:
+        line = re.search(rf"^# {re.escape(part)}\s.*$", header, re.M)
+        assert line and (re.search(r"\d s", line.group()) or "not measured" in line.group()), part
+        assert re.search(rf"^  {re.escape(part)}\)", text, re.M), part
+    assert int(re.search(r"CAP=\$\{CAP:-(\d+)\}", text).group(1)) <= 600
+    assert 'elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python' in text and "PYTHON:-python3" not in text
+    r = subprocess.run(["bash", str(script), "no-such-part", str(tmp_path / "out")], capture_output=True, text=True,
+                       env={**os.environ, "PYTHON": sys.executable}, timeout=60)
+    assert r.returncode == 2 and "install | pipeline | verify | trl" in r.stderr, r.stderr
