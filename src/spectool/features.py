@@ -1,14 +1,14 @@
 """Where init-draft's policy features come from, and the order its records are drawn in.
 
 Three sources of the same items (hidden.FeatureItem: ids, aux, last), one switch (`--features`, FEATURE_SOURCES):
-  cache   every training token's features in one file (`.train/features.safetensors`), loaded whole into memory:
-          RAM and disk grow with the data (the first release's way, kept for comparison);
+  cache   every training token's features in one file (`.train/features.safetensors`), held whole in memory (pinned
+          on a GPU host): RAM and disk grow with the data (the first release's way, kept for comparison);
   stream  bounded shards on disk (`.train/features/shard-NNNNN.safetensors`, or a harvest's own --hidden-states
-          shards), read a shard at a time: RAM holds at most `window` shards, whatever the data's size; the disk
+          shards), mapped a shard at a time: RAM holds at most `window` shards, whatever the data's size; the disk
           budget is checked before each shard is written; a killed run keeps its finished shards;
   online  the policy's forward over each training batch, on the training device: nothing cached, no disk.
-Held-out evaluation reads `cache` from memory and computes the features of its (at most EVAL_RECORDS) records
-otherwise.
+Held-out evaluation reads a fixed sample of the held-out records (`eval_sample`: at most EVAL_RECORDS records and
+EVAL_TOKENS tokens), whose features every source holds in memory: bounded, whatever the data's size.
 
 One order for all three (`epoch_order`): the training records are cut into groups (a harvest's --hidden-states
 shards when it has them for these layers, else consecutive records up to `shard_tokens` tokens: the stream shards),
@@ -31,6 +31,7 @@ from spectool.errors import SpectoolError
 from spectool.hidden import FeatureItem, bytes_per_token, feature_items, load_features, save_features
 
 EVAL_RECORDS = 256  # held-out records evaluated at most (a fixed, seeded sample of them beyond)
+EVAL_TOKENS = 65536  # and their tokens at most: 0.28 GiB of SmolLM2's features, 2 GiB of Qwen3-8B's
 GIB = 1024**3
 
 
@@ -43,6 +44,26 @@ def record_lengths(records) -> tuple[list[int], list[int]]:
     p = pc.list_value_length(table.column("prompt_ids")).to_pylist()
     r = pc.list_value_length(table.column("response_ids")).to_pylist()
     return p, [a + b for a, b in zip(p, r)]
+
+
+def eval_sample(heldout: list[int], lengths: Sequence[int], seed: int) -> list[int]:
+    """The held-out records evaluated: all of them while within EVAL_RECORDS and EVAL_TOKENS, else a seeded sample
+    up to both (at least one), in index order."""
+    if len(heldout) <= EVAL_RECORDS and sum(lengths[i] for i in heldout) <= EVAL_TOKENS:
+        return heldout
+    g = torch.Generator().manual_seed(seed)
+    out, tokens = [], 0
+    for i in (heldout[j] for j in torch.randperm(len(heldout), generator=g).tolist()):
+        if out and (len(out) == EVAL_RECORDS or tokens + lengths[i] > EVAL_TOKENS):
+            break
+        out.append(i)
+        tokens += lengths[i]
+    return sorted(out)
+
+
+def resident(source, idx: list[int]) -> InMemory:
+    """The items of `idx` read once from `source` and held in memory (copies: no shard stays mapped for them)."""
+    return InMemory({i: tuple(t.clone() for t in x) for i, x in zip(idx, source.items(idx))})
 
 
 def iter_column(records, column: str, batch: int = 4096):

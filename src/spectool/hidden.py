@@ -159,13 +159,14 @@ def save_features(path: Path, items: list[FeatureItem]) -> int:
     return len(blob)
 
 
-def load_features(path: Path, pin: bool = False) -> list[FeatureItem]:
-    """The items of a features file; `pin`: in page-locked host memory (fast, asynchronous copies to
-    a GPU)."""
+def load_features(path: Path, pin: bool = False, resident: bool = False) -> list[FeatureItem]:
+    """The items of a features file, mapped from it (safetensors maps the file: pages are read as they are
+    touched); `pin`: copied into page-locked host memory (fast, asynchronous copies to a GPU); `resident`: copied
+    into the process's memory."""
     from safetensors.torch import load_file  # noqa: PLC0415 (heavy, loaded only on this path)
 
     d = load_file(str(path))
-    if pin:
-        d = {k: v.pin_memory() for k, v in d.items()}
+    if pin or resident:
+        d = {k: v.pin_memory() if pin else v.clone() for k, v in d.items()}
     lengths = d["lengths"].tolist()
     return list(zip(d["ids"].split(lengths), d["aux"].split(lengths), d["last"].split(lengths)))

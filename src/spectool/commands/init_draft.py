@@ -45,15 +45,16 @@ from spectool.draft.ttt import chain_length, heldout_metrics, ttt_step_loss
 from spectool.draft.vocab import build_vocab, ids_from_d2t
 from spectool.errors import SpectoolError
 from spectool.features import (
-    EVAL_RECORDS,
     InMemory,
     Lazy,
     OnTheFly,
     Streamed,
     epoch_order,
+    eval_sample,
     harvest_shards,
     iter_column,
     record_lengths,
+    resident,
     token_groups,
     write_shards,
 )
@@ -265,10 +266,7 @@ def _data(cfg: InitDraftConfig, model) -> _Data:
     if all(held) or not any(held):  # too few prompts for a hash split: hold out the last record
         held = [i == len(held) - 1 for i in range(len(held))]
     prompt_lens, lengths = record_lengths(records)
-    heldout = [i for i, h in enumerate(held) if h]
-    if len(heldout) > EVAL_RECORDS:  # a fixed sample: a held-out pass per checkpoint stays bounded at any data size
-        g = torch.Generator().manual_seed(cfg.seed)
-        heldout = sorted(heldout[i] for i in torch.randperm(len(heldout), generator=g)[:EVAL_RECORDS].tolist())
+    heldout = eval_sample([i for i, h in enumerate(held) if h], lengths, cfg.seed)  # bounded at any data size
     return _Data(run_dir, hm, records, [i for i, h in enumerate(held) if not h], heldout, prompt_lens, lengths,
                  model.path)
 
@@ -307,7 +305,8 @@ def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
 @dataclass
 class _Features:
     train: object  # features.InMemory | Streamed | OnTheFly: .items(record indices) -> FeatureItems
-    heldout: object  # what held-out evaluation (and the report's training sample) reads
+    heldout: object  # the held-out sample's items, in memory (cache: every record's)
+    anywhere: object  # any record's items, for the report's training sample: cache's memory, else the policy
     groups: list[list[int]]  # the training records' shuffle groups (features.epoch_order)
     disk_bytes: int  # disk the features took in --out (0: online, or a harvest's own shards)
 
@@ -316,7 +315,7 @@ def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], f
     """The policy's features per --features (features.py): `stream` from the harvest's --hidden-states shards
     when they hold these layers, else from shards written here (resumable, the disk budget checked per shard);
     `online` from the policy per batch; `cache` from one file loaded whole (the harvest's shards, or computed
-    once and saved). Held-out records are computed per evaluation except under `cache`."""
+    once and saved). The held-out sample's features (bounded: features.eval_sample) are read once and kept."""
     from rich.progress import Progress  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     from spectool.hidden import feature_items, load_features, save_features  # noqa: PLC0415 (binds a name this module uses otherwise)
@@ -329,9 +328,9 @@ def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], f
     groups = [g for g in groups if g]
     online = OnTheFly(policy, data.seq, layer_ids)
     if cfg.features == "online":
-        return _Features(online, online, groups, 0)
+        return _Features(online, resident(online, data.heldout), online, groups, 0)
     if cfg.features == "stream":
-        disk = 0
+        disk, harvest = 0, shards
         if not shards:
             tokens = sum(data.lengths[i] for i in data.train)
             print(f"policy features: {tokens} tokens in {len(groups)} shards of <= {cfg.shard_tokens} tokens, "
@@ -343,12 +342,13 @@ def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], f
                                       cfg.disk_budget_gb * GIB if cfg.disk_budget_gb is not None else None,
                                       on_shard=lambda n: bar.advance(job, n))
             disk = sum(p.stat().st_size for p, _ in shards)
-        return _Features(Streamed(shards, cfg.shuffle_window, pin), online, groups, disk)
-    cache = folder / "features.safetensors"
+        heldout = resident(Streamed(harvest, 1) if harvest else online, data.heldout)
+        return _Features(Streamed(shards, cfg.shuffle_window, pin), heldout, online, groups, disk)
+    cache = folder / "features.safetensors"  # held in memory whole, as the first release held it
     if cache.exists():
-        items = load_features(cache, pin)
+        items = load_features(cache, pin, resident=True)
     elif shards:
-        items = [x for p, _ in shards for x in load_features(p, pin)]
+        items = [x for p, _ in shards for x in load_features(p, pin, resident=True)]
     else:
         print(f"policy features: {sum(data.lengths)} tokens, a "
               f"{sum(data.lengths) * bytes_per_token(policy.config.hidden_size, len(layer_ids)) / GIB:.2f} GiB cache "
@@ -358,9 +358,9 @@ def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], f
             items = feature_items(policy, [data.seq(i) for i in range(len(data.records))], layer_ids,
                                   on_batch=lambda n: bar.advance(job, n))
         save_features(cache, items)
-        items = load_features(cache, pin) if pin else items
+        items = load_features(cache, pin=True) if pin else items
     whole = InMemory(dict(enumerate(items)))
-    return _Features(whole, whole, groups, cache.stat().st_size if cache.exists() else 0)
+    return _Features(whole, whole, whole, groups, cache.stat().st_size if cache.exists() else 0)
 
 
 def _step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens: list[int], W_dv: torch.Tensor,
@@ -460,9 +460,10 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
                       lr=cfg.lr, warmup_steps=cfg.warmup_steps, seed=cfg.seed, max_steps=cfg.max_steps)
 
     def evaluate(idx: list[int] | None = None, walk: bool = True) -> dict:
+        source = feats.heldout if idx is None else feats.anywhere
         idx = data.heldout if idx is None else idx
         batch = max(1, min(cfg.batch_size, cfg.max_batch_tokens // max(data.lengths[i] for i in idx)))  # bounded too
-        return heldout_metrics(tr.unwrapped, Lazy(feats.heldout, idx), [data.prompt_lens[i] for i in idx],
+        return heldout_metrics(tr.unwrapped, Lazy(source, idx), [data.prompt_lens[i] for i in idx],
                                W, target_on_device, cfg.ttt_steps, batch, acc.device, walk)
 
     # loop
@@ -473,7 +474,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     result = InitDraftResult(
         out=str(out), steps=tr.step, coverage=coverage, heldout=evaluate(), train=evaluate(train_sample),
         train_tokens_per_s=tokens / seconds if seconds else 0.0,
-        draft_to_policy_cost=_cost_ratio(policy, tr.unwrapped, feats.heldout.items(data.train[:1])[0]),
+        draft_to_policy_cost=_cost_ratio(policy, tr.unwrapped, feats.anywhere.items(data.train[:1])[0]),
         feature_cache_bytes=feats.disk_bytes, seconds=time.perf_counter() - t_start,
         main_process=acc.is_main_process, family=cfg.method, features=cfg.features,
         peak_memory_gib=peak, longest_sequence=max(data.lengths[i] for i in data.train),
