@@ -97,18 +97,22 @@ def main() -> None:
     ap.add_argument("--out", default="runs/scale")
     ap.add_argument("--sizes", default="1,4,16")
     ap.add_argument("--steps", type=int, default=40, help="training steps per run")
+    ap.add_argument("--sources", default=",".join(SOURCES), help="which of cache,stream,online to run")
     ap.add_argument("--write", action="store_true", help="also `stream` from no shards at the largest size")
     a = ap.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     base = with_hidden(Path(a.harvest).resolve(), out)
     sizes = [int(x) for x in a.sizes.split(",")]
-    rows = {}
+    summary = out / "summary.json"  # earlier rows are kept unless rerun here
+    rows = {(r["source"], r["times"]): {k: v for k, v in r.items() if k not in ("source", "times")}
+            for r in (json.loads(summary.read_text()) if summary.exists() else [])}
     for n in sizes:
         data = repeated(base, n, out)
-        for s in SOURCES:
+        for s in a.sources.split(","):
             rows[(s, n)] = init_draft(data, out / f"{s}-x{n}", s, a.steps)
             print(f"{s} x{n}: {rows[(s, n)]}", file=sys.stderr, flush=True)
+            summary.write_text(json.dumps([{"source": s, "times": n, **r} for (s, n), r in rows.items()], indent=2))
     if a.write:  # init-draft computing and writing its own shards, from records only
         n = sizes[-1]
         recs = out / f"x{n}-records"
@@ -118,13 +122,13 @@ def main() -> None:
             m.pop("aux_layer_ids", None)
             (recs / "manifest.json").write_text(json.dumps(m))
         rows[("stream (writes)", n)] = init_draft(recs, out / f"stream-writes-x{n}", "stream", a.steps)
-    (out / "summary.json").write_text(json.dumps([{"source": s, "times": n, **r} for (s, n), r in rows.items()], indent=2))
+    summary.write_text(json.dumps([{"source": s, "times": n, **r} for (s, n), r in rows.items()], indent=2))
 
     print(f"\ninit-draft, {a.steps} steps, the base harvest repeated; peak RSS of the init-draft process")
     print(f"{'features':>16} {'data':>5} {'records':>8} {'peak RSS GiB':>13} {'tokens/s':>9} {'wall s':>7} "
           f"{'disk GiB':>9} {'RSS / 1x':>9} {'tok/s / cache':>14}")
-    for (s, n), r in rows.items():
-        one = rows.get((s, sizes[0]), r)
+    for (s, n), r in sorted(rows.items(), key=lambda x: (x[0][1], x[0][0])):
+        one = rows.get((s, 1), r)
         cache = rows.get(("cache", n))
         print(f"{s:>16} {n:>4}x {r['records']:>8} {r['peak_rss_gib']:>13.2f} {r['tokens_per_s']:>9.0f} {r['wall_s']:>7.0f} "
               f"{r['features_disk_gib']:>9.2f} {r['peak_rss_gib'] / one['peak_rss_gib']:>9.2f} "

@@ -189,3 +189,39 @@ def test_bad_scale_settings_are_refused_by_name(tiny_policy, fake_harvest, tmp_p
         with pytest.raises(SpectoolError, match=flag):
             run(_cfg(tiny_policy, fake_harvest, tmp_path / "d", **kw))
         assert not (tmp_path / "d").exists()
+
+
+def test_a_harvest_of_1000_token_records_trains_in_bounded_forwards(tiny_policy, tmp_path, monkeypatch):
+    """Reasoning-length records (1,104 and 1,404 tokens; random ids: the tiny policy's own generate is slow) train
+    with every forward within --max-batch-tokens, no padding in the one-record micro-batches, and the report
+    names the longest sequence."""
+    import spectool.commands.init_draft as init_draft
+    from spectool.models import resolve_model
+    from spectool.records import write_shard
+    from spectool.runs import MANIFEST, atomic_write_json, make_manifest
+
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(12):
+        n = 1100 + 300 * (i % 2)
+        resp = torch.randint(5, 500, (n,), generator=g).tolist()
+        rows.append(dict(prompt_id=f"{i:016x}", sample_idx=0, prompt="p", answer="", prompt_ids=[1, 3 + i, 40, 4],
+                         response_ids=resp, logprobs=[0.0] * n, reward=0.0, finish_reason="length", response=""))
+    run_dir = tmp_path / "harvest"
+    write_shard(run_dir, 0, rows)
+    m = resolve_model(str(tiny_policy))
+    atomic_write_json(run_dir / MANIFEST, make_manifest("harvest", model=m.name, model_identity=m.identity, data="x"))
+    shapes = []
+    orig = init_draft.ttt_step_loss
+
+    def seen(draft, items, *a, **k):
+        shapes.append((len(items), max(len(x[0]) for x in items)))
+        return orig(draft, items, *a, **k)
+
+    monkeypatch.setattr(init_draft, "ttt_step_loss", seen)
+    r = init_draft.run(_cfg(tiny_policy, run_dir, tmp_path / "d", epochs=1, max_batch_tokens=2048,
+                            shard_tokens=4096))
+    assert r.longest_sequence == 1404 and r.steps >= 2
+    assert shapes and all(b == 1 and t >= 1104 for b, t in shapes)  # each record alone: 2 x 1,104 > 2,048
+    lines = [json.loads(x) for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
+    assert all(x["padding"] == 0 and x["peak_memory_gib"] > 0 and x["loss"] == x["loss"] for x in lines)
