@@ -111,18 +111,19 @@ def test_a_stream_resumes_mid_epoch_and_mid_write_as_if_never_stopped(tiny_polic
     calls = {"n": 0}
     orig_loss = ttt.ttt_loss
 
-    def dies_in_step_8(*a, **k):  # mid-epoch 2 (6 steps an epoch), after the checkpoint at step 6
+    def dies_in_step_10(*a, **k):  # mid-epoch 2 (steps 7-12), after the checkpoint at step 8
         calls["n"] += 1
-        if calls["n"] == 8:
+        if calls["n"] == 10:
             raise KeyboardInterrupt
         return orig_loss(*a, **k)
 
-    monkeypatch.setattr(ttt, "ttt_loss", dies_in_step_8)
+    monkeypatch.setattr(ttt, "ttt_loss", dies_in_step_10)
     with pytest.raises(KeyboardInterrupt):
         run(_cfg(tiny_policy, fake_harvest, out, epochs=3))
     monkeypatch.setattr(ttt, "ttt_loss", orig_loss)
+    assert len(_losses(out)) == 9  # steps 1-9 logged; 9 is redone from the checkpoint at 8
     resumed = run(_cfg(tiny_policy, fake_harvest, out, epochs=3))
-    assert resumed.steps == whole.steps
+    assert resumed.steps == whole.steps and whole.steps // 3 == 6  # 6 steps an epoch: step 9 is mid-epoch 2
     assert _losses(out) == pytest.approx(_losses(tmp_path / "whole"), rel=1e-5)
 
 

@@ -137,7 +137,8 @@ class InitDraftConfig:
     """Shards whose records are shuffled together each epoch (the shards' own order is shuffled too)."""
     max_batch_tokens: int = 8192
     """Most padded tokens per training forward: a step's records go through in micro-batches of similar length
-    within it, gradients accumulated, so a step's memory stays bounded however long the sequences are."""
+    within it (a longer record alone), gradients accumulated: the draft's logits over its vocabulary, the largest
+    part of a step's memory, stay within this many tokens; its attention still grows with the longest record."""
     batch_size: int = 4
     """Records per step. Small: one epoch at batch 4 trained a better draft than at 8 or 16 on this machine
     (more steps for the same tokens; docs/results.md, "Draft quality")."""

@@ -14,7 +14,7 @@ One order for all three (`epoch_order`): the training records are cut into group
 shards when it has them for these layers, else consecutive records up to `shard_tokens` tokens: the stream shards),
 each epoch shuffles the groups, then the records inside each window of `window` consecutive groups (a shuffle
 buffer, as WebDataset-style loaders do). The same records meet in the same batches whichever source feeds them, so
-the three train the same draft (tests/test_features.py). While the data fits one window the order is a full
+the three train the same draft (tests/test_init_draft_scale.py). While the data fits one window the order is a full
 permutation, the same one the first release drew.
 """
 

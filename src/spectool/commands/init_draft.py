@@ -7,7 +7,8 @@ Workflow (`run`, phase by phase):
  1. data: a harvest run dir, or a data source that is harvested first (the draft must learn the
     policy's outputs, not reference answers);
  2. the frozen policy (transformers, fp32) supplies aux hidden states and target distributions,
-    computed once and cached in the run dir (resume does not recompute them);
+    streamed from bounded shards on disk (written once; a resume keeps them), computed per batch (`--features
+    online`), or held whole (`cache`): features.py;
  3. the draft vocabulary = most frequent response tokens (coverage printed); embedding and lm_head
     rows from the policy, or warm start from --init-from;
  4. training-time-test unroll over `ttt_steps` positions (>= the largest k you will run), the
@@ -23,6 +24,7 @@ Workflow (`run`, phase by phase):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import hashlib
@@ -70,7 +72,8 @@ RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft 
 RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features"}  # a rerun may change these and resume
 # (every --features trains the same draft: a stream run short of disk resumes with --features online)
 GIB = 1024**3
-# the settings of runs made before each was added, as they ran (a resume keeps them)
+# the settings runs made before each was added are compared as: a resume goes on with them (an older run within one
+# shuffle window, 131,072 tokens, and within 8,192 tokens a batch, as every earlier demo run was, draws as it drew)
 OLDER_RUNS = {"anchor_fraction": 1.0, "position_weights": "decay", "features": "cache", "max_steps": None,
               "shard_tokens": 32768, "shuffle_window": 4, "max_batch_tokens": 8192}
 
@@ -207,11 +210,11 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
         return 0
     p = Path(cfg.data)
     if (p / MANIFEST).exists():
+        lengths = record_lengths(load_records(p))[1]
         ids = _layer_ids(cfg, model.fingerprint["num_hidden_layers"])  # what the draft reads (_features)
-        if (p / "hidden").is_dir() and read_json(p / MANIFEST).get("aux_layer_ids") == ids:
+        if _usable_shards(cfg, harvest_shards(p, ids, read_json(p / MANIFEST), lengths), lengths):
             return 0
-
-        return sum(record_lengths(load_records(p))[1])
+        return sum(lengths)
     from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     h = cfg.harvest
@@ -232,7 +235,8 @@ def _check_disk_budget(cfg: InitDraftConfig, model) -> None:
     --out will live); stream shards already written count as spent. (`stream` checks again per shard.)"""
 
     per_token = bytes_per_token(model.fingerprint["hidden_size"], len(_layer_ids(cfg, model.fingerprint["num_hidden_layers"])))
-    written = sum(p.stat().st_size for p in (Path(cfg.out) / ".train" / "features").glob("shard-*.safetensors"))
+    written = sum(p.stat().st_size for p in (Path(cfg.out) / ".train" / "features").glob("shard-*.safetensors")
+                  if cfg.features == "stream")
     need = _tokens_to_cache(cfg, model) * per_token - written
     if need <= 0:
         return
@@ -302,6 +306,17 @@ def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
     return draft, target_ids, coverage
 
 
+def _usable_shards(cfg: InitDraftConfig, shards: list, lengths: list[int]) -> list:
+    """A harvest's --hidden-states shards, when each holds at most --shard-tokens tokens (a GPU harvest's shard of
+    1,024 reasoning-length sequences would not: a stream window must stay bounded), else [] (the features are then
+    computed here)."""
+    if any(sum(lengths[i] for i in idx) > cfg.shard_tokens for _, idx in shards):
+        print(f"the harvest's --hidden-states shards hold more than --shard-tokens {cfg.shard_tokens} tokens each; "
+              "init-draft computes its own shards (raise --shard-tokens to read them as they are)")
+        return []
+    return shards
+
+
 @dataclass
 class _Features:
     train: object  # features.InMemory | Streamed | OnTheFly: .items(record indices) -> FeatureItems
@@ -321,7 +336,7 @@ def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], f
     from spectool.hidden import feature_items, load_features, save_features  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     pin = next(policy.parameters()).device.type == "cuda"  # training batches copy from here to the GPU
-    shards = harvest_shards(data.run_dir, layer_ids, data.manifest, data.lengths)
+    shards = _usable_shards(cfg, harvest_shards(data.run_dir, layer_ids, data.manifest, data.lengths), data.lengths)
     train = set(data.train)
     groups = ([[i for i in idx if i in train] for _, idx in shards] if shards
               else token_groups(data.train, data.lengths, cfg.shard_tokens))
@@ -375,12 +390,15 @@ def _step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens: list
     parts = [list(range(len(items)))] if whole else token_batches(lengths, cfg.max_batch_tokens)
     loss_sum, per_step = 0.0, [0.0] * cfg.ttt_steps
     seen = [0.0] * cfg.ttt_steps
-    for mb in parts:
+    for n, mb in enumerate(parts):
         share = sum(response[i] for i in mb) / max(sum(response), 1)
-        loss, steps = ttt_step_loss(tr.draft, [items[i] for i in mb], [prompt_lens[i] for i in mb], W_dv,
-                                    cfg.ttt_steps, cfg.step_decay, tr.acc.device, cfg.loss, cfg.anchor_fraction, draw,
-                                    cfg.position_weights)
-        tr.backward(loss * share if not whole else loss)
+        # under accelerate launch only the last micro-batch's backward syncs gradients (ranks may run different counts)
+        sync = contextlib.nullcontext() if n == len(parts) - 1 else tr.acc.no_sync(tr.draft)
+        with sync:
+            loss, steps = ttt_step_loss(tr.draft, [items[i] for i in mb], [prompt_lens[i] for i in mb], W_dv,
+                                        cfg.ttt_steps, cfg.step_decay, tr.acc.device, cfg.loss, cfg.anchor_fraction,
+                                        draw, cfg.position_weights)
+            tr.backward(loss * share if not whole else loss)
         loss_sum += share * float(loss.detach())
         for j, x in enumerate(steps):
             if x == x:  # a step with no position in this micro-batch is nan
