@@ -234,7 +234,7 @@ def test_both_backends_say_the_same_about_draft_proposals(tiny_policy, random_dr
     TRL as given (from_sweep's too), and both print engine/proposals.describe of it."""
     import logging
 
-    from spectool.commands.train_rl_trl import _speculation
+    from spectool.commands.train_rl_trl import speculation_for
     from spectool.engine.proposals import describe
     from spectool.integrations.trl import SpectoolSpeculation
     from spectool.models import resolve_model
@@ -244,7 +244,7 @@ def test_both_backends_say_the_same_about_draft_proposals(tiny_policy, random_dr
     cfg = RLConfig()
     cfg.speculation.draft, cfg.speculation.k = str(random_draft), 2
     with caplog.at_level(logging.INFO, logger="spectool.rl.speculation"):
-        trl_spec = _speculation(cfg, resolve_model(str(tiny_policy)))
+        trl_spec = speculation_for(cfg, resolve_model(str(tiny_policy)))
     said = [r.getMessage() for r in caplog.records if "draft proposals" in r.getMessage()]
     assert trl_spec.draft_sampling == "auto"
     assert said == [f"train-rl: {describe(trl_spec.draft_sampling)}"] and "(auto: the CPU build" in said[0], said

@@ -57,7 +57,7 @@ def grpo_config(cfg: RLConfig, out: Path, cpu: bool, world: int = 1):
     )
 
 
-def _speculation(cfg: RLConfig, model):
+def speculation_for(cfg: RLConfig, model):
     """rl.yaml's speculation for TRL (a resumed run's refreshed draft comes from TRL's checkpoint)."""
 
     e = cfg.engine
@@ -96,7 +96,7 @@ def run(cfg: RLConfig) -> dict:
     version = check_trl_version()
     out, model = Path(cfg.out), resolve_model(cfg.model)
     ckpt = _last_checkpoint(out)
-    spec = _speculation(cfg, model)
+    spec = speculation_for(cfg, model)
     ds, reward = task_data(cfg.data, min(cfg.policy.steps * cfg.rollout.prompts_per_step, 4096), cfg.seed)
     # TRL's arguments start accelerate's process group (gloo on the CPU, NCCL on GPUs) when launched with several
     args = grpo_config(cfg, out, cpu=is_cpu_build() or not torch.cuda.is_available(),
