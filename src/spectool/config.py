@@ -24,6 +24,7 @@ from spectool.constants import (  # noqa: F401
     K_MAX,
     K_MIN,
     LOSSES,
+    MAX_NUM_SEQS,
     METHODS,
     POSITION_WEIGHTS,
     TRAINABLE,
@@ -413,8 +414,9 @@ class SweepConfig:
         check_gpu_memory(self.gpu_memory_utilization)
         self._validate_synthetic()
         check(len(self.ks) > 0 and all(k >= 1 for k in self.ks), "--k", self.ks, "must be a list of integers >= 1")
-        check(len(self.batch_sizes) > 0 and all(b >= 1 for b in self.batch_sizes), "--batch-sizes",
-              self.batch_sizes, "must be a non-empty list of integers >= 1")
+        check(len(self.batch_sizes) > 0 and all(1 <= b <= MAX_NUM_SEQS for b in self.batch_sizes), "--batch-sizes",
+              self.batch_sizes, f"must be a non-empty list of integers in [1, {MAX_NUM_SEQS}] (the most sequences "
+              "spectool lets vLLM decode at once; a larger batch would be measured as queued waves of it)")
         check(len(self.methods) > 0 and all(m in METHODS for m in self.methods), "--methods", self.methods,
               f"must be a list of {', '.join(METHODS)}")
         if "eagle3" in self.methods and self.draft is None and not self.drafts and not self.dummy_weights:

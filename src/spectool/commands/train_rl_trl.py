@@ -52,9 +52,18 @@ def grpo_config(cfg: RLConfig, out: Path, cpu: bool, world: int = 1):
         beta=p.kl_beta, epsilon=p.eps_low, epsilon_high=p.eps_high, max_grad_norm=p.max_grad_norm,
         scale_rewards="group" if p.scale_adv_by_std else "none", use_vllm=True, vllm_mode="colocate",
         vllm_gpu_memory_utilization=e.gpu_memory_utilization,  # the CPU build's share: engine.spectool_kwargs
-        vllm_max_model_length=e.max_model_len or None, use_cpu=cpu, bf16=not cpu, logging_steps=1,
+        vllm_max_model_length=e.max_model_len or None, use_cpu=cpu, bf16=not cpu and _trainer_bf16(e.dtype),
+        logging_steps=1,
         report_to="none", save_strategy="steps", save_steps=cfg.checkpoint_every, save_only_model=False,
     )
+
+
+def _trainer_bf16(engine: str) -> bool:
+    """Whether TRL's trainer runs in bfloat16: where spectool's own trainer would (precision.trainer_dtype), not
+    below compute capability 8.0, whose float16 engine leaves the trainer in float32."""
+    from spectool.precision import engine_dtype, trainer_dtype  # noqa: PLC0415 (torch, loaded only on this path)
+
+    return trainer_dtype(engine_dtype(engine)) == "bfloat16"
 
 
 def speculation_for(cfg: RLConfig, model):

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spectool.constants import DEFAULT_K, GPU_MEMORY_UTILIZATION
+from spectool.constants import DEFAULT_K, GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS
 from spectool.draft.families import FAMILIES
 from spectool.draft.preflight import check_positions, draft_position_range
 from spectool.engine import colocated
@@ -298,11 +298,6 @@ class Engine:
 CPU_MEMORY_SHARE = 0.3
 
 
-# The most sequences spectool lets vLLM decode at once, vLLM's own default on large GPUs; a larger batch is queued by
-# the scheduler. Above it vLLM preallocates drafter logits and output_bin_counts [max_num_seqs, vocab] for every
-# sequence at once, memory no plan counts, and above max_num_batched_tokens (16,384 or 8,192 on GPUs, 4,096 on the
-# CPU build) it refuses to start (config/scheduler.py): `rollout --n-prompts 4200 --samples 4` did on an H100.
-MAX_NUM_SEQS = 1024
 
 
 def max_num_seqs(batch: int, batched_tokens: int | None = None) -> int:
