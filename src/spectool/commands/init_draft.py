@@ -47,6 +47,7 @@ from spectool.draft.ttt import chain_length, heldout_metrics, ttt_step_loss
 from spectool.draft.vocab import build_vocab, ids_from_d2t
 from spectool.errors import SpectoolError
 from spectool.features import (
+    GIB,
     InMemory,
     Lazy,
     OnTheFly,
@@ -71,7 +72,6 @@ from spectool.ui import console
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
 RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features"}  # a rerun may change these and resume
 # (every --features trains the same draft: a stream run short of disk resumes with --features online)
-GIB = 1024**3
 # the settings runs made before each was added are compared as: a resume goes on with them (an older run within one
 # shuffle window, 131,072 tokens, and within 8,192 tokens a batch, as every earlier demo run was, draws as it drew)
 OLDER_RUNS = {"anchor_fraction": 1.0, "position_weights": "decay", "features": "cache", "max_steps": None,
@@ -212,7 +212,7 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
     if (p / MANIFEST).exists():
         lengths = record_lengths(load_records(p))[1]
         ids = _layer_ids(cfg, model.fingerprint["num_hidden_layers"])  # what the draft reads (_features)
-        if _usable_shards(cfg, harvest_shards(p, ids, read_json(p / MANIFEST), lengths), lengths):
+        if _usable_shards(cfg, harvest_shards(p, ids, read_json(p / MANIFEST), lengths), lengths, say=False):
             return 0
         return sum(lengths)
     from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
@@ -306,13 +306,14 @@ def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
     return draft, target_ids, coverage
 
 
-def _usable_shards(cfg: InitDraftConfig, shards: list, lengths: list[int]) -> list:
+def _usable_shards(cfg: InitDraftConfig, shards: list, lengths: list[int], say: bool = True) -> list:
     """A harvest's --hidden-states shards, when each holds at most --shard-tokens tokens (a GPU harvest's shard of
     1,024 reasoning-length sequences would not: a stream window must stay bounded), else [] (the features are then
     computed here)."""
     if any(sum(lengths[i] for i in idx) > cfg.shard_tokens for _, idx in shards):
-        print(f"the harvest's --hidden-states shards hold more than --shard-tokens {cfg.shard_tokens} tokens each; "
-              "init-draft computes its own shards (raise --shard-tokens to read them as they are)")
+        if say:
+            print(f"the harvest's --hidden-states shards hold more than --shard-tokens {cfg.shard_tokens} tokens each; "
+                  "init-draft computes its own shards (raise --shard-tokens to read them as they are)")
         return []
     return shards
 
