@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from spectool.lossless import (
+from spectool.stats import (
     chi2_homogeneity,
     chi2_sf,
     detectable_shift,

@@ -7,7 +7,7 @@ Workflow:
     because the fix is process-wide; or top-p truncation on other builds);
  2. score every sampled token with a transformers forward of the policy (fp32): log p(x_t), the
     entropy H(p_t) and the policy's own logprob, to compare with the engine's;
- 3. tests (lossless.py): engine logprobs == policy logprobs within `logprob_tol`; the score test
+ 3. tests (stats.py): engine logprobs == policy logprobs within `logprob_tol`; the score test
     (each arm's mean of log p + H vs 0, speculative vs plain); chi-square homogeneity of the j-th
     token per prompt, speculative vs plain; Bonferroni over the family;
  4. verdict: LOSSLESS when nothing rejects and the same tests reject the lossy control (power);
@@ -29,7 +29,11 @@ from spectool.engine.arms import sample_arm
 from spectool.engine.compat import is_cpu_build
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
-from spectool.lossless import (
+from spectool.models import resolve_model
+from spectool.precision import LOGPROB_TOLERANCE, engine_dtype
+from spectool.prompts import encode_prompt
+from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
+from spectool.stats import (
     ScoreTest,
     TokenTest,
     detectable_shift,
@@ -38,10 +42,6 @@ from spectool.lossless import (
     token_test,
     welch,
 )
-from spectool.models import resolve_model
-from spectool.precision import LOGPROB_TOLERANCE, engine_dtype
-from spectool.prompts import encode_prompt
-from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 from spectool.ui import console
 
 
