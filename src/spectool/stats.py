@@ -34,7 +34,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 
-
 @dataclass
 class AcceptanceStats:
     num_drafts: int = 0  # verification steps that carried draft tokens
