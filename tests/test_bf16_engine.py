@@ -125,7 +125,7 @@ def test_engine_commands_serve_bfloat16_from_the_command_line(setup, tiny_policy
     spectool("harvest", *common, "--out", str(tmp_path / "h"), "--n-prompts", "2", "--max-tokens", "8")
     assert json.loads((tmp_path / "h" / "manifest.json").read_text())["dtype"] == "bfloat16"
     spectool("sweep-k", *common, "--draft", str(folder), "--k", "2", "--batch-sizes", "1", "--min-seqs", "1",
-             "--min-seconds", "0",
+             "--min-seconds", "0", "--repeats", "1",
              "--max-tokens", "8", "--out", str(tmp_path / "sw"))
     rows = json.loads((tmp_path / "sw" / "sweep.json").read_text())["rows"]
     assert {r["method"] for r in rows} == {"none", "eagle3"} and all(r["dtype"] == "bfloat16" for r in rows)

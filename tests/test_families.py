@@ -182,13 +182,14 @@ def test_sweep_schedule_follows_the_family_that_gains_most():
     from spectool.commands.sweep_k import schedule_family
     from spectool.config import SweepConfig
 
-    rows = [{"method": m, "k": k, "batch": b, "speedup": s} for m, k, b, s in [
+    rows = [{"method": m, "k": k, "batch": b, "speedup": s, "speedup_lo": s - 0.02, "speedup_hi": s + 0.02}
+            for m, k, b, s in [
         ("eagle3", 3, 1, 1.30), ("eagle3", 3, 8, 1.10), ("dflash", 7, 1, 1.60), ("dflash", 5, 8, 1.05),
         ("dflash", 3, 8, 1.08), ("peagle", 3, 1, 1.20), ("peagle", 3, 8, 0.95)]]
     cfg = SweepConfig(out="x", methods=["eagle3", "peagle", "dflash"], batch_sizes=[1, 8], min_gain=0.03)
     family, rec = schedule_family(rows, cfg)
     assert family == "dflash" and rec[1]["k"] == 7 and rec[8]["k"] == 3
-    from spectool.costmodel import recommend
+    from spectool.stats import recommend
 
     overall = recommend(rows, [1, 8], 0.03)  # per batch size, across families
     assert overall[1]["method"] == "dflash" and overall[8]["method"] == "eagle3"

@@ -21,7 +21,8 @@ def test_weightless_sweep_with_synthetic_acceptance_then_forecast(tiny_policy, t
     cfg_only.mkdir()
     (cfg_only / "config.json").write_text((tiny_policy / "config.json").read_text())  # no weights, no tokenizer
     out = tmp_path / "sweep"
-    spectool("sweep-k", "--min-seconds", "0", "--model", str(cfg_only), "--dummy-weights", "--acceptance-rates", "0.9,0.7,0.5",
+    spectool("sweep-k", "--min-seconds", "0", "--repeats", "1", "--model", str(cfg_only), "--dummy-weights",
+             "--acceptance-rates", "0.9,0.7,0.5",
              "--k", "1,3", "--batch-sizes", "1,4", "--max-tokens", "24", "--min-seqs", "4", "--prompt-len", "16",
              "--out", str(out))
     s = json.loads((out / "sweep.json").read_text())
@@ -51,7 +52,7 @@ def test_weightless_draft_model_sweep_then_forecast(tiny_policy, tmp_path):
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "sweep"
     spectool("sweep-k", "--model", str(tmp_path / "cfg"), "--dummy-weights", "--acceptance-rates", "0.8,0.6",
-             "--min-seconds", "0",
+             "--min-seconds", "0", "--repeats", "1",
              "--methods", "draft_model", "--draft-model", str(tmp_path / "dm"), "--k", "2", "--batch-sizes", "1,2",
              "--max-tokens", "16", "--min-seqs", "4", "--prompt-len", "8", "--out", str(out))
     s = json.loads((out / "sweep.json").read_text())

@@ -162,7 +162,7 @@ def test_init_draft_mtp_changes_only_the_mtp_tensors_and_is_served(tiny_mimo, su
                  "16", "--data", str(sums), "--split", "train", "--compare")
     assert "mean acceptance length (k=2)" in r.stdout and "speedup" in r.stdout
     spectool("sweep-k", "--model", str(out), "--methods", "mtp", "--k", "1,2", "--batch-sizes", "2", "--min-seqs", "2",
-             "--min-seconds", "0",
+             "--min-seconds", "0", "--repeats", "1",
              "--max-tokens", "12", "--data", str(sums), "--out", str(tmp_path / "sweep"))
     rows = [x for x in json.loads((tmp_path / "sweep" / "sweep.json").read_text())["rows"] if x["method"] == "mtp"]
     assert [x["k"] for x in rows] == [1, 2] and all(x["mean_acceptance_length"] >= 1 for x in rows)

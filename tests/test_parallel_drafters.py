@@ -192,7 +192,7 @@ def test_sweep_over_families_recommends_a_family_and_writes_its_schedule(tiny_po
     out = tmp_path / "sweep"
     spectool("sweep-k", "--min-seconds", "0", "--model", str(tiny_policy), "--data", DATA, "--methods", "eagle3,peagle,dflash",
              "--drafts", f"{random_draft},{peagle},{dflash}", "--k", "2", "--batch-sizes", "1", "--min-seqs", "2",
-             "--max-tokens", "8", "--min-gain", "0", "--out", str(out))
+             "--max-tokens", "8", "--min-gain", "0", "--repeats", "2", "--out", str(out))
     s = json.loads((out / "sweep.json").read_text())
     assert {(r["method"], r["k"]) for r in s["rows"]} == {("none", 0), ("eagle3", 2), ("peagle", 2), ("dflash", 2)}
     assert s["drafts"] == {"eagle3": str(random_draft), "peagle": str(peagle), "dflash": str(dflash)}

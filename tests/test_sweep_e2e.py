@@ -17,28 +17,29 @@ def test_tiny_sweep_and_auto_k_rollout(tiny_policy, random_draft, tmp_path):
     out = tmp_path / "sweep"
     args = ["sweep-k", "--model", str(tiny_policy), "--draft", str(random_draft), "--data", DATA, "--out", str(out),
             "--min-seconds", "0",
-            "--k", "1,2", "--batch-sizes", "1,4", "--methods", "eagle3,ngram", "--max-tokens", "12", "--min-seqs", "2"]
+            "--k", "2", "--batch-sizes", "1,4", "--methods", "eagle3,ngram", "--max-tokens", "12", "--min-seqs", "2",
+            "--repeats", "2"]
     r = spectool(*args)
     assert "batch 1: recommend" in r.stdout and "batch 4: recommend" in r.stdout
     progress = [line for line in r.stderr.splitlines() if "tokens/s" in line]  # live, per arm and batch size
-    # five engines and plain decoding again at the end (the drift), two batch sizes each
+    # two rounds of three engines (the second in reverse order), two batch sizes each
     assert len(progress) == 12 and all("batch 1:" in p or "batch 4:" in p for p in progress), r.stderr[-2000:]
-    assert "plain decoding (again, for the drift)" in r.stderr
+    assert "6 engine runs to go (2 rounds of 3 engines)" in r.stderr and "round 2/2, plain decoding" in r.stderr
+    assert r.stderr.index("round 2/2, ngram k=2") < r.stderr.index("round 2/2, plain decoding")
     s = json.loads((out / "sweep.json").read_text())
     arms = {(x["method"], x["k"], x["batch"]) for x in s["rows"]}
-    assert arms == {(m, k, b) for m, k in [("none", 0), ("eagle3", 1), ("eagle3", 2), ("ngram", 1), ("ngram", 2)]
-                    for b in (1, 4)}
+    assert arms == {(m, k, b) for m, k in [("none", 0), ("eagle3", 2), ("ngram", 2)] for b in (1, 4)}
     for x in s["rows"]:
         if x["method"] == "none":
-            assert x["speedup"] == pytest.approx(1.0) and x["drift"] > 0 and len(x["waves"]) >= 8  # two runs pooled
+            assert x["speedup"] == pytest.approx(1.0) and x["drift"] > 0 and len(x["waves"]) >= 8  # two rounds pooled
         else:
-            assert len(x["waves"]) >= 4 and x["speedup_lo"] <= x["speedup"] <= x["speedup_hi"]
+            assert len(x["waves"]) >= 8 and x["speedup_lo"] <= x["speedup"] <= x["speedup_hi"] and x["rounds"] == 2
         if x["method"] != "none" and x["mean_acceptance_length"]:  # (ngram may find nothing to propose on random text)
             assert x["speedup"] > 0 and x["ceiling"] >= x["speedup"] - 1e-9
         if x["method"] == "eagle3":
             assert len(x["per_position"]) == x["k"] and 1.0 <= x["mean_acceptance_length"] <= x["k"] + 1
     assert "speedup_lo" in (out / "sweep.csv").read_text().splitlines()[0]
-    for rec in s["recommendation"].values():  # speculation recommended only beyond its interval, else said why not
+    for rec in s["recommendation"].values():  # speculation recommended only beyond its bound, else said why not
         assert rec["method"] != "none" and rec["interval"][0] >= 1.03 or rec["method"] == "none" and rec["why"]
     for f in ("sweep.csv", "speedup_vs_k.png", "acceptance_by_position.png", "manifest.json", "rows.jsonl"):
         assert (out / f).stat().st_size > 0
@@ -69,7 +70,8 @@ def test_sweep_measures_draft_model_speculation(tiny_policy, tmp_path):
     out = tmp_path / "sweep"
     spectool("sweep-k", "--model", str(tiny_policy), "--data", DATA, "--out", str(out), "--methods", "draft_model",
              "--min-seconds", "0",
-             "--draft-model", "policy", "--k", "2", "--batch-sizes", "2", "--max-tokens", "24", "--min-seqs", "2",
+             "--draft-model", "policy", "--k", "2", "--repeats", "1", "--batch-sizes", "2", "--max-tokens", "24",
+             "--min-seqs", "2",
              "--temperature", "0", "--lengths", "fixed")
     rows = {x["method"]: x for x in json.loads((out / "sweep.json").read_text())["rows"]}
     assert set(rows) == {"none", "draft_model"}

@@ -372,7 +372,11 @@ class SweepConfig:
     """Timed decoding per arm and batch size at least (more waves over the same prompts): a few seconds of timing
     read 54 and 66 tokens/s for the same plain decoding in two sweeps on the CPU build."""
     min_gain: float = 0.03
-    """Recommend speculation only where the low end of its speedup's 95% interval is above 1 + this."""
+    """Recommend speculation only where its speedup's lower bound (95%, every arm at that batch size counted) is
+    above 1 + this."""
+    repeats: int = 3
+    """Rounds: each runs plain decoding and every arm in a fresh engine (the noise between engine runs is most of the
+    noise); 1 measures no noise between runs and recommends nothing."""
     seed: int = 0
     """Sampling and data seed."""
     draft_sampling: str = "auto"
@@ -432,6 +436,7 @@ class SweepConfig:
         check(self.min_seqs >= 1, "--min-seqs", self.min_seqs, "must be >= 1")
         check(0 <= self.min_seconds <= 3600, "--min-seconds", self.min_seconds, "must be in [0, 3600]")
         check(0 <= self.min_gain < 1, "--min-gain", self.min_gain, "must be in [0, 1)")
+        check(1 <= self.repeats <= 100, "--repeats", self.repeats, "must be in [1, 100]")
 
     def _validate_synthetic(self) -> None:
         r, a = self.acceptance_rates, self.acceptance_length

@@ -231,6 +231,194 @@ def detectable_tv(
 
 
 # --- sweep-k: an arm against plain decoding, beyond the noise between engine runs -----------------
+# Design (sweep-k): `repeats` rounds; each round runs plain decoding and every arm in a fresh engine, one after
+# the other (the order reversed every other round), all on the same prompts and seeds by wave. Per batch size
+# and round, every engine's rate is taken over the waves all of them decoded (paired by wave). Log rates follow
+# a randomized complete block design: y[a][r] = mu_a + rho_r + e (rho_r: the machine during round r, e: one
+# engine run's own noise, which holds the noise between waves too). An arm's log speedup is the mean over rounds
+# of y[a][r] - y[plain][r], with standard error sqrt(2 MSE / R) from the residual mean square MSE of the two-way
+# table on (A - 1)(R - 1) degrees of freedom (Student's t). Its lower bound counts every arm compared at that
+# batch size (Bonferroni: one-sided level alpha / arms), so the chance that any arm is recommended when none
+# is faster is at most alpha per batch size; one round measures no noise between runs and recommends nothing.
+
+SWEEP_ALPHA = 0.05  # the recommendation's false-alarm rate per batch size, every arm it looked at counted
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) (Lentz's continued fraction)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny, c, d = 1e-300, 1.0, 0.0
+    f = 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2 == 0:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + num * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + num / c if abs(c) > tiny else 1.0 + num / tiny
+        f = (c * d) if i == 0 else f * c * d
+        if i > 0 and abs(c * d - 1.0) < 1e-14:
+            break
+    return front * (f - 1.0)
+
+
+def student_t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with df degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+    return tail if t >= 0 else 1.0 - tail
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """The t with P(T <= t) = p (bisection)."""
+    lo, hi = -1e4, 1e4
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if 1.0 - student_t_sf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass
+class ArmSpeedup:
+    speedup: float  # exp(the mean over rounds of log(arm rate / plain rate)), paired by round and wave
+    lo: float  # one-sided lower bound at level 1 - alpha / arms (nan: one round, no noise between runs measured)
+    hi: float  # the same distance above
+    se: float  # standard error of the log speedup
+    df: int  # degrees of freedom of the between-run noise estimate
+    rounds: int
+    arms: int  # speculative arms compared at this batch size (what the bound counts)
+
+
+def paired_log_rates(waves: list[list[list[float]]]) -> list[float]:
+    """waves[a]: one round's timed waves [tokens, seconds] of engine a (plain first), wave i of every engine on the
+    same prompts and seed. The log tokens/s of each engine over the waves all of them decoded."""
+    n = min(len(w) for w in waves)
+    return [math.log(sum(t for t, _ in w[:n]) / sum(s for _, s in w[:n])) for w in waves]
+
+
+def block_speedups(log_rates: list[list[float]], alpha: float = SWEEP_ALPHA) -> list[ArmSpeedup]:
+    """log_rates[r][a]: round r's paired log rate of engine a (0: plain decoding, 1..m: the arms), complete rounds
+    only. Each arm's speedup over plain decoding with its lower bound, every arm counted (the design above)."""
+    rounds, engines = len(log_rates), len(log_rates[0])
+    arms = engines - 1
+    col = [sum(row[a] for row in log_rates) / rounds for a in range(engines)]
+    rowm = [sum(row) / engines for row in log_rates]
+    grand = sum(rowm) / rounds
+    df = (engines - 1) * (rounds - 1)
+    out = []
+    if df == 0:
+        for a in range(1, engines):
+            out.append(ArmSpeedup(math.exp(col[a] - col[0]), float("nan"), float("nan"), float("nan"), 0, rounds, arms))
+        return out
+    mse = sum((log_rates[r][a] - col[a] - rowm[r] + grand) ** 2 for r in range(rounds) for a in range(engines)) / df
+    se = math.sqrt(2 * mse / rounds)
+    q = student_t_quantile(1 - alpha / arms, df)
+    for a in range(1, engines):
+        c = col[a] - col[0]
+        out.append(ArmSpeedup(math.exp(c), math.exp(c - q * se), math.exp(c + q * se), se, df, rounds, arms))
+    return out
+
+
+
+
+def sweep_speedups(rows: list[dict], alpha: float = SWEEP_ALPHA) -> list[dict]:
+    """A sweep's measured rows (one per engine run: method, k, batch, run = its round, waves) -> one row per
+    (method, k, batch size), its rounds pooled for tokens/s and acceptance (what forecast fits), plain decoding's
+    carrying `drift` (its last round's tokens/s over its first). On every speculative row: `speedup` over plain
+    decoding from the complete rounds (`block_speedups`), `speedup_lo`/`speedup_hi` where two or more rounds
+    measured the noise between runs, `rounds`, and `ceiling`. Sorted by batch size, plain first."""
+    from spectool.costmodel import ceiling  # noqa: PLC0415 (the cost model's arithmetic; it imports nothing of this)
+
+    out = []
+    for b in sorted({r["batch"] for r in rows}):
+        at = [r for r in rows if r["batch"] == b]
+        plain = sorted((r for r in at if r["method"] == "none"), key=lambda r: r.get("run", 0))
+        arms = sorted({(r["method"], r["k"]) for r in at if r["method"] != "none"})
+        runs = {(r["method"], r["k"], r.get("run", 0)): r for r in at}
+        if plain:
+            out.append({**_pooled(plain), "speedup": 1.0, "ceiling": 1.0})
+        complete = sorted(r.get("run", 0) for r in plain
+                          if all((m, k, r.get("run", 0)) in runs for m, k in arms))
+        waves = all("waves" in runs[(m, k, n)] for m, k in [("none", 0), *arms] for n in complete)
+        fits = block_speedups([paired_log_rates([runs[(m, k, n)]["waves"] for m, k in [("none", 0), *arms]])
+                               for n in complete], alpha) if complete and waves and arms else None
+        for i, (m, k) in enumerate(arms):
+            row = _pooled(sorted((r for r in at if (r["method"], r["k"]) == (m, k)), key=lambda r: r.get("run", 0)))
+            row.pop("drift", None)
+            if fits:
+                row["speedup"], row["rounds"] = fits[i].speedup, fits[i].rounds
+                if not math.isnan(fits[i].lo):
+                    row["speedup_lo"], row["speedup_hi"] = fits[i].lo, fits[i].hi
+            else:
+                row["speedup"] = row["tokens_per_s"] / out[-1]["tokens_per_s"] if plain else float("nan")
+                row["rounds"] = 0
+            row["ceiling"] = ceiling(row["speedup"], k, row["mean_acceptance_length"])
+            out.append(row)
+    return out
+
+
+def _pooled(runs: list[dict]) -> dict:
+    """One engine's runs (its rounds) at one batch size as one row: tokens, seconds and waves summed, acceptance
+    averaged over the rounds; `drift`: the last round's tokens/s over the first's."""
+    row = dict(runs[0])
+    row.pop("run", None)
+    row["tokens"], row["seconds"] = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
+    row["tokens_per_s"], row["sequences"] = row["tokens"] / row["seconds"], sum(r["sequences"] for r in runs)
+    if all("waves" in r for r in runs):
+        row["waves"] = [w for r in runs for w in r["waves"]]
+    lengths = [r["mean_acceptance_length"] for r in runs if r.get("mean_acceptance_length") is not None]
+    row["mean_acceptance_length"] = sum(lengths) / len(lengths) if lengths else None
+    pos = [r["per_position"] for r in runs if r.get("per_position")]
+    row["per_position"] = [sum(p[j] for p in pos) / len(pos) for j in range(min(map(len, pos)))] if pos else []
+    if len(runs) > 1:
+        row["drift"] = runs[-1]["tokens_per_s"] / runs[0]["tokens_per_s"]
+    return row
+
+
+def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method: str | None = None) -> dict[int, dict]:
+    """Per batch size: the fastest speculative row (optionally of one method) whose lower bound (`speedup_lo`:
+    every arm of the sweep at that batch size counted, `sweep_speedups`) clears 1 + min_gain. Else
+    {"method": "none", "k": 0, "speedup": 1.0, "why": the best row and why not}. A row without a bound (one
+    round: the noise between engine runs unmeasured) is never recommended."""
+    rec = {}
+    for b in batch_sizes:
+        cands = [r for r in rows if r["batch"] == b and r["method"] != "none" and (method is None or r["method"] == method)]
+        sure = [r for r in cands if r.get("speedup_lo", 0.0) >= 1 + min_gain]
+        best = max(sure, key=lambda r: r["speedup"], default=None)
+        if best is not None:
+            rec[b] = {"method": best["method"], "k": best["k"], "speedup": best["speedup"],
+                      "interval": [best["speedup_lo"], best["speedup_hi"]]}
+        else:
+            rec[b] = {"method": "none", "k": 0, "speedup": 1.0, "why": _why_none(cands, min_gain)}
+    return rec
+
+
+def _why_none(cands: list[dict], min_gain: float) -> str:
+    top = max(cands, key=lambda r: r["speedup"], default=None)
+    if top is None:
+        return "nothing speculative was measured"
+    what = f"{top['method']} k={top['k']} measured {top['speedup']:.2f}x"
+    if "speedup_lo" not in top:
+        return what + (": one round per engine measures no noise between engine runs, so no gain can be told from "
+                       "it (--repeats 2 or more)")
+    what += f" [{top['speedup_lo']:.2f}, {top['speedup_hi']:.2f}]"
+    if top["speedup_hi"] < 1:
+        return what + ": slower than plain decoding"
+    if top["speedup"] < 1 + min_gain:
+        return what + f": not {min_gain:.0%} faster than plain decoding"
+    return what + f": its lower bound is below {1 + min_gain:.2f}x, so the gain is within the noise between runs"
 
 
 # --- the auto refresh: a refresh's gain, against the previous draft on the same rollouts ------------

