@@ -15,6 +15,10 @@
 # trl        TRL's GRPOTrainer, one process, colocated engine, the draft   not measured
 #            refreshed online (benchmarks/trl_arms.py --arms online: the
 #            pipeline's draft when it ran here, else --tiny)
+# sweep-aa   sweep-k's decision, A/A (issue 49): plain decoding in fresh    not measured
+#            engines one after the other at batch 1 and 64 until UNTIL s
+#            (default 200), then the run-to-run noise and the A/A false
+#            recommendations (benchmarks/sweep_calibration.py)
 # --- the rest ---
 # trl-arms   the plain and frozen arms beside it                           not measured
 # pushes     every family's refresh push with CUDA graphs on (eagle3,      about 125 s a family, dflash 124-128 s;
@@ -44,7 +48,7 @@
 #   (/tmp/site/env.sh, sourced here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PARTS="install | pipeline | verify | trl | trl-arms | pushes | measure | tests | pipe-b | what-if | sampling"
+PARTS="install | pipeline | sweep-aa | verify | trl | trl-arms | pushes | measure | tests | pipe-b | what-if | sampling"
 PART=${1:?$PARTS}
 OUT=${2:-${OUT:-runs/gpu-first-run}}
 CAP=${CAP:-570}
@@ -82,6 +86,12 @@ print('vllm', vllm.__version__); from spectool.engine.compat import support; s =
 print('served build', s.version, 'cpu' if s.cpu_build else 'gpu', s.draft_reload, s.warning() or 'tested')"
     cat "$OUT/gpu.csv" "$OUT/install.log" ;;
   pipeline) pipeline "init-draft export rollout-t0 rollout-t1" ;;
+  sweep-aa)
+    run sweep-aa-collect "$PY" benchmarks/sweep_calibration.py collect --pool "$WORK/sweep-aa" --pattern plain \
+      --batch-sizes 1,64 --min-seconds 5 --runs 40 --until "${UNTIL:-200}"
+    run sweep-aa "$PY" benchmarks/sweep_calibration.py analyse --pool "$WORK/sweep-aa" --rounds 2,3 --arms 1
+    cp "$WORK/sweep-aa/pool.jsonl" "$WORK/sweep-aa/calibration.json" "$OUT"/ 2>/dev/null
+    cat "$OUT/sweep-aa.log" ;;
   verify) pipeline "verify-greedy" ;;
   trl) trl_arms online ;;
   trl-arms) trl_arms plain,frozen ;;

@@ -340,7 +340,7 @@ def test_the_engine_schedules_at_most_the_batch_it_was_given(tiny_policy, random
 
 def test_the_gpu_first_run_is_ordered_and_sized_for_one_lent_machine(tmp_path):
     """benchmarks/gpu_first_run.sh (issue 50 finding 7, review N9): the parts most valuable first (the install, the
-    pipeline on the embedded model and its verify, TRL with an online-refreshed draft), each with its own case and
+    pipeline on the embedded model, sweep-k's A/A, verify, TRL with an online-refreshed draft), each with its own case and
     capped within one 10-minute call, the header naming each one's measured device seconds or "not measured", and
     the venv's python, not a plain python3. The script itself needs a GPU; this reads it and runs its refusal."""
     import re
@@ -350,7 +350,7 @@ def test_the_gpu_first_run_is_ordered_and_sized_for_one_lent_machine(tmp_path):
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_first_run.sh"
     text = script.read_text()
     parts = re.search(r'PARTS="([^"]+)"', text).group(1).split(" | ")
-    assert parts[:4] == ["install", "pipeline", "verify", "trl"]
+    assert parts[:5] == ["install", "pipeline", "sweep-aa", "verify", "trl"]
     header = text.split("# What each part must print")[0]
     for part in parts:
         line = re.search(rf"^# {re.escape(part)}\s.*$", header, re.M)
@@ -360,4 +360,4 @@ def test_the_gpu_first_run_is_ordered_and_sized_for_one_lent_machine(tmp_path):
     assert 'elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python' in text and "PYTHON:-python3" not in text
     r = subprocess.run(["bash", str(script), "no-such-part", str(tmp_path / "out")], capture_output=True, text=True,
                        env={**os.environ, "PYTHON": sys.executable}, timeout=60)
-    assert r.returncode == 2 and "install | pipeline | verify | trl" in r.stderr, r.stderr
+    assert r.returncode == 2 and "install | pipeline | sweep-aa | verify | trl" in r.stderr, r.stderr

@@ -333,6 +333,16 @@ def block_speedups(log_rates: list[list[float]], alpha: float = SWEEP_ALPHA) -> 
 
 
 
+def wilson(hits: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion hits / n (a calibration's false-alarm rate or power)."""
+    if n == 0:
+        return 0.0, 1.0
+    z = normal_quantile(1 - (1 - level) / 2)
+    p = hits / n
+    mid, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
 def sweep_speedups(rows: list[dict], alpha: float = SWEEP_ALPHA) -> list[dict]:
     """A sweep's measured rows (one per engine run: method, k, batch, run = its round, waves) -> one row per
     (method, k, batch size), its rounds pooled for tokens/s and acceptance (what forecast fits), plain decoding's
