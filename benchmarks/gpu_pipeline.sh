@@ -15,10 +15,10 @@ LOG="$OUT/times.tsv"; touch "$LOG"
 stage() {  # stage NAME CMD...: run, time, keep the output (only the stages named in $ONLY, if set)
   local name=$1; shift
   if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then return; fi
-  local t0=$(date +%s.%N)
+  local t0=$(date +%s%N)  # nanoseconds: bash arithmetic (the GPU image has no bc)
   "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"; local rc=$?
-  local t1=$(date +%s.%N)
-  printf '%s\t%.1f\t%s\n' "$name" "$(echo "$t1 - $t0" | bc)" "$rc" | tee -a "$LOG"
+  local ms=$((($(date +%s%N) - t0) / 1000000))
+  printf '%s\t%d.%d\t%s\n' "$name" $((ms / 1000)) $((ms % 1000 / 100)) "$rc" | tee -a "$LOG"
 }
 stage init-draft $S init-draft --out "$OUT/draft" --n-prompts 192 --samples 4 --max-tokens 128 --epochs 3
 stage export $S export --draft "$OUT/draft" --out "$OUT/export" --k 3
