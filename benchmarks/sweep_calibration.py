@@ -12,8 +12,11 @@ how often it finds one that is (power), at its default budget.
              ARMS arms beside the baseline; a false alarm = any arm recommended at that batch size;
            - power: the baseline a plain run, the arm a draft run of the same round (pattern plain,draft):
              how often the draft is recommended.
-           Rates with 95% Wilson intervals over non-overlapping sweeps (independent), and over all windows shifted
-           by one round (more sweeps, overlapping, so correlated: a point estimate only).
+           Three ways to form sweeps from the pool: non-overlapping windows in time order (independent sweeps: the
+           honest interval, few of them), all windows shifted by one round (overlapping), and --resample random draws
+           of runs without replacement (runs of one label are exchangeable in an A/A; many sweeps from few runs,
+           which share runs, so their Wilson interval is too narrow: a point estimate). Beside each, the rule
+           sweep-k had before (one run per arm, plain decoding first and last, a 95% bootstrap over waves).
 
   python benchmarks/sweep_calibration.py collect --pool runs/cal --draft runs/demo/draft --k 3 --temperature 0 \
       --batch-sizes 1,4 --pattern plain,draft --runs 24
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -85,12 +89,46 @@ def _sweep(runs: list[dict], roles: list[tuple[str, int]], rounds: int) -> list[
     return rows
 
 
+def _paired(pairs: list[list[dict]]) -> list[dict]:
+    """Sweep rows from (plain run, draft run) pairs, one pair a round."""
+    rows = []
+    for r, (p, d) in enumerate(pairs):
+        rows += [{**x, "method": "none", "k": 0, "run": r} for x in p["rows"]]
+        rows += [{**x, "run": r} for x in d["rows"]]
+    return rows
+
+
 def _decide(rows: list[dict], batch: int) -> bool:
     """Whether sweep-k recommends speculation at this batch size on these rows."""
     return recommend(sweep_speedups([x for x in rows if x["batch"] == batch]), [batch], MIN_GAIN)[batch]["method"] != "none"
 
 
 MIN_GAIN = 0.03  # sweep-k's default --min-gain
+
+
+def _old_rule(rows: list[dict], batch: int, draws: int = 400) -> bool:
+    """The rule sweep-k had before issue 49, for comparison: plain decoding's runs pooled, each arm's speedup with
+    a 95% percentile bootstrap over the timed waves of both sides, recommended where its low end clears 1.03."""
+    rng = random.Random(0)
+    at = [x for x in rows if x["batch"] == batch]
+    plain = [w for x in at if x["method"] == "none" for w in x["waves"]]
+
+    def rate(ws):
+        return sum(t for t, _ in ws) / sum(s for _, s in ws)
+
+    for arm in {(x["method"], x["k"]) for x in at if x["method"] != "none"}:
+        waves = [w for x in at if (x["method"], x["k"]) == arm for w in x["waves"]]
+        ratios = sorted(rate(rng.choices(waves, k=len(waves))) / rate(rng.choices(plain, k=len(plain)))
+                        for _ in range(draws))
+        if min(rate(waves) / rate(plain), ratios[int(0.025 * (draws - 1))]) >= 1 + MIN_GAIN:
+            return True
+    return False
+
+
+def _old_sweep(runs: list[dict], arms: int) -> list[dict]:
+    """Rows of a sweep as the old rule measured it: plain, the arms, plain again (arms + 2 runs)."""
+    roles = [("none", 0)] + [("eagle3", j + 1) for j in range(arms)] + [("none", 0)]
+    return [{**x, "method": m, "k": k} for (m, k), run in zip(roles, runs) for x in run["rows"]]
 
 
 def _rate(hits: list[bool]) -> str:
@@ -112,39 +150,49 @@ def analyse(a: argparse.Namespace) -> None:
             sd = (sum((x - mean) ** 2 for x in rates) / max(len(rates) - 1, 1)) ** 0.5
             print(f"  {lab}, batch {b}: {mean:.1f} tokens/s, run-to-run sd {sd / mean:.1%} ({min(rates):.1f}-{max(rates):.1f})")
     out = {"pool": len(pool), "cells": []}
-    print("\n| test | arms | rounds | batch | recommended, non-overlapping sweeps [95%] | all windows |")
-    print("|---|---|---|---|---|---|")
+    print("\n| test | arms | rounds | batch | recommended: non-overlapping sweeps [95%] | all windows | "
+          "resampled | the old rule, resampled |")
+    print("|---|---|---|---|---|---|---|---|")
     for rounds in a.rounds:
         for arms in a.arms:
             roles = [("none", 0)] + [("eagle3", j + 1) for j in range(arms)]
             for lab, runs in by_label.items():  # A/A: one label in every role
                 size = len(roles) * rounds
                 starts = range(0, len(runs) - size + 1, len(roles))
+                rng = random.Random(rounds * 100 + arms)
+                draws = [rng.sample(runs, size) for _ in range(a.resample)] if len(runs) >= size else []
+                old = [rng.sample(runs, arms + 2) for _ in range(a.resample)] if len(runs) >= arms + 2 else []
                 for b in batches:
                     every = [_decide(_sweep(runs[s:s + size], roles, rounds), b) for s in starts]
                     apart = every[::rounds]
-                    if every:
-                        print(f"| A/A {lab} | {arms} | {rounds} | {b} | {_rate(apart)} | {_rate(every)} |")
+                    drawn = [_decide(_sweep(d, roles, rounds), b) for d in draws]
+                    before = [_old_rule(_old_sweep(d, arms), b) for d in old]
+                    if drawn:
+                        print(f"| A/A {lab} | {arms} | {rounds} | {b} | {_rate(apart)} | {_rate(every)} | "
+                              f"{_rate(drawn)} | {_rate(before)} |")
                         out["cells"].append({"test": f"A/A {lab}", "arms": arms, "rounds": rounds, "batch": b,
                                              "hits": sum(apart), "n": len(apart), "hits_all": sum(every),
-                                             "n_all": len(every)})
+                                             "n_all": len(every), "hits_drawn": sum(drawn), "n_drawn": len(drawn),
+                                             "hits_old_rule": sum(before), "n_old_rule": len(before)})
         if "plain" in by_label and "draft" in by_label:  # power: plain then the draft, round by round
             pairs = [p for p in pool if p["label"] in ("plain", "draft")]
             pairs = [pairs[i:i + 2] for i in range(0, len(pairs) - 1, 2)
                      if [p["label"] for p in pairs[i:i + 2]] == ["plain", "draft"]]
+            rng = random.Random(rounds)
+            draws = [rng.sample(pairs, rounds) for _ in range(a.resample)] if len(pairs) >= rounds else []
+            olds = [rng.sample(pairs, 2) for _ in range(a.resample)] if len(pairs) >= 2 else []
             for b in batches:
-                every = []
-                for s in range(len(pairs) - rounds + 1):
-                    rows = []
-                    for r, (p, d) in enumerate(pairs[s:s + rounds]):
-                        rows += [{**x, "method": "none", "k": 0, "run": r} for x in p["rows"]]
-                        rows += [{**x, "run": r} for x in d["rows"]]
-                    every.append(_decide(rows, b))
+                every = [_decide(_paired(pairs[s:s + rounds]), b) for s in range(len(pairs) - rounds + 1)]
                 apart = every[::rounds]
-                if every:
-                    print(f"| power: draft vs plain | 1 | {rounds} | {b} | {_rate(apart)} | {_rate(every)} |")
+                drawn = [_decide(_paired(d), b) for d in draws]
+                before = [_old_rule(_old_sweep([p1, d1, p2], 1), b) for (p1, d1), (p2, _) in olds]
+                if drawn:
+                    print(f"| power: draft vs plain | 1 | {rounds} | {b} | {_rate(apart)} | {_rate(every)} | "
+                          f"{_rate(drawn)} | {_rate(before)} |")
                     out["cells"].append({"test": "power", "arms": 1, "rounds": rounds, "batch": b, "hits": sum(apart),
-                                         "n": len(apart), "hits_all": sum(every), "n_all": len(every)})
+                                         "n": len(apart), "hits_all": sum(every), "n_all": len(every),
+                                         "hits_drawn": sum(drawn), "n_drawn": len(drawn),
+                                         "hits_old_rule": sum(before), "n_old_rule": len(before)})
     (Path(a.pool) / "calibration.json").write_text(json.dumps(out, indent=1))
 
 
@@ -169,6 +217,7 @@ def main() -> None:
     n.add_argument("--pool", required=True)
     n.add_argument("--rounds", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3])
     n.add_argument("--arms", type=lambda s: [int(x) for x in s.split(",")], default=[1, 3])
+    n.add_argument("--resample", type=int, default=400, help="random sweeps drawn from the pool per cell")
     a = ap.parse_args()
     collect(a) if a.cmd == "collect" else analyse(a)
 

@@ -368,9 +368,9 @@ class SweepConfig:
     """Sampling temperature."""
     min_seqs: int = 8
     """Sequences decoded per arm and batch size at least (in waves of the batch size, 4 waves at least)."""
-    min_seconds: float = 10.0
-    """Timed decoding per arm and batch size at least (more waves over the same prompts): a few seconds of timing
-    read 54 and 66 tokens/s for the same plain decoding in two sweeps on the CPU build."""
+    min_seconds: float = 5.0
+    """Timed decoding per engine run and batch size at least (more waves over the same prompts). The noise between
+    engine runs is the larger part, so time goes to rounds (--repeats) rather than to longer runs."""
     min_gain: float = 0.03
     """Recommend speculation only where its speedup's lower bound (95%, every arm at that batch size counted) is
     above 1 + this."""
