@@ -15,7 +15,8 @@ $S rollout --draft "$RUN/export" --k 3 --compare --temperature 0 --n-prompts 13 
 $S rollout --draft "$RUN/export" --k 3 --compare --temperature 1 --n-prompts 13 --samples 8 --max-tokens 128 \
   --out "$RUN/rollout-t1"
 # Where speculation pays on this machine, beyond noise: T=1 (what RL samples at) at batch 1 and 4, k = 2 and 3, each
-# speedup with its 95% interval; a recommendation only where the interval clears the margin, else the reason.
+# speedup with its lower bound over 3 rounds of fresh engines (the noise between engine runs counted, every arm
+# counted); a recommendation only where the bound clears the margin, else the reason.
 # Completions end at EOS as in RL, and the draft samples its proposals: at batch 1 that measured 1.04-1.16x in three
 # sweeps (docs/results.md, "Draft proposals"), the one place speculation paid at T=1 on 2 cores.
 $S sweep-k --draft "$RUN/draft" --k 2,3 --batch-sizes 1,4 --temperature 1 --draft-sampling probabilistic \
