@@ -54,7 +54,8 @@ def test_flags_parse_into_the_settings():
     from spectool.cli import _build
 
     kw = {p: _default(SweepConfig, p) for p in ("out", "draft", "drafts", "model", "data", "split", "draft_model", "max_tokens",
-                                                 "temperature", "min_seqs", "min_seconds", "min_gain", "seed", "draft_sampling",
+                                                 "temperature", "min_seqs", "min_seconds", "min_gain", "repeats", "seed",
+                                                 "draft_sampling",
                                                  "gpu_memory_utilization", "dummy_weights", "acceptance_length",
                                                  "lengths", "prompt_len", "dtype")}
     cfg = _build(CLI["sweep-k"], {**kw, "ks": "3,1,3", "batch_sizes": "8", "methods": "eagle3, mtp",
