@@ -98,6 +98,17 @@ def _paired(pairs: list[list[dict]]) -> list[dict]:
     return rows
 
 
+def _rounds(plains: list[dict], drafts: list[dict], arms: int) -> list[dict]:
+    """Sweep rows of len(plains) rounds: each a plain run and `arms` draft runs (the arms k = 1..arms, all the same
+    draft: a gain that is there in every arm)."""
+    rows = []
+    for r, p in enumerate(plains):
+        rows += [{**x, "method": "none", "k": 0, "run": r} for x in p["rows"]]
+        for j, d in enumerate(drafts[r * arms:(r + 1) * arms]):
+            rows += [{**x, "k": j + 1, "run": r} for x in d["rows"]]
+    return rows
+
+
 def _decide(rows: list[dict], batch: int) -> bool:
     """Whether sweep-k recommends speculation at this batch size on these rows."""
     return recommend(sweep_speedups([x for x in rows if x["batch"] == batch]), [batch], MIN_GAIN)[batch]["method"] != "none"
@@ -178,21 +189,25 @@ def analyse(a: argparse.Namespace) -> None:
             pairs = [p for p in pool if p["label"] in ("plain", "draft")]
             pairs = [pairs[i:i + 2] for i in range(0, len(pairs) - 1, 2)
                      if [p["label"] for p in pairs[i:i + 2]] == ["plain", "draft"]]
-            rng = random.Random(rounds)
-            draws = [rng.sample(pairs, rounds) for _ in range(a.resample)] if len(pairs) >= rounds else []
-            olds = [rng.sample(pairs, 2) for _ in range(a.resample)] if len(pairs) >= 2 else []
-            for b in batches:
-                every = [_decide(_paired(pairs[s:s + rounds]), b) for s in range(len(pairs) - rounds + 1)]
-                apart = every[::rounds]
-                drawn = [_decide(_paired(d), b) for d in draws]
-                before = [_old_rule(_old_sweep([p1, d1, p2], 1), b) for (p1, d1), (p2, _) in olds]
-                if drawn:
-                    print(f"| power: draft vs plain | 1 | {rounds} | {b} | {_rate(apart)} | {_rate(every)} | "
-                          f"{_rate(drawn)} | {_rate(before)} |")
-                    out["cells"].append({"test": "power", "arms": 1, "rounds": rounds, "batch": b, "hits": sum(apart),
-                                         "n": len(apart), "hits_all": sum(every), "n_all": len(every),
-                                         "hits_drawn": sum(drawn), "n_drawn": len(drawn),
-                                         "hits_old_rule": sum(before), "n_old_rule": len(before)})
+            for arms in a.arms:  # arms > 1: that many draft runs a round, so the bound counts as many arms
+                rng = random.Random(rounds * 100 + arms)
+                plains, drafts = by_label["plain"], by_label["draft"]
+                draws = [] if len(plains) < rounds or len(drafts) < rounds * arms else [
+                    _rounds(rng.sample(plains, rounds), rng.sample(drafts, rounds * arms), arms) for _ in range(a.resample)]
+                olds = [rng.sample(pairs, 2) for _ in range(a.resample)] if len(pairs) >= 2 and arms == 1 else []
+                for b in batches:
+                    every = [_decide(_paired(pairs[s:s + rounds]), b) for s in range(len(pairs) - rounds + 1)] \
+                        if arms == 1 else []
+                    apart = every[::rounds]
+                    drawn = [_decide(d, b) for d in draws]
+                    before = [_old_rule(_old_sweep([p1, d1, p2], 1), b) for (p1, d1), (p2, _) in olds]
+                    if drawn:
+                        print(f"| power: draft vs plain | {arms} | {rounds} | {b} | {_rate(apart)} | {_rate(every)} | "
+                              f"{_rate(drawn)} | {_rate(before) if before else '-'} |")
+                        out["cells"].append({"test": "power", "arms": arms, "rounds": rounds, "batch": b,
+                                             "hits": sum(apart), "n": len(apart), "hits_all": sum(every),
+                                             "n_all": len(every), "hits_drawn": sum(drawn), "n_drawn": len(drawn),
+                                             "hits_old_rule": sum(before), "n_old_rule": len(before)})
     (Path(a.pool) / "calibration.json").write_text(json.dumps(out, indent=1))
 
 
