@@ -26,7 +26,7 @@ pip_install() {
 pip_install --upgrade pip >/dev/null
 if [ "$GPU" = 1 ]; then
   # spectool[gpu] takes vllm 0.26-0.33 (each reviewed against this code: docs/gpu.md, "The contract with each
-  # build"); none has run spectool's GPU paths yet. setup.sh installs 0.26.0: built for torch 2.11 / CUDA 13 (0.33
+  # build"); parts of spectool ran on 0.26.0 on lent H200s (docs/gpu.md), none has passed `pytest -m gpu`. setup.sh installs 0.26.0: built for torch 2.11 / CUDA 13 (0.33
   # needs torch 2.14), inside TRL 1.16's vLLM range, and DFlash's context step runs eagerly there. Its CUDA 13
   # wheels need an NVIDIA driver >= 580. SPECTOOL_VLLM_VERSION=0.33.0 installs the newest reviewed one.
   DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
