@@ -24,7 +24,7 @@ def test_tiny_sweep_and_auto_k_rollout(tiny_policy, random_draft, tmp_path):
     progress = [line for line in r.stderr.splitlines() if "tokens/s" in line]  # live, per arm and batch size
     # two rounds of three engines (the second in reverse order), two batch sizes each
     assert len(progress) == 12 and all("batch 1:" in p or "batch 4:" in p for p in progress), r.stderr[-2000:]
-    assert "6 engine runs to go (2 rounds of 3 engines)" in r.stderr and "round 2/2, plain decoding" in r.stderr
+    assert "6 engine runs to go (2 rounds of 3 engines): at least 0.0 min" in r.stderr and "round 2/2, plain decoding" in r.stderr
     assert r.stderr.index("round 2/2, ngram k=2") < r.stderr.index("round 2/2, plain decoding")
     s = json.loads((out / "sweep.json").read_text())
     arms = {(x["method"], x["k"], x["batch"]) for x in s["rows"]}

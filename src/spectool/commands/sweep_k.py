@@ -234,8 +234,10 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     plan = [(m, k, n, [b for b in cfg.batch_sizes if (m, k, b, n) not in have]) for m, k, n in _runs(cfg)]
     plan = [p for p in plan if p[3]]
     if plan:
-        progress(f"{len(plan)} engine runs to go ({cfg.repeats} rounds of {len(_arms(cfg))} engines), each timing "
-                 f">= {cfg.min_seconds:g} s per batch size after its start and warm-up")
+        floor = sum(len(b) for *_, b in plan) * cfg.min_seconds
+        progress(f"{len(plan)} engine runs to go ({cfg.repeats} rounds of {len(_arms(cfg))} engines): at least "
+                 f"{floor / 60:.1f} min of timing (>= {cfg.min_seconds:g} s per batch size a run) plus each engine's "
+                 "start and warm-up; the time left is said after each run")
     started = time.monotonic()
     for i, (method, k, run_no, todo) in enumerate(plan):
         if i:
