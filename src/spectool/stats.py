@@ -74,7 +74,8 @@ Z_POWER_80 = 0.8416212335729143  # standard normal quantile at 0.8
 # The lossy samplers the likelihood-ratio test looks for, each a distribution made from the policy's own p at every
 # position: ("temperature", r) samples at T' = r * T instead of T (p^(1/r), renormalised); ("top-p", c) keeps the
 # smallest set of top tokens holding mass >= c (the nucleus) and renormalises; c = 0 keeps the top token only (greedy).
-ALTERNATIVES = tuple([("temperature", r) for r in (0.5, 0.75, 0.9, 0.95, 1.05, 1.1, 1.25, 1.5, 2.0)]
+# Larger temperature errors are caught by the nearest ratio here (its likelihood ratio grows the same way).
+ALTERNATIVES = tuple([("temperature", r) for r in (0.75, 0.9, 0.95, 1.05, 1.1, 1.25)]
                      + [("top-p", c) for c in (0.0, 0.5, 0.8, 0.9, 0.95, 0.99)])
 GREEDY = ALTERNATIVES.index(("top-p", 0.0))
 # Columns of token_terms' rows: the score, its variance under p, -log p(top), whether the token is the top one, then
@@ -111,43 +112,88 @@ def chi2_sf(x: float, df: int) -> float:
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64)))
 
 
-def token_terms(logits, tokens, temperature: float):
+def token_terms(logits, tokens, temperature: float, rows=None):
     """What the tests need of each sampled token, from the policy's own distribution p = softmax(logits / T).
 
-    logits: [n, V] (any float dtype; computed in float64: near-deterministic positions have 1 - p(top) far below
-    float32's resolution); tokens: [n] int64. Returns [n, TERMS + 3 * len(ALTERNATIVES)] float64 (columns above).
+    logits: [u, V] at u positions (any float dtype; computed in float64: near-deterministic positions have 1 - p(top)
+    far below float32's resolution; a few hundred rows a call, the caller chunks); tokens: [n] int64; rows: [n] the
+    position (row of logits) each token was drawn at, so that a distribution many tokens share (every sample's first
+    position; a concentrated policy's common prefixes) is worked out once (default: token i at row i).
+    Returns [n, TERMS + 3 * len(ALTERNATIVES)] float64 (the columns above).
     """
     import torch  # noqa: PLC0415 (heavy: the engine's modules import AcceptanceStats from here)
 
-    lp = torch.log_softmax(logits.to(torch.float64) / temperature, -1)  # [n, V]
-    p = lp.exp()
+    rows = torch.arange(len(tokens)) if rows is None else rows.to(torch.int64)
     x = tokens.to(torch.int64)[:, None]
-    lpx = lp.gather(-1, x)[:, 0]  # [n] log p(x)
-    ent = -(p * lp).sum(-1)
-    var = ((p * lp * lp).sum(-1) - ent**2).clamp_min(0.0)
-    sp, order = p.sort(-1, descending=True)  # [n, V]
-    rank = order.argsort(-1).gather(-1, x)  # [n, 1] the token's place in the policy's order
-    outside = sp.flip(-1).cumsum(-1).flip(-1) - sp  # [n, V] mass after each place, summed from the tail (no cancellation)
-    cols = [lpx + ent, var, -torch.log1p(-outside[:, 0]), (rank[:, 0] == 0).to(torch.float64)]
+    rt = _row_terms(logits, temperature)
+    lp = rt["lp"][rows]  # [n, V]
+    lpx = lp.gather(-1, x)  # [n, 1] log p(x)
+    ahead = (lp > lpx) | ((lp == lpx) & (torch.arange(lp.shape[-1])[None] < x))  # places before x in p's order
+    above = (lp.exp() * ahead).sum(-1)  # [n] the mass ahead of x
+    is_top = ~ahead.any(-1)
+    lpx = lpx[:, 0]
+    cols = [lpx + rt["entropy"][rows], rt["var"][rows], rt["neg_log_kept"][rows, 0], is_top.to(torch.float64)]
     llr, mean, var_alt = [], [], []
     for kind, v in ALTERNATIVES:
         if kind == "top-p":  # p_c(x) / p(x) = 1 / (mass kept) inside the nucleus, 0 outside
-            kept = torch.cat([torch.ones_like(sp[:, :1], dtype=torch.bool), (1 - outside[:, :-1]) < v], -1)  # a prefix
-            last = kept.sum(-1, keepdim=True) - 1  # [n, 1] the nucleus's last place
-            neg_log_kept = -torch.log1p(-outside.gather(-1, last))[:, 0]
-            llr.append(torch.where(rank[:, 0] <= last[:, 0], neg_log_kept, torch.full_like(neg_log_kept, -math.inf)))
-            mean.append(neg_log_kept)
-            var_alt.append(torch.zeros_like(neg_log_kept))
-            continue
-        theta = 1.0 / v
-        log_z = torch.logsumexp(theta * lp, -1)  # [n] log sum_y p(y)^theta
-        llr.append((theta - 1) * lpx - log_z)  # log p_theta(x) - log p(x)
-        w = torch.exp(theta * lp - log_z[:, None])  # [n, V] the tilted sampler's distribution
-        m1 = (w * lp).sum(-1)
-        m2 = (w * lp * lp).sum(-1)
-        mean.append((theta - 1) * m1 - log_z)  # KL(p_theta || p): the expected llr under the tilted sampler
-        var_alt.append((theta - 1) ** 2 * (m2 - m1**2).clamp_min(0.0))
+            nk = rt["neg_log_kept"][rows, TOP_P_LEVELS.index(v)]
+            llr.append(torch.where(is_top | (above < v), nk, torch.full_like(nk, -math.inf)))
+            mean.append(nk)
+            var_alt.append(torch.zeros_like(nk))
+        else:  # p_theta(x) / p(x) = p(x)^(theta - 1) / sum_y p(y)^theta
+            t = TEMPERATURE_RATIOS.index(v)
+            llr.append((1.0 / v - 1) * lpx - rt["log_z"][rows, t])
+            mean.append(rt["kl"][rows, t])
+            var_alt.append(rt["kl_var"][rows, t])
     return torch.stack(cols + llr + mean + var_alt, -1)
+
+
+TOP_P_LEVELS = tuple(v for k, v in ALTERNATIVES if k == "top-p")
+TEMPERATURE_RATIOS = tuple(v for k, v in ALTERNATIVES if k == "temperature")
+
+
+def _neg_log_kept(top, cum, total, c: float):
+    """-log of the mass the nucleus at level c keeps, per row. top: [u, K] probabilities in descending order, cum:
+    their running sums, total: [u, 1] each row's whole mass. The mass past the nucleus is taken from the total, not
+    summed up to c: at a near-deterministic position it is 1 - p(top), far below 1's float64 resolution when summed."""
+    import torch  # noqa: PLC0415 (heavy: the engine's modules import AcceptanceStats from here)
+
+    last = ((cum - top) < c).sum(-1, keepdim=True).clamp_min(1) - 1  # the nucleus's last place
+    return -torch.log1p(-(total - cum.gather(-1, last))[:, 0].clamp(0.0, 1.0))
+
+
+def _row_terms(logits, temperature: float) -> dict:
+    """Per distribution (row): entropy, variance of log p, -log (mass kept) per top-p level, and per temperature
+    ratio log Z, the tilted sampler's KL from p and the variance of its log likelihood ratio. logits: [u, V]."""
+    import torch  # noqa: PLC0415 (heavy: the engine's modules import AcceptanceStats from here)
+
+    lp = torch.log_softmax(logits.to(torch.float64) / temperature, -1)  # [u, V]
+    p = lp.exp()
+    ent = -(p * lp).sum(-1)
+    var = ((p * lp * lp).sum(-1) - ent**2).clamp_min(0.0)
+    # nucleus masses: the top K places cover the levels at all but the flattest positions; those get a full sort
+    top = p.topk(min(lp.shape[-1], 1024), -1).values  # [u, K] descending
+    cum = top.cumsum(-1)
+    flat = ((cum - top)[:, -1] < max(TOP_P_LEVELS)).nonzero()[:, 0].tolist()
+    neg_log_kept = torch.stack([_neg_log_kept(top, cum, p.sum(-1, keepdim=True), c) for c in TOP_P_LEVELS], -1)
+    if flat:
+        whole = p[flat].sort(-1, descending=True).values
+        neg_log_kept[flat] = torch.stack([_neg_log_kept(whole, whole.cumsum(-1), p[flat].sum(-1, keepdim=True), c)
+                                          for c in TOP_P_LEVELS], -1)
+    # temperature tilts: float32 passes (their rounding, ~1e-7 per token, is far below the evidence a test needs)
+    lp32 = lp.float()
+    moments = torch.stack([torch.ones_like(lp32), lp32, lp32 * lp32], -1)  # [u, V, 3]
+    log_z, kl, kl_var = [], [], []
+    for r in TEMPERATURE_RATIOS:
+        theta = 1.0 / r
+        s = torch.bmm(torch.exp(theta * lp32)[:, None, :], moments)[:, 0].double()  # [u, 3] sums of p^theta * lp^i
+        lz = s[:, 0].log()
+        m1, m2 = s[:, 1] / s[:, 0], s[:, 2] / s[:, 0]
+        log_z.append(lz)
+        kl.append((theta - 1) * m1 - lz)  # KL(p_theta || p): the mean log likelihood ratio under the tilted sampler
+        kl_var.append((theta - 1) ** 2 * (m2 - m1**2).clamp_min(0.0))
+    return {"lp": lp, "entropy": ent, "var": var, "neg_log_kept": neg_log_kept,
+            "log_z": torch.stack(log_z, -1), "kl": torch.stack(kl, -1), "kl_var": torch.stack(kl_var, -1)}
 
 
 @dataclass

@@ -94,28 +94,42 @@ class VerifyResult:
 def score_tokens(policy, prompt: list[int], responses: list[list[int]], temperature: float, batch: int = 32):
     """Per response: (stats.token_terms rows [len(r), F] of its tokens at temperature T, the policy's raw logprobs).
 
-    prompt: [P] ids; responses: [N] lists of <= R ids. Logits only at the R response positions.
+    prompt: [P] ids; responses: [N] lists of <= R ids. The prompt is run once and its KV cache shared by every
+    response; a position many responses share (the first; a concentrated policy's common prefixes) is worked out once.
     """
+    import copy  # noqa: PLC0415 (kept beside its one use)
+
     import torch  # noqa: PLC0415 (heavy, loaded only on this path)
 
     dev = next(policy.parameters()).device
     R = max((len(r) for r in responses), default=0)
+    with torch.no_grad():
+        head = policy(torch.tensor([prompt], device=dev), use_cache=True)
+    first = head.logits[0, -1].float().cpu()  # [V] every response's first position
     out = []
     for b in range(0, len(responses), batch):
         chunk = responses[b : b + batch]
-        ids = torch.zeros(len(chunk), len(prompt) + R, dtype=torch.int64)
+        later = None  # [n, R - 1, V] positions 2..R
+        if R > 1:
+            ids = torch.zeros(len(chunk), R - 1, dtype=torch.int64)
+            for i, r in enumerate(chunk):
+                ids[i, : max(len(r) - 1, 0)] = torch.tensor(r[:-1], dtype=torch.int64)
+            cache = copy.deepcopy(head.past_key_values)
+            cache.batch_repeat_interleave(len(chunk))
+            with torch.no_grad():
+                later = policy(ids.to(dev), past_key_values=cache).logits.float().cpu()
+        rows, logits, where = [], [first], {(): 0}  # where: prefix -> row of `logits`
         for i, r in enumerate(chunk):
-            ids[i, : len(prompt)] = torch.tensor(prompt)
-            ids[i, len(prompt) : len(prompt) + len(r)] = torch.tensor(r, dtype=torch.int64)
-        with torch.no_grad():
-            logits = policy(ids.to(dev), logits_to_keep=R + 1).logits[:, :R].float().cpu()  # [n, R, V]
-        mask = torch.zeros(len(chunk), R, dtype=torch.bool)
-        for i, r in enumerate(chunk):
-            mask[i, : len(r)] = True
-        tokens = ids[:, len(prompt):][mask]  # [m] the sampled tokens, response by response
-        rows = logits[mask]  # [m, V]
-        terms = token_terms(rows, tokens, temperature)
-        raw = torch.log_softmax(rows, -1).gather(-1, tokens[:, None])[:, 0]
+            for j in range(len(r)):
+                key = tuple(r[:j])
+                if key not in where:
+                    where[key] = len(logits)
+                    logits.append(later[i, j - 1])
+                rows.append(where[key])
+        tokens = torch.tensor([t for r in chunk for t in r], dtype=torch.int64)
+        rows_t, stacked = torch.tensor(rows, dtype=torch.int64), torch.stack(logits)  # [m], [u, V]
+        terms = token_terms(stacked, tokens, temperature, rows_t)
+        raw = torch.log_softmax(stacked, -1)[rows_t].gather(-1, tokens[:, None])[:, 0]
         at = 0
         for r in chunk:
             out.append((terms[at : at + len(r)], raw[at : at + len(r)].tolist()))
