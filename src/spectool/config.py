@@ -462,6 +462,9 @@ class VerifyConfig:
     method: str = "eagle3"
     """The draft's family: eagle3 | peagle | dflash (with --draft) | mtp: verify the model's own MTP layers
     (no --draft)."""
+    draft_model: str | None = None
+    """Instead of --draft: a smaller causal LM with the policy's tokenizer (vLLM's draft-model speculation); 'policy'
+    drafts with the policy itself (the oracle: its proposals are accepted most, so the acceptance path runs most)."""
     model: str = DEFAULT_MODEL
     """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA
@@ -504,7 +507,11 @@ class VerifyConfig:
     def validate(self) -> None:
         check_dtype(self.dtype)
         check_drafter(self.method, self.draft)
-        check(self.method == "mtp" or bool(self.draft), "--draft", self.draft, "must name a draft folder (or --method mtp)")
+        if self.draft_model is not None:
+            check(self.draft is None and self.method == "eagle3", "--draft-model", self.draft_model,
+                  "is refused with --draft or --method mtp (one draft per run)")
+        check(self.method == "mtp" or bool(self.draft) or self.draft_model is not None, "--draft", self.draft,
+              "must name a draft folder (or --draft-model, or --method mtp)")
         check_draft_sampling(self.draft_sampling)
         check_gpu_memory(self.gpu_memory_utilization)
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")

@@ -31,7 +31,7 @@ from spectool.engine.arms import KERNEL_CONTROLS, LOSSY_CONTROLS, sample_arm, sa
 from spectool.engine.compat import is_cpu_build
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
-from spectool.models import resolve_model
+from spectool.models import draft_model_path, resolve_model
 from spectool.precision import LOGPROB_TOLERANCE, engine_dtype
 from spectool.prompts import encode_prompt
 from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
@@ -216,10 +216,13 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
     proposals, proposals_why = resolve(cfg.draft_sampling)
     model = resolve_model(cfg.model)
-    checked = check_speculation(model, cfg.method, cfg.draft, cfg.k)
-    if checked.note:
-        progress(checked.note)
-    draft = checked.draft
+    if cfg.draft_model:
+        draft, method = draft_model_path(cfg.draft_model, model), "draft_model"
+    else:
+        checked = check_speculation(model, cfg.method, cfg.draft, cfg.k)
+        if checked.note:
+            progress(checked.note)
+        draft, method = checked.draft, cfg.method
     controls = control_names(cfg.control)
     kernel = [c for c in controls if c in KERNEL_CONTROLS]
     if kernel and not is_cpu_build():
@@ -227,7 +230,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
                             "only); use --control truncated or temperature")
     if cfg.out:  # after the draft's checks: a refused run writes nothing
         claim(Path(cfg.out), "verify", cfg)
-    spec_arm = {"draft": draft, "method": cfg.method}
+    spec_arm = {"draft": draft, "method": method}
     source = load_source(cfg.data, seed=cfg.seed)
     tasks = source.tasks(cfg.split, cfg.n_prompts)
     tok = AutoTokenizer.from_pretrained(model.path)
@@ -239,14 +242,14 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
     progress("sampling: plain decoding")
     arms = {"plain": sample_arm(draft=None, top_p=1.0, seed=cfg.seed, **common)}
-    progress(f"sampling: speculative decoding ({cfg.method}, k={cfg.k}, {proposals} proposals: {proposals_why})")
+    progress(f"sampling: speculative decoding ({method}, k={cfg.k}, {proposals} proposals: {proposals_why})")
     arms["speculative"] = sample_arm(top_p=1.0, seed=cfg.seed + 1, **spec_arm, **common)
     notes = {}
     for i, c in enumerate(controls):
         name = f"lossy control: {c}"
         progress(f"sampling: lossy control ({LOSSY_CONTROLS[c]})")
         arms[name] = sample_control(c, top_p=1.0, seed=cfg.seed + 2 + i, **spec_arm, **common)
-        notes[name] = LOSSY_CONTROLS[c] + (f" ({arms[name]['sampler_fix']})" if c == "unpatched" else "")
+        notes[name] = LOSSY_CONTROLS[c] + (f" (sampler: {arms[name]['sampler_fix']})" if c in KERNEL_CONTROLS else "")
 
     progress("scoring sampled tokens with the policy (transformers, fp32 logits, float64 tests)")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -270,7 +273,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
         out = Path(cfg.out)
         atomic_write_json(out / "verify.json", result)
         atomic_write_json(out / MANIFEST, make_manifest("verify", model=model.name, model_identity=model.identity,
-                                                        draft=draft or cfg.method, data=cfg.data, verdict=said,
+                                                        draft=draft or method, data=cfg.data, verdict=said,
                                                         served_by=arms["speculative"]["served_by"]))
     return result
 
