@@ -2,16 +2,20 @@
 NOT LOSSLESS (the false-alarm rate, at most the family-wise level) and how often each lossy sampler is (the power),
 from high entropy to a near-deterministic policy, with Clopper-Pearson 95% intervals.
 
-    flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --draft DRAFT --cell t1
-    flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --draft DRAFT --cell t03
-    flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --draft DRAFT --cell sharp8
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --cell t1
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --cell t03
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --cell sharp8
     .venv/bin/python benchmarks/verify_calibration.py report          # the table, from the scored pools (no engine)
 
 Cells: t1 (the embedded SmolLM2 at T=1), t03 (the same at T=0.3), sharp8 (a copy whose untied lm_head is 8x the
-embedding, at T=1: a late-RL policy, near-deterministic). DRAFT: an EAGLE-3 draft of SmolLM2 (init-draft's output).
+embedding, at T=1: a late-RL policy, near-deterministic). Prompts: four short raw-text openings (a short prompt keeps
+the engine's prefill, most of its work at 6 positions, small).
 Samplers, one engine each, k=2, greedy proposals: plain and speculative decoding (exact); truncated (top-p 0.9) and
 temperature (sampled at 1.1 T) on plain decoding; offbyone (the acceptance rule off by one) and unpatched (the stock CPU
 rejection sampler), speculative, each in a child process (engine/arms.sample_control, engine/cpu_fix.py).
+Speculation: the policy drafts itself (vLLM's draft-model speculation, `verify --draft-model policy`), so its proposal
+is the policy's argmax and is accepted as often as any greedy draft's can be: the acceptance path, where an off-by-one
+rule bites, runs most. `--draft DIR` uses an EAGLE-3 draft instead.
 
 Reuse of the engine's samples, and why it is valid: each sampler draws one pool of completions per prompt, once, and
 the policy scores the pool once (verify.score_tokens); `sample` keeps them (OUT/<cell>/<sampler>.pt) and `report`
@@ -82,15 +86,17 @@ def sample(a) -> None:
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [tok(p).input_ids for p in PROMPTS[: a.prompts]]
     common = dict(model_path=model, k=a.k, prompts=prompts, positions=a.positions, temperature=temperature,
-                  draft_sampling="greedy", top_p=1.0)
+                  draft_sampling="greedy", top_p=1.0, method="eagle3" if a.draft else "draft_model")
     policy = None
     for i, name in enumerate(EXACT + LOSSY):
         path = out / f"{name}.pt"
         if path.exists():  # a rerun resumes
             continue
         reps = a.reps_exact if name in EXACT or name == "unpatched" else a.reps_lossy
-        draft = a.draft if name in ("speculative", "offbyone", "unpatched") else None
+        draft = (a.draft or model) if name in ("speculative", "offbyone", "unpatched") else None
         arm = dict(common, draft=draft, samples=a.samples * reps, seed=a.seed + i)
+        if draft is None:
+            arm["method"] = "eagle3"  # plain decoding: eagle3 without a draft (sample_arm)
         t0 = time.perf_counter()
         got = sample_arm(**arm) if name in EXACT else sample_control(name, **arm)
         t1 = time.perf_counter()
@@ -176,7 +182,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=("sample", "report"))
     ap.add_argument("--cell", choices=tuple(CELLS), help="sample: the cell to draw")
-    ap.add_argument("--draft", help="sample: an EAGLE-3 draft folder of SmolLM2")
+    ap.add_argument("--draft", help="sample: an EAGLE-3 draft folder of SmolLM2 (default: the policy drafts itself)")
     ap.add_argument("--out", default="runs/verify-cal")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--positions", type=int, default=6)
@@ -188,8 +194,8 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.01, help="report: verify's family-wise level")
     a = ap.parse_args()
     if a.what == "sample":
-        if not (a.cell and a.draft):
-            ap.error("sample needs --cell and --draft")
+        if not a.cell:
+            ap.error("sample needs --cell")
         sample(a)
     else:
         report(a)

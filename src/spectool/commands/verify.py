@@ -15,7 +15,8 @@ Workflow:
  4. verdict (`verdict`): NOT LOSSLESS when a test rejects plain or speculative decoding; LOSSLESS when none does, the
     same tests reject every lossy control (power shown) and a sampler that always emitted the top token would have
     been rejected at these positions; INCONCLUSIVE otherwise (no power here: nothing can be told).
-The arms are engine/arms.sample_arm; `--method mtp` samples the model's own MTP layers instead.
+The arms are engine/arms.sample_arm; `--method mtp` samples the model's own MTP layers instead, `--draft-model` a
+causal LM drafting (`policy`: the policy itself, whose argmax proposals are accepted most).
 """
 
 from __future__ import annotations
