@@ -236,29 +236,14 @@ class PolicyTest:
     Sums over the arm's tokens of token_terms' columns."""
 
     n: int
+    p: float  # mixture_p(log_evidence)
+    best: str  # the alternative the tokens support most, in words
     log_evidence: list[float]  # per alternative: log prod_t p_alt(x_t) / p(x_t)
     expected: list[float]  # per alternative: its mean under that sampler at these positions (sum of KL)
     spread: list[float]  # per alternative: its standard deviation there
     score: ScoreTest  # log p + H: descriptive (the evidence above is the test)
     top_share: float  # fraction of the tokens that were the policy's top token
     mean_top: float  # mean p(top) over the positions
-
-    @property
-    def p(self) -> float:
-        """1 / (mean over alternatives of the likelihood ratio), capped at 1. Under exact sampling each likelihood
-        ratio is a nonnegative martingale of mean 1 over the tokens, so is their mean, and P(mean >= 1/a) <= a
-        (Ville's inequality): at any entropy, sample size or dependence between positions."""
-        top = max(self.log_evidence)
-        if top == -math.inf:
-            return 1.0
-        log_mean = top + math.log(sum(math.exp(e - top) for e in self.log_evidence) / len(self.log_evidence))
-        return min(1.0, math.exp(-log_mean))
-
-    @property
-    def best(self) -> str:
-        """The alternative the tokens support most, in words."""
-        kind, v = ALTERNATIVES[max(range(len(ALTERNATIVES)), key=lambda i: self.log_evidence[i])]
-        return describe(kind, v)
 
     def power(self, alpha: float) -> list[float]:
         """Per alternative: the probability that a sampler of that kind, at these positions, is rejected at level
@@ -283,6 +268,17 @@ class PolicyTest:
         return self.power(alpha)[GREEDY] >= 1.0
 
 
+def mixture_p(log_evidence: list[float]) -> float:
+    """1 / (mean over alternatives of the likelihood ratio), capped at 1. Under exact sampling each likelihood ratio
+    is a nonnegative martingale of mean 1 over the tokens, so is their mean, and P(mean >= 1/a) <= a (Ville's
+    inequality): at any entropy, sample size or dependence between positions."""
+    top = max(log_evidence)
+    if top == -math.inf:
+        return 1.0
+    log_mean = top + math.log(sum(math.exp(e - top) for e in log_evidence) / len(log_evidence))
+    return min(1.0, math.exp(-log_mean))
+
+
 def describe(kind: str, v: float) -> str:
     if kind == "top-p":
         return "greedy" if v == 0 else f"top-p {v}"
@@ -294,12 +290,15 @@ def policy_test(terms) -> PolicyTest:
     g = len(ALTERNATIVES)
     n = int(terms.shape[0])
     if n == 0:
-        return PolicyTest(0, [0.0] * g, [0.0] * g, [0.0] * g, ScoreTest(float("nan"), float("inf"), 0), float("nan"),
-                          float("nan"))
+        return PolicyTest(0, 1.0, "-", [0.0] * g, [0.0] * g, [0.0] * g, ScoreTest(float("nan"), float("inf"), 0),
+                          float("nan"), float("nan"))
     s = terms.sum(0)
+    evidence = s[TERMS:TERMS + g].tolist()
     return PolicyTest(
         n=n,
-        log_evidence=s[TERMS:TERMS + g].tolist(),
+        p=mixture_p(evidence),
+        best=describe(*ALTERNATIVES[max(range(g), key=lambda i: evidence[i])]),
+        log_evidence=evidence,
         expected=s[TERMS + g:TERMS + 2 * g].tolist(),
         spread=s[TERMS + 2 * g:TERMS + 3 * g].clamp_min(0).sqrt().tolist(),
         score=ScoreTest(float(s[SCORE]) / n, math.sqrt(float(s[SCORE_VAR])) / n, n),
