@@ -77,6 +77,34 @@ def test_staleness_books_about_nothing_for_a_draft_that_holds_its_level():
     assert abs(mean(signed)) < 0.4 < 1.0 < mean(positive), (mean(signed), mean(positive))
 
 
+def test_the_refresh_statistics():
+    """stats.py's auto-refresh section on hand-made numbers: Student t quantiles (tables), the looks' shares of the
+    budget, the line, the ratio of two drafts' gains and what a refresh saved."""
+    from spectool import stats
+
+    for p, df, want in ((0.025, 1, 12.706), (0.025, 5, 2.571), (0.05, 30, 1.697), (0.0005, 3, 12.924)):
+        assert stats.t_quantile(p, df) == pytest.approx(want, abs=1e-3)
+    assert sum(stats.look_alpha(0.05, m) for m in range(1, 10_000)) == pytest.approx(0.05, rel=1e-3)
+    line = stats.fit_line([2.0, 1.9, 1.8, 1.7], sd=0.1)
+    assert (line.level, line.slope) == pytest.approx((2.0, -0.1)) and line.se == pytest.approx(0.1 / 5**0.5)
+    assert stats.staleness_loss(line, [10.0] * 4, t=0.0)[0] == pytest.approx(10 * 0.1 * 6 / 2.0)  # x = 0..3
+    assert stats.acceptance_fall(line, 3, t=0.0)[0] == pytest.approx(0.3)
+    assert stats.step_noise([[1.0, 1.2, 1.0], [5.0, 5.2]]) == pytest.approx((0.2 / 2**0.5, 3))  # the jump not read
+    ratio, se, n = stats.ratio_of_gains([0.5, 0.4, 0.6], [0.4, 0.32, 0.48])
+    assert (ratio, se, n) == pytest.approx((0.8, 0.0, 3))
+    assert stats.saved_by_refresh([(1.5, 10.0)], 0.8) == pytest.approx(10 * (1.5 / 1.4 - 1))
+    assert stats.saved_by_refresh([(1.5, 10.0)], 1.0) == 0.0
+
+
+def test_a_checkpoints_older_books_are_dropped_and_the_rule_is_as_configured_now():
+    from spectool.draft.refresh_policy import RefreshSettings
+
+    old = {"mode": "online", "every": 2, "after": 1.3, "lost_s": 2.0, "before": 1.2, "saved_s": 1.0, "cost_s": 9.0,
+           "since": 3}
+    p = RefreshPolicy.restore(old, RefreshSettings(mode="auto", every=4, drop=0.3))
+    assert (p.mode, p.every, p.drop, p.cost_s, p.since, p.steps) == ("auto", 4, 0.3, 9.0, 3, [])
+
+
 def test_auto_never_refreshes_before_it_has_seen_acceptance_but_measures_its_cost_at_every():
     p = RefreshPolicy("auto", every=3)
     for s in (1, 2):
