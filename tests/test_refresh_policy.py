@@ -245,6 +245,26 @@ def test_trl_says_once_that_a_frozen_drafts_acceptance_decayed(caplog):
     a._watch_frozen(AcceptanceStats(100, 300, 0, [0, 0, 0]))
 
 
+def test_trl_auto_measures_both_drafts_every_step_and_books_it():
+    """The TRL integration with mode auto: every step the refresher's agreement (and after a refresh its gain pairs)
+    goes to the cadence with its seconds; other modes measure nothing here (the refresher stood in)."""
+    from types import SimpleNamespace
+
+    from spectool.draft.refresh_policy import RefreshSettings
+    from spectool.integrations.trl.attach import _Attached
+
+    calls = []
+    refresher = SimpleNamespace(gain=[[0.5, 0.4], [0.3, 0.3]])
+    refresher.fresh_agreement = lambda: calls.append(1) or 0.4
+    a = object.__new__(_Attached)
+    a.refresher, a._log = refresher, lambda key, value: calls.append((key, value))
+    a.spec = SimpleNamespace(refresh=RefreshSettings(mode="auto"))
+    spent, gain = a._agreement()
+    assert spent >= 0 and gain == [[0.5, 0.4], [0.3, 0.3]] and calls == [1, ("draft_agreement", 0.4)]
+    a.spec = SimpleNamespace(refresh=RefreshSettings(mode="online"))
+    assert a._agreement() == (0.0, []) and len(calls) == 2
+
+
 def test_auto_on_the_drift_runs_recorded_metrics():
     """Recorded runs of the drift benchmark's setting (a draft trained on chain_sum, GRPO on letter_counting;
     tests/data/drift_metrics.json, written by benchmarks/drift_fixture.py from their metrics.jsonl). The live auto
