@@ -74,7 +74,9 @@ def arm_row(m: list[dict]) -> dict:
 
 def what_refreshes_bought(m: list[dict], horizon: int) -> list[dict]:
     """Each refresh of an arm: acceptance on the step before and the step after, and the generation seconds
-    the next `horizon` steps saved against the step before (g * (1 - a_before / a)), beside its cost."""
+    the next `horizon` steps saved against the step before (g * (1 - a_before / a)), beside its cost. A hindsight
+    view across steps: it books the policy's own movement as the refresh's. `auto` no longer decides on it (its
+    rule 3 compares the new draft with the previous one on the same rollouts: refresh_policy.py)."""
     by_step = {r["step"]: r for r in m}
     out = []
     for r in m:

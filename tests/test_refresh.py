@@ -148,6 +148,44 @@ def test_the_per_step_agreement_reads_only_the_newest_rollouts_and_a_refresh_sta
     assert measured[2:] == [4, 4]  # new rollouts since: before and after
 
 
+def test_after_a_refresh_auto_measures_the_previous_draft_on_the_same_rollouts(random_draft, policy):
+    """mode auto: after a refresh, fresh_agreement also measures the draft that refresh replaced, on the same newest
+    sequences, per prompt (`gain`: [new, previous] agreement-length gain over 1), and leaves the new draft's weights
+    as they were. A refresh that changed nothing (lr ~0) measures exactly equal pairs: the placebo books nothing."""
+    from spectool.draft.ttt import chain_length
+
+    def step(r, g):  # 2 prompts x 4 samples (a GRPO group each): 3 prompt tokens, 5 sampled
+        ids = torch.randint(3, 60, (8, 8), generator=g)
+        ids[:, :3] = torch.tensor([[5, 6, 7]] * 4 + [[8, 9, 10]] * 4)
+        with r.capture([3] * 8):
+            policy(input_ids=ids).logits.sum().backward()
+
+    g = torch.Generator().manual_seed(0)
+    r = _refresher(random_draft, policy, mode="auto", lr=5e-2)
+    W = r.policy.get_output_embeddings().weight
+    step(r, g)
+    assert r.fresh_agreement() is not None and r.gain is None  # no refresh yet: nothing to compare
+    for lr, equal in ((5e-2, False), (0.0, True)):  # lr 0: the refresh changes nothing
+        for group in r.online.opt.param_groups:
+            group["lr"] = lr
+        r.online.sched.base_lrs = [lr]
+        r.refresh(2)
+        weights = {k: v.clone() for k, v in r.draft.state_dict().items()}
+        step(r, g)
+        newest = r.online.buffer[-8:]
+        whole, per_prompt = r.online.metrics(newest, W)["top1"], [r.online.metrics(newest[i:i + 4], W) for i in (0, 4)]
+        a = r.fresh_agreement()
+        assert all(torch.equal(v, r.draft.state_dict()[k]) for k, v in weights.items())  # the new draft, back
+        assert a == pytest.approx(whole[0])  # the pooled figure, as without the comparison
+        assert [x[0] for x in r.gain] == pytest.approx([chain_length(m["top1"]) - 1 for m in per_prompt])
+        assert ([x[0] for x in r.gain] == [x[1] for x in r.gain]) == equal, r.gain
+    r.settings.mode, r._previous = "online", None  # the fixed cadence reads no gain: it keeps no baseline
+    r.refresh(1)
+    step(r, g)
+    r.fresh_agreement()
+    assert r.gain is None and r._previous is None
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_probe_tells_a_changed_draft_in_the_engine_dtype(random_draft, dtype):
     """The trainer side of the engine check: the same weights pass, trained weights are told

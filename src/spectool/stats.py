@@ -638,3 +638,120 @@ def _why_none(cands: list[dict], min_gain: float) -> str:
 
 
 # --- the auto refresh: a refresh's gain, against the previous draft on the same rollouts ------------
+# The auto refresh (draft/refresh_policy.py) decides after every RL step whether to retrain its draft, on one batch's
+# acceptance a step: a noisy measurement whose noise the decisions below carry. Each rule fires only when its ledger
+# clears the refresh's cost at a one-sided lower confidence bound, and the looks at one refresh cycle spend a
+# false-refresh budget `alpha` (alpha / (m (m + 1)) at the m-th step since the refresh: the sum over any number of
+# steps stays below alpha; a union bound). So a draft whose acceptance is only noise, or a refresh that bought
+# nothing, triggers another refresh with probability at most alpha per cycle (normal noise; measured by
+# benchmarks/refresh_placebo.py).
+REFRESH_ALPHA = 0.05  # per refresh cycle, shared by the three rules
+NOISE_WINDOW = 16  # successive differences of acceptance the step noise is estimated from (the newest)
+
+
+def look_alpha(alpha: float, look: int) -> float:
+    """The share of `alpha` the `look`-th look (1-based) spends: alpha / (look (look + 1)), summing to alpha."""
+    return alpha / (look * (look + 1))
+
+
+_T_QUANTILES: dict[tuple[float, int], float] = {}
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The upper `p` quantile of Student's t with `df` degrees of freedom (df >= 1): t with P(T > t) = p.
+    P(T > t) = c * integral from atan(t / sqrt(df)) to pi/2 of cos(u)^(df - 1) du, c = G((df+1)/2) / (sqrt(pi) G(df/2))
+    (t = sqrt(df) tan u), integrated by Simpson's rule and inverted by bisection in u."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(math.pi)
+
+    def tail(u0: float, n: int = 256) -> float:
+        h = (math.pi / 2 - u0) / n
+        f = [math.cos(u0 + i * h) ** (df - 1) for i in range(n + 1)]
+        return c * h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    if (p, df) not in _T_QUANTILES:  # the rules ask for few (p, df) pairs, at every step
+        lo, hi = 0.0, math.pi / 2
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if tail(mid) > p else (lo, mid)
+        _T_QUANTILES[p, df] = math.sqrt(df) * math.tan((lo + hi) / 2)
+    return _T_QUANTILES[p, df]
+
+
+def step_noise(segments: list[list[float]], window: int = NOISE_WINDOW) -> tuple[float, int] | None:
+    """One step's acceptance-length noise: (standard deviation, degrees of freedom), or None before two steps.
+    `segments`: the acceptance per step of each stretch with one draft (a refresh starts a new one). Von Neumann's
+    successive differences, sum (x_t - x_(t-1))^2 / (2 n) over the newest `window` differences inside the
+    segments: a slow trend (the policy moving) barely enters, a refresh's jump not at all."""
+    diffs = [b - a for seg in segments for a, b in zip(seg, seg[1:])][-window:]
+    if not diffs:
+        return None
+    return math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs))), len(diffs)
+
+
+@dataclass
+class Ledger:
+    """A refresh cycle's books after a step (seconds of generation; `_low`/`_high`: at the look's bound)."""
+
+    cost_s: float | None  # the last refresh's own seconds (None: none yet)
+    watch_s: float = 0.0  # the agreement measured since (rule 3 charges it to the refresh it judges)
+    level: float | None = None  # rules 1-2: the line through the cycle's acceptance: at its first step (fresh)
+    slope: float | None = None  # and per step since (< 0: going stale)
+    fell: float | None = None  # rule 1: the acceptance gain's fall along the line, a fraction of `level` - 1
+    fell_low: float | None = None
+    lost_s: float | None = None  # rule 2: generation lost to staleness along the line (< 0: the draft gained)
+    lost_low: float | None = None
+    ratio: float | None = None  # rule 3: the previous draft's agreement-length gain over the new draft's
+    ratio_high: float | None = None  # (< 1: the refresh helped), and its upper bound
+    saved_low: float | None = None  # generation the refresh saved, at ratio_high
+
+
+@dataclass
+class Line:
+    """Acceptance over the steps of a refresh cycle (x = 0: the fresh draft's step), least squares."""
+
+    level: float  # at x = 0
+    slope: float  # per step
+    se: float  # the slope's standard error, from one step's noise
+
+
+def fit_line(levels: list[float], sd: float) -> Line:
+    """The least-squares line through `levels` at x = 0, 1, ...; the slope's standard error sd / sqrt(Sxx)."""
+    n = len(levels)
+    mx, my = (n - 1) / 2, sum(levels) / n
+    sxx = sum((x - mx) ** 2 for x in range(n))
+    slope = sum((x - mx) * (y - my) for x, y in enumerate(levels)) / sxx
+    return Line(my - slope * mx, slope, sd / math.sqrt(sxx))
+
+
+def acceptance_fall(line: Line, steps: int, t: float) -> tuple[float, float]:
+    """Rule 1: how far the acceptance gain over plain decoding (AL - 1) fell along the line over `steps` steps from
+    the fresh draft's, as a fraction of its gain there; and that fall with the slope at its bound (`t` standard
+    errors up)."""
+    return -line.slope * steps / (line.level - 1), -(line.slope + t * line.se) * steps / (line.level - 1)
+
+
+def staleness_loss(line: Line, gen_s: list[float], t: float) -> tuple[float, float]:
+    """Rule 2: generation seconds lost to staleness over a cycle's steps (generation seconds g at x = 0, 1, ...):
+    a step at x ran at level + slope x against the fresh draft's level, so it lost g (1 - (level + slope x) /
+    level) = -slope g x / level; signed, so that a draft that holds its level books about 0. And the sum with the
+    slope at its bound (`t` standard errors up)."""
+    s = sum(g * x for x, g in enumerate(gen_s)) / line.level
+    return -line.slope * s, -(line.slope + t * line.se) * s
+
+
+def ratio_of_gains(new: list[float], previous: list[float]) -> tuple[float, float, int]:
+    """Rule 3's measurement: the previous draft's agreement length gain over the new draft's, sum(previous) /
+    sum(new), over units (prompts) where both drafts read the same newest rollouts; with its standard error
+    (the ratio estimator's linearisation: residuals previous - ratio * new) and the number of units."""
+    n, total = len(new), sum(new)
+    ratio = sum(previous) / total
+    resid = [p - ratio * x for x, p in zip(new, previous)]
+    se = math.sqrt(sum(e * e for e in resid) / (n * (n - 1))) / (total / n)
+    return ratio, se, n
+
+
+def saved_by_refresh(steps: list[tuple[float, float]], ratio: float) -> float:
+    """Rule 3: generation seconds the refresh saved over `steps` (acceptance a with the new draft, generation
+    seconds g), had the previous draft run instead at 1 + (a - 1) * ratio: g (a / b - 1) each (a verify step emits
+    a tokens with the new draft, b with the previous, and costs the same)."""
+    return sum(g * (a / (1 + (a - 1) * ratio) - 1) for a, g in steps)

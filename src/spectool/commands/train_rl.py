@@ -158,8 +158,7 @@ def _setup(cfg: RLConfig) -> _Run:
         if refresher is not None:
             refresher.load_state_dict(st["draft"])
         if cadence is not None:
-            d = cfg.draft_refresh  # the staleness state as saved; the rule as configured now
-            cadence = RefreshPolicy(**{**(st.get("refresh_policy") or {}), "mode": d.mode, "every": d.every, "drop": d.drop})
+            cadence = RefreshPolicy.restore(st.get("refresh_policy"), cfg.draft_refresh)  # the rule as configured now
     mtp = spec.method == "mtp"
     engine = Engine(EngineConfig(
         model_path=model.path, draft_path=None if mtp else draft_path, method=spec.method, k=max(k, 1),
@@ -193,8 +192,11 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
         t = time.perf_counter()
         rec.update(draft_agreement=refresher.fresh_agreement(), capture_s=refresher.capture_s)
         rec["agreement_s"], refresher.capture_s = time.perf_counter() - t, 0.0
-    if r.cadence is not None:
-        rec["staleness"] = r.cadence.observe(rec.get("acceptance_length"), batch.gen_s)
+        if refresher.gain:  # after a refresh: the new and the previous draft on the same rollouts, per prompt
+            rec["draft_gain"] = refresher.gain
+    if r.cadence is not None:  # the agreement's seconds go into the refresh's ledger: auto pays them for its rule
+        rec["staleness"] = r.cadence.observe(rec.get("acceptance_length"), batch.gen_s, rec.get("agreement_s", 0.0),
+                                             rec.get("draft_gain"))
         warning = r.cadence.decayed()
         if warning:
             rec["warning"] = warning
@@ -216,6 +218,8 @@ def _train_step(r: _Run, step: int, batch: Batch, rec: dict[str, Any], wait_for_
                    draft_check_power=pushed.has_power, refresh_train_s=ref.train_s, refresh_measure_s=ref.measure_s,
                    push_s=pushed.send_s, probe_s=pushed.probe_s)
         r.cadence.refreshed(spent)
+    if r.cadence is not None and r.cadence.ledger:  # auto: the books it decided on
+        rec["refresh_ledger"] = r.cadence.ledger
     if cfg.rollout.eval_every and ((step + 1) % cfg.rollout.eval_every == 0 or last):
         t = time.perf_counter()
         rec["eval_reward"] = _eval_reward(engine, r.tokenizer, r.source, r.eval_tasks, cfg)

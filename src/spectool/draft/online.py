@@ -108,10 +108,11 @@ class OnlineDraft:
         return RefreshReport(self.steps, sum(losses) / len(losses), before, after["top1"], len(self.buffer),
                              after["p_accept"], train_s=t2 - t1, measure_s=(t1 - t0) + (time.perf_counter() - t2))
 
-    def metrics(self, feats: list[Features], W: torch.Tensor) -> dict[str, list[float]]:
-        """Per draft position: greedy agreement with the policy (top1) and P(accept) at T=1."""
+    def metrics(self, feats: list[Features], W: torch.Tensor, counts: bool = False) -> dict[str, list[float]]:
+        """Per draft position: greedy agreement with the policy (top1) and P(accept) at T=1 (`counts`: and the
+        positions scored)."""
         return heldout_metrics(self.draft, [(f.ids, f.aux, f.last) for f in feats], [f.prompt_len for f in feats], W,
-                               self.target_ids, self.ttt_steps, len(feats), self.device, walk=False)
+                               self.target_ids, self.ttt_steps, len(feats), self.device, walk=False, counts=counts)
 
     def state_dict(self) -> dict:
         return {"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "steps": self.steps,

@@ -46,6 +46,7 @@ from spectool.draft.mtp_folder import load_mtp
 from spectool.draft.online import Features, OnlineDraft, RefreshReport
 from spectool.draft.preflight import check_vocab_map
 from spectool.draft.refresh_policy import RefreshSettings  # noqa: F401  (public: spectool.RefreshSettings)
+from spectool.draft.ttt import chain_length
 from spectool.engine import colocated
 from spectool.engine.probe import compare, distinguishes
 from spectool.errors import SpectoolError
@@ -118,6 +119,8 @@ class DraftRefresher:
         self._pushed_at: int | None = None  # `captured` when the draft was last pushed
         self._agreed_at = 0  # `captured` at the last fresh_agreement
         self._agreement: list[float] | None = None  # its per-position agreement, while the draft is unchanged
+        self._previous: list[torch.Tensor] | None = None  # the trained weights the last refresh replaced (host)
+        self.gain: list[list[float]] | None = None  # fresh_agreement's [new, previous] per prompt, after a refresh
         self.capture_s = 0.0  # seconds spent storing captured features (the hooks' share of the training forward)
         self._attach()
 
@@ -235,14 +238,42 @@ class DraftRefresher:
         """The draft's greedy agreement with the policy at position 1 on the sequences captured since the last
         call: the newest rollouts, which it has not trained on (at most AGREEMENT_SEQS of them: the policy's
         logits over its whole vocabulary are most of the cost). None when none were captured. A refresh right
-        after it starts from this measurement. Every rank calls it (the lm_head is gathered under FSDP2)."""
+        after it starts from this measurement. Every rank calls it (the lm_head is gathered under FSDP2).
+        With mode auto, after a refresh it also measures the draft that refresh replaced, on the same sequences:
+        `gain` holds, per prompt, the new and the previous draft's agreement-length gain over 1 (ttt.chain_length
+        of the per-position agreement, minus 1), the auto refresh's measure of what the refresh bought
+        (refresh_policy.py, rule 3). That doubles the measuring's cost."""
         W = embeddings(self.policy)[1]  # [V, H]
         n = min(self.captured - self._agreed_at, AGREEMENT_SEQS, len(self.online.buffer))
-        self._agreed_at = self.captured
+        self._agreed_at, self.gain = self.captured, None
         if n <= 0:
             return None
-        self._agreement = self.online.metrics(self.online.buffer[-n:], W.to(self.online.device))["top1"]
+        newest, W = self.online.buffer[-n:], W.to(self.online.device)
+        if self._previous is None:
+            self._agreement = self.online.metrics(newest, W)["top1"]
+            return self._agreement[0]
+        prompts = _by_prompt(newest)
+        new = [self.online.metrics(fs, W, counts=True) for fs in prompts]
+        with self._previous_draft():
+            previous = [self.online.metrics(fs, W)["top1"] for fs in prompts]
+        self.gain = [[chain_length(m["top1"]) - 1, chain_length(p) - 1] for m, p in zip(new, previous)]
+        positions = [sum(c) for c in zip(*(m["count"] for m in new))]  # the whole set's agreement, pooled
+        self._agreement = [sum(m["top1"][j] * m["count"][j] for m in new) / max(c, 1) for j, c in enumerate(positions)]
         return self._agreement[0]
+
+    @contextlib.contextmanager
+    def _previous_draft(self):
+        """The draft with the weights the last refresh replaced, for a measurement; its own weights back after."""
+        now = [p.detach().clone() for p in self.online.params]
+        with torch.no_grad():
+            for p, old in zip(self.online.params, self._previous):
+                p.copy_(old)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, mine in zip(self.online.params, now):
+                    p.copy_(mine)
 
     # --- training -----------------------------------------------------------------------------
 
@@ -253,6 +284,8 @@ class DraftRefresher:
             raise SpectoolError("the draft refresher holds no features yet: it captures them during the trainer's "
                                 "training forward (grad on, model.train()), with capture(prompt_lens) or labels")
         fresh = self._agreement if self._agreed_at == self.captured else None  # nothing captured since it
+        if self.settings.mode == "auto":  # rule 3's baseline (refresh_policy.py): the weights this refresh replaces
+            self._previous = [p.detach().to("cpu", copy=True) for p in self.online.params]
         report = self.online.refresh(self.policy, steps, before=fresh)
         self._agreement = None  # the draft changed
         return report
@@ -402,6 +435,14 @@ class DraftRefresher:
         self.online.load_state_dict(st["online"])
         self.captured, self._last_push, self._pushed_at = st["captured"], st["last_push"], None
         return st["state"]
+
+
+def _by_prompt(feats: list[Features]) -> list[list[Features]]:
+    """Sequences grouped by their prompt, in order: a prompt's samples are one unit of the gain's noise."""
+    groups: dict[tuple[int, ...], list[Features]] = {}
+    for f in feats:
+        groups.setdefault(tuple(f.ids[: f.prompt_len].tolist()), []).append(f)
+    return list(groups.values())
 
 
 def _fingerprint(policy) -> dict[str, Any]:

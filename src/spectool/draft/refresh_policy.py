@@ -1,16 +1,28 @@
 """When to refresh an online draft: on a fixed cadence ("online": every N policy steps) or when it pays
-("auto"). The policy moves under RL and its draft goes stale; a refresh costs draft training and a push.
-"auto" refreshes after a step when
-- acceptance fell: the acceptance length's gain over plain decoding (AL - 1) dropped by `drop` (a
-  fraction) from its level on the first step after the last refresh; or
-- the generation time lost to staleness since the last refresh reached the refresh's own measured cost.
-  A step that generated for g seconds at acceptance length a, against a after the refresh, would have
-  taken g * a / a_after with the fresh draft (a verify step emits a tokens, and costs the same), so it
-  lost g * (1 - a / a_after). Refreshing when the summed loss equals the cost is the rent-or-buy rule:
-  never more than twice the best schedule's cost in hindsight; or
-- the last refresh paid for itself: the generation time it saved since (each step: g * (1 - a_before / a),
-  a_before the acceptance on the step before it) reached its cost. The draft is still catching up with
-  the policy (a draft from another task, a policy moving fast), so another refresh is bought.
+("auto"). The policy moves under RL and its draft goes stale; a refresh costs draft training, measuring and a push.
+"auto" refreshes after a step when one of three rules holds. Rules 1 and 2 read a least-squares line through
+the acceptance lengths of the steps since the last refresh (x = 0 on the fresh draft's first step): its level
+there, and its slope (< 0: the draft is going stale).
+1. acceptance fell: the acceptance length's gain over plain decoding (AL - 1) fell along the line by `drop` (a
+   fraction) of its gain at the fresh draft's step, with the slope at its bound; or
+2. the generation time lost to staleness since the last refresh reached a refresh's cost, at its bound. A step
+   that generated for g seconds at x steps from the fresh draft ran at level + slope * x and would have run at
+   `level` with the fresh draft (a verify step emits a tokens, and costs the same), so it lost
+   g * (1 - (level + slope * x) / level); signed, so that a draft that holds its level books about 0 (the sum of
+   only the steps below the first booked noise as staleness). Refreshing when the summed loss equals the cost is
+   the rent-or-buy rule (measured exactly, never more than twice the best schedule's cost in hindsight; the bound
+   waits for the loss to clear the noise); or
+3. the last refresh paid for itself: the new draft against the previous one on the same newest rollouts (neither
+   trained on them; the refresher measures both every step), so that the policy's own movement, which moves both
+   drafts alike, is not booked as the refresh's. r = the previous draft's agreement-length gain over the new
+   one's (at its upper bound); each step since the refresh would have run at b = 1 + (a - 1) * r with the
+   previous draft, so the refresh saved g * (a / b - 1). When that reaches the refresh's cost plus the agreement
+   measured every step since (auto's price for knowing it), the draft is still catching up with the policy (a
+   draft from another task, a policy moving fast), and another refresh is bought.
+The bounds come from stats.py ("the auto refresh"): one step's acceptance noise is estimated from the run's own
+successive steps, rule 3's from the prompts it measured, and the looks at one cycle share a false-refresh budget
+REFRESH_ALPHA, so a draft whose acceptance is only noise, or a refresh that bought nothing, refreshes again with
+probability at most REFRESH_ALPHA per cycle (benchmarks/refresh_placebo.py measures it).
 Before the first refresh its cost is unknown: auto then also refreshes at step `every` (the fixed cadence's
 first refresh), which measures it. A frozen draft is watched: `decayed()` says once when its acceptance gain
 (a mean of DECAY_WINDOW steps) fell by `drop` from its best, and names `mode: auto`. Used by train-rl and the
@@ -19,8 +31,9 @@ TRL integration; measured against a fixed cadence and a frozen draft in benchmar
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
+from spectool import stats
 from spectool.constants import DEFAULT_LOSS, LOSSES
 from spectool.errors import check
 
@@ -29,6 +42,7 @@ REFRESH_MODES = ("frozen", "online", "auto")
 # within the noise of one batch, and only the time rule applies
 MIN_GAIN = 0.1
 DECAY_WINDOW = 3  # steps averaged by a frozen draft's watch (one step's acceptance is one batch's)
+MIN_LINE = 3  # auto's rules 1-2 read a line through at least this many steps of a cycle
 
 
 @dataclass
@@ -84,30 +98,42 @@ class RefreshPolicy:
     mode: str  # "frozen" (never: watched for decay) | "online" (every `every` steps) | "auto"
     every: int = 5
     drop: float = 0.25
-    after: float | None = None  # acceptance length on the first step after the last refresh (or the start)
-    lost_s: float = 0.0  # generation seconds lost to staleness since then
-    cost_s: float | None = None  # the last refresh's measured seconds (training + push)
+    alpha: float = stats.REFRESH_ALPHA  # auto's false-refresh budget per refresh cycle (stats.py)
+    steps: list[list[float]] = field(default_factory=list)  # [acceptance, generation s] of each step since the
+    # last refresh (or the start) that drafted: the first is the fresh draft's
+    segments: list[list[float]] = field(default_factory=lambda: [[]])  # acceptance per step, one list per draft
+    gain: list[list[float]] = field(default_factory=list)  # [new, previous] agreement-length gain, per prompt
+    cost_s: float | None = None  # the last refresh's measured seconds (training, measuring, push)
+    watch_s: float = 0.0  # agreement seconds measured since the last refresh (charged to it by rule 3)
     now: float | None = None  # the last step's acceptance length
     since: int = 0  # steps generated since the last refresh (the staleness curve's x: 0 = the fresh draft's)
     reason: str = ""
-    before: float | None = None  # acceptance length on the last step before the last refresh
-    saved_s: float = 0.0  # generation seconds the last refresh saved since, against `before`
+    ledger: dict = field(default_factory=dict)  # the cycle's books at the last `due` (train-rl logs them)
     recent: list[float] = field(default_factory=list)  # the last DECAY_WINDOW steps' acceptance lengths
     best: float | None = None  # the best mean of DECAY_WINDOW steps (the frozen draft's watch)
     warned: bool = False
 
-    def observe(self, acceptance_length: float | None, gen_s: float) -> int:
-        """One step's rollouts: their acceptance length (None: nothing drafted) and generation seconds.
-        Returns their staleness: the steps generated since the last refresh before them."""
+    @classmethod
+    def restore(cls, state: dict | None, settings: RefreshSettings) -> "RefreshPolicy":
+        """A checkpoint's saved state under the rule as configured now; what an older version saved under
+        other names is dropped (its cycle's books start again)."""
+        known = {f.name for f in fields(cls)}
+        kept = {k: v for k, v in (state or {}).items() if k in known}
+        return cls(**{**kept, "mode": settings.mode, "every": settings.every, "drop": settings.drop})
+
+    def observe(self, acceptance_length: float | None, gen_s: float, agreement_s: float = 0.0,
+                gain: list[list[float]] | None = None) -> int:
+        """One step's rollouts: their acceptance length (None: nothing drafted), generation seconds, the seconds
+        the draft's agreement took to measure, and (after a refresh) the new and the previous draft's
+        agreement-length gain per prompt of the newest rollouts (DraftRefresher.gain). Returns their staleness:
+        the steps generated since the last refresh before them."""
         staleness, self.since = self.since, self.since + 1
+        self.watch_s += agreement_s
+        self.gain += [list(x) for x in gain or []]
         if acceptance_length is None:
             return staleness
-        if self.after is None:
-            self.after = acceptance_length
-        else:
-            self.lost_s += gen_s * max(0.0, 1.0 - acceptance_length / self.after)
-        if self.before is not None:  # signed: a step that drew worse than before the refresh counts against it
-            self.saved_s += gen_s * (1.0 - self.before / acceptance_length)
+        self.steps.append([acceptance_length, gen_s])
+        self.segments[-1] = [*self.segments[-1], acceptance_length][-(stats.NOISE_WINDOW + 1):]
         self.now = acceptance_length
         self.recent = [*self.recent, acceptance_length][-DECAY_WINDOW:]
         if len(self.recent) == DECAY_WINDOW:
@@ -115,36 +141,57 @@ class RefreshPolicy:
             self.best = level if self.best is None else max(self.best, level)
         return staleness
 
+    def books(self) -> stats.Ledger:
+        """The cycle's ledger now: each rule's measurement and its bound at this look (stats.py)."""
+        books, noise = stats.Ledger(self.cost_s, self.watch_s), stats.step_noise(self.segments)
+        p = stats.look_alpha(self.alpha / 3, max(self.since, 1))  # each rule's share of this look's budget
+        if noise is not None and len(self.steps) >= MIN_LINE:
+            sd, df = noise
+            t, line = stats.t_quantile(p, df), stats.fit_line([a for a, _ in self.steps], sd)
+            books.level, books.slope = line.level, line.slope
+            if line.level - 1 >= MIN_GAIN:
+                books.fell, books.fell_low = stats.acceptance_fall(line, len(self.steps) - 1, t)
+            books.lost_s, books.lost_low = stats.staleness_loss(line, [g for _, g in self.steps], t)
+        new, previous = [x[0] for x in self.gain], [x[1] for x in self.gain]
+        if len(new) >= 2 and sum(new) > 0 and self.steps:
+            ratio, se, n = stats.ratio_of_gains(new, previous)
+            books.ratio, books.ratio_high = ratio, ratio + stats.t_quantile(p, n - 1) * se
+            books.saved_low = stats.saved_by_refresh([(a, g) for a, g in self.steps], books.ratio_high)
+        return books
+
     def due(self, step: int) -> bool:
-        """Whether to refresh after policy step `step` (1-based); `reason` says why."""
+        """Whether to refresh after policy step `step` (1-based); `reason` says why, `ledger` holds the books."""
         self.reason = ""
         if self.mode == "frozen":
             return False
         if self.mode == "online":
             self.reason = f"every {self.every} steps"
             return step % self.every == 0
+        b = self.books()
+        self.ledger = {k: v for k, v in asdict(b).items() if v is not None}
         if self.cost_s is None and step >= self.every:
             self.reason = f"the first refresh (step {self.every}): measures a refresh's cost"
             return True
-        now = self.now
-        if self.after is not None and now is not None and self.after - 1 >= MIN_GAIN:
-            fell = 1 - (now - 1) / (self.after - 1)
-            if fell >= self.drop:
-                self.reason = (f"acceptance gain fell {fell:.0%} (length {self.after:.2f} -> {now:.2f}; "
-                               f"drop {self.drop:.0%})")
-                return True
-        if self.cost_s is not None and self.lost_s >= self.cost_s:
-            self.reason = f"{self.lost_s:.1f} s of generation lost to staleness >= a refresh's {self.cost_s:.1f} s"
+        if b.fell_low is not None and b.fell_low >= self.drop:
+            self.reason = (f"acceptance gain fell {b.fell:.0%}, at least {b.fell_low:.0%} beyond noise (length "
+                           f"{b.level:.2f} -> {b.level + b.slope * (len(self.steps) - 1):.2f} along the line since the "
+                           f"refresh; drop {self.drop:.0%})")
             return True
-        if self.cost_s is not None and self.before is not None and self.saved_s >= self.cost_s:
-            self.reason = (f"the last refresh saved {self.saved_s:.1f} s of generation >= its {self.cost_s:.1f} s "
-                           f"(length {self.before:.2f} before it): the draft is still catching up")
+        if b.cost_s is not None and b.lost_low is not None and b.lost_low >= b.cost_s:
+            self.reason = (f"{b.lost_s:.1f} s of generation lost to staleness, at least {b.lost_low:.1f} s beyond "
+                           f"noise, >= a refresh's {b.cost_s:.1f} s")
+            return True
+        if b.cost_s is not None and b.saved_low is not None and b.saved_low >= b.cost_s + b.watch_s:
+            self.reason = (f"the last refresh saved at least {b.saved_low:.1f} s of generation >= its {b.cost_s:.1f} s "
+                           f"+ {b.watch_s:.1f} s of agreement measured since (the previous draft's gain {b.ratio:.2f} of "
+                           "the new one's on the same rollouts): the draft is still catching up")
             return True
         return False
 
     def refreshed(self, cost_s: float) -> None:
-        self.before = self.now
-        self.cost_s, self.after, self.now, self.lost_s, self.saved_s, self.since = cost_s, None, None, 0.0, 0.0, 0
+        self.cost_s, self.now, self.since, self.watch_s = cost_s, None, 0, 0.0
+        self.steps, self.gain = [], []
+        self.segments = [*self.segments, []][-stats.NOISE_WINDOW:]
 
     def decayed(self, key: str = "draft_refresh.mode") -> str | None:
         """A frozen draft's watch, once per run: the warning when its acceptance gain over plain decoding

@@ -77,12 +77,13 @@ def ttt_step_loss(draft, items, prompt_lens: list[int], W_dv: torch.Tensor, ttt_
 
 @torch.no_grad()
 def heldout_metrics(draft, items, prompt_lens: list[int], W: torch.Tensor, target_ids: torch.Tensor, ttt_steps: int,
-                    batch_size: int, device, walk: bool = True) -> dict[str, list[float]]:
+                    batch_size: int, device, walk: bool = True, counts: bool = False) -> dict[str, list[float]]:
     """METRICS per draft position over `items`, weighted by the positions each batch scores, and
     (`walk`) WALKS: the acceptance length of greedy proposals (the draft's, the oracle's) at
     k = 1..ttt_steps, exact for the engine at the records' temperature (loss.greedy_walk; a Python
     loop over every position, so callers that need only the proxies skip it).
-    W: [V, H] the policy's output embedding; target_ids: [Vd] on `device`."""
+    W: [V, H] the policy's output embedding; target_ids: [Vd] on `device`. `counts`: also the positions scored per
+    draft position ("count"), to pool measurements of several calls."""
     was_training = draft.training
     draft.eval()
     sums = {k: [0.0] * ttt_steps for k in (*METRICS, "count")}
@@ -101,6 +102,8 @@ def heldout_metrics(draft, items, prompt_lens: list[int], W: torch.Tensor, targe
                     walks[name][key] = [a + c for a, c in zip(walks[name][key], w[key])]
     draft.train(was_training)
     out = {k: [v / max(c, 1) for v, c in zip(sums[k], sums["count"])] for k in METRICS}
+    if counts:
+        out["count"] = sums["count"]
     if walk:
         for key, name in WALKS.items():
             out[key] = [1 + a / max(n, 1) for a, n in zip(walks[name]["accepted"], walks[name]["steps"])]

@@ -163,7 +163,7 @@ class _Attached:
                         "from %s, without its refreshes", checkpoint, self.spec.draft)
             return
         saved = ranks.together(lambda: self.refresher.restore(folder))
-        self.cadence = RefreshPolicy(**saved["cadence"])
+        self.cadence = RefreshPolicy.restore(saved["cadence"], self.spec.refresh)
         self.history = list(saved["history"])
         self.refresher.push(self.llm)
         self.pending_check = True  # the restored drafter must accept on the next rollouts
@@ -240,9 +240,11 @@ class _Attached:
         if self.pending_check:
             self.refresher.check_acceptance(delta)  # every rank's engine; all stop if one drafter is dead
             self.pending_check = False
-        gen = ranks.stats({"gen_s": self.gen_s, "features": len(self.refresher.online.buffer)})
+        agreement_s, gain = self._agreement()
+        gen = ranks.stats({"gen_s": self.gen_s, "features": len(self.refresher.online.buffer), "agreement_s": agreement_s})
         # the cadence reads the ranks' pooled numbers, so every rank takes the same decision
-        staleness = self.cadence.observe(pooled.mean_acceptance_length if pooled.num_drafts else None, gen["gen_s"][2])
+        staleness = self.cadence.observe(pooled.mean_acceptance_length if pooled.num_drafts else None, gen["gen_s"][2],
+                                         gen["agreement_s"][2], gain)
         self._log("staleness", staleness)
         self.gen_s = 0.0
         if self.cadence.due(step) and gen["features"][1] > 0:
@@ -265,6 +267,18 @@ class _Attached:
                 self._log(key, r[key][2])  # the refresh by stage, the slowest rank's (every rank logs the same)
             self.history.append({"step": step, "reason": self.cadence.reason, "loss": r["loss"][0],
                                  "check_excess": pushed.max_excess, "has_power": pushed.has_power})
+
+    def _agreement(self) -> tuple[float, list[list[float]]]:
+        """auto: the draft's agreement on the newest rollouts, and after a refresh the previous draft's beside it
+        (rule 3's measure, every rank's prompts pooled); its seconds. Other modes measure nothing here."""
+        if self.spec.refresh.mode != "auto":
+            return 0.0, []
+        t = time.perf_counter()
+        agreement = self.refresher.fresh_agreement()  # every rank: a collective under FSDP2
+        spent = time.perf_counter() - t
+        if agreement is not None:
+            self._log("draft_agreement", agreement)
+        return spent, [g for mine in ranks.gather(self.refresher.gain or []) for g in mine]
 
     def _watch_frozen(self, pooled: AcceptanceStats) -> None:
         """A frozen draft: the warning, once, when its pooled acceptance decays (draft/refresh_policy.py)."""

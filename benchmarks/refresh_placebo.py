@@ -1,0 +1,241 @@
+"""Calibration of `draft_refresh.mode: auto` (draft/refresh_policy.py): how often it refreshes on noise alone
+(placebo), and how often and how soon it refreshes a draft that is catching up with a moving policy (power).
+
+Placebo: after its scheduled first refresh (step `every`, which measures the cost), any refresh `auto` buys over
+a draft that does not change is a false alarm. Two placebos, each replayed at refresh costs from 2 s (a GPU, where
+a refresh is cheap next to a step's generation) to this CPU's:
+- recorded: the drift benchmark's frozen draft (a draft trained on chain_sum, GRPO on letter_counting) at three
+  seeds, and a live `auto` run whose refreshes change nothing (draft_refresh.lr 1e-12: the new draft equals the
+  previous one on every rollout). A frozen run measures no agreement: its scheduled refresh is replayed as one
+  that changed nothing (rule 3 books 0);
+- simulated: the same, many times: acceptance as the recorded frozen seeds show it (their level, one step's noise
+  from successive differences, generation seconds), and a first refresh that bought nothing but changed the
+  weights (the gain per prompt: noise around the previous draft's, spread as the live auto run measured it).
+The bound (stats.py): at most REFRESH_ALPHA per refresh cycle, at any cost.
+Power: the live `auto` run of the drift setting (a real refresh at step `every`), replayed with each cost (the
+per-step agreement's seconds scaled as the refresh's: the same trainer-side compute); and simulated from what it
+measured: the prompts' [new, previous] gain pairs resampled, its acceptance and generation seconds. How often
+`auto` buys a second refresh within the run, and after how many steps.
+The rule before issue 49 is replayed beside it on the recorded placebos (its rules 2 and 3 booked noise).
+
+  python benchmarks/refresh_placebo.py                           # replays and simulations: about a minute
+  python benchmarks/refresh_placebo.py --legacy benchmarks/data/drift_seed0_2026-11.json
+
+Inputs: tests/data/drift_metrics.json (benchmarks/drift_fixture.py writes it from the runs' metrics.jsonl) and
+the 2026-11 drift run's seed-0 arms as committed then (benchmarks/data/drift_seed0_2026-11.json; no script wrote
+that subset of its metrics.jsonl, which is gone; it holds acceptance and generation seconds per step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+from spectool.draft.refresh_policy import RefreshPolicy
+from spectool.stats import REFRESH_ALPHA, normal_quantile, step_noise
+
+COSTS = (2.0, 5.0, 8.0, 12.0, 15.0)
+
+
+class RuleBefore49:
+    """The rule as it was before issue 49 (draft/refresh_policy.py at 09c0681), for comparison: rule 2 booked only
+    the steps below the first after a refresh, rule 3 the steps against the one before it."""
+
+    def __init__(self, every: int, drop: float):
+        self.every, self.drop, self.cost_s, self.reason = every, drop, None, ""
+        self.after = self.now = self.before = None
+        self.lost_s = self.saved_s = 0.0
+
+    def observe(self, a: float | None, g: float, *_) -> None:
+        if a is None:
+            return
+        if self.after is None:
+            self.after = a
+        else:
+            self.lost_s += g * max(0.0, 1.0 - a / self.after)
+        if self.before is not None:
+            self.saved_s += g * (1.0 - self.before / a)
+        self.now = a
+
+    def due(self, step: int) -> bool:
+        if self.cost_s is None and step >= self.every:
+            self.reason = "first"
+            return True
+        if self.after is not None and self.after - 1 >= 0.1 and 1 - (self.now - 1) / (self.after - 1) >= self.drop:
+            self.reason = "rule 1"
+            return True
+        if self.cost_s is not None and self.lost_s >= self.cost_s:
+            self.reason = "rule 2"
+            return True
+        if self.cost_s is not None and self.before is not None and self.saved_s >= self.cost_s:
+            self.reason = "rule 3"
+            return True
+        return False
+
+    def refreshed(self, cost: float) -> None:
+        self.before, self.cost_s, self.after, self.now, self.lost_s, self.saved_s = self.now, cost, None, None, 0.0, 0.0
+
+
+def first_fire(metrics: list[dict], every: int, drop: float, cost: float, watch: float = 1.0,
+               rule: str = "now") -> tuple[int | None, str]:
+    """`auto` replayed over a run's recorded steps with refreshes costing `cost` seconds and the per-step agreement
+    `watch` times its recorded seconds: the first step after which it refreshes besides the scheduled first one
+    (None: never), and why. The recorded run past such a refresh is not what `auto` would have generated, so the
+    replay stops there, and at the run's own second refresh."""
+    p = RefreshPolicy("auto", every=every, drop=drop) if rule == "now" else RuleBefore49(every, drop)
+    for r in metrics:
+        p.observe(r.get("acceptance_length"), r["gen_s"], r.get("agreement_s", 0.0) * watch, r.get("draft_gain"))
+        if p.due(r["step"]):
+            if r["step"] != every:
+                return r["step"], p.reason
+            p.refreshed(cost)
+        elif "refresh_s" in r and r["step"] != every:
+            return None, "the run's own refresh"
+    return None, ""
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The 95% Wilson score interval of a rate k / n."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p, d = k / n, 1 + z * z / n
+    c, h = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def rate(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} = {k / n:.1%} [{lo:.1%}, {hi:.1%}]"
+
+
+def simulate(rng: random.Random, level: float, sd: float, gen: tuple[float, float], cost: float, watch: float,
+             steps: int, every: int, drop: float, pairs: list[list[float]] | None, prompts: int,
+             null_pairs_sd: float | None = None) -> int | None:
+    """One simulated run: acceptance level + N(0, sd) a step, generation N(gen) seconds, a refresh of `cost` at step
+    `every`. After it, each step's gain pairs: `pairs` resampled (power), or `null_pairs_sd`: the previous draft's
+    gain = the new one's + N(0, sd) (a refresh that changed the weights and bought nothing). The first step of an
+    unscheduled refresh (None: none)."""
+    p = RefreshPolicy("auto", every=every, drop=drop)
+    for s in range(1, steps + 1):
+        gain = None
+        if p.cost_s is not None:
+            if pairs is not None:
+                gain = [list(rng.choice(pairs)) for _ in range(prompts)]
+            else:
+                news = [max(0.01, rng.choice(NEW_GAINS)) for _ in range(prompts)]
+                gain = [[x, x + rng.gauss(0, null_pairs_sd)] for x in news]
+        p.observe(level + rng.gauss(0, sd), max(0.1, rng.gauss(*gen)), watch, gain)
+        if p.due(s):
+            if s != every:
+                return s
+            p.refreshed(cost)
+    return None
+
+
+NEW_GAINS: list[float] = []  # the new draft's agreement-length gain per prompt, as the live auto run measured it
+
+
+def pair_noise(pairs: list[list[float]]) -> tuple[float, float]:
+    """The previous draft's gain as a ratio of the new one's (sum over prompts) and the residual spread per prompt."""
+    ratio = sum(p for _, p in pairs) / sum(n for n, _ in pairs)
+    resid = [p - ratio * n for n, p in pairs]
+    return ratio, math.sqrt(sum(e * e for e in resid) / (len(resid) - 1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fixture", default="tests/data/drift_metrics.json")
+    ap.add_argument("--legacy", default="benchmarks/data/drift_seed0_2026-11.json")
+    ap.add_argument("--sims", type=int, default=1000, help="simulated runs per cost")
+    ap.add_argument("--steps", type=int, default=16, help="steps of a simulated run")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    print("command: python benchmarks/refresh_placebo.py " + " ".join(sys.argv[1:]))
+    fixture = json.loads(Path(args.fixture).read_text())["arms"]
+    legacy = json.loads(Path(args.legacy).read_text())
+    every, drop = legacy["every"], legacy["drop"]
+    placebos = {"frozen, seed 0 (2026-11)": legacy["arms"]["frozen"]}
+    placebos.update({f"{name}": a["metrics"] for name, a in fixture.items() if not name.startswith("auto-seed0")})
+    live = fixture["auto-seed0"]["metrics"]
+    measured = [r["refresh_s"] for r in live if "refresh_s" in r][0]
+    costs = (*COSTS, round(measured, 1))
+
+    print(f"\n## placebo, recorded: a draft that does not change (every {every}, drop {drop}); fires besides the "
+          "scheduled first refresh")
+    print("| series | steps | " + " | ".join(f"cost {c:g} s" for c in costs) + " | before issue 49, " +
+          " | ".join(f"{c:g} s" for c in costs) + " |")
+    print("|---|---|" + "---|" * (2 * len(costs)))
+    k_now = k_old = n = 0
+    for name, m in placebos.items():
+        now = [first_fire(m, every, drop, c)[0] for c in costs]
+        old = [first_fire(m, every, drop, c, rule="before")[0] for c in costs]
+        k_now, k_old, n = k_now + sum(x is not None for x in now), k_old + sum(x is not None for x in old), n + len(costs)
+        show = lambda xs: " | ".join("-" if x is None else f"step {x}" for x in xs)  # noqa: E731
+        print(f"| {name} | {len(m)} | {show(now)} | {show(old)} |")
+    print(f"fired (series x costs): now {rate(k_now, n)}; before issue 49 {rate(k_old, n)}")
+
+    frozen = [m for name, m in placebos.items() if "frozen" in name]
+    levels = [[r["acceptance_length"] for r in m] for m in frozen]
+    sd = step_noise(levels, window=10**6)[0]
+    level = sum(sum(x) for x in levels) / sum(len(x) for x in levels)
+    gens = [r["gen_s"] for m in frozen for r in m[1:]]  # step 1 paid a cold start in the 2026-11 run
+    gen = (sum(gens) / len(gens), math.sqrt(sum((g - sum(gens) / len(gens)) ** 2 for g in gens) / (len(gens) - 1)))
+    pairs = [g for r in live for g in r.get("draft_gain", [])]
+    NEW_GAINS.extend(n for n, _ in pairs)
+    ratio, pair_sd = pair_noise(pairs)
+    per_step = [len(r["draft_gain"]) for r in live if r.get("draft_gain")]
+    prompts = round(sum(per_step) / len(per_step))
+    agreement = sum(r.get("agreement_s", 0.0) for r in live[every:]) / len(live[every:])
+    print(f"\nrecorded inputs: acceptance {level:.3f}, one step's noise {sd:.4f} (successive differences of the frozen "
+          f"seeds), generation {gen[0]:.1f} +- {gen[1]:.1f} s; the live auto run: a refresh of {measured:.1f} s, "
+          f"agreement {agreement:.2f} s a step after it, {len(pairs)} prompt pairs ({prompts} a step), previous/new "
+          f"gain ratio {ratio:.3f}, residual spread {pair_sd:.3f} a prompt")
+
+    rng = random.Random(args.seed)
+    print(f"\n## placebo, simulated ({args.sims} runs of {args.steps} steps a cost; bound {REFRESH_ALPHA:.0%} a cycle)")
+    print("| refresh cost s | agreement s a step | fired: frozen draft (a refresh that changed nothing) | fired: a refresh that "
+          "changed the weights, bought nothing |")
+    print("|---|---|---|---|")
+    for c in (0.0, *costs):
+        w = agreement * c / measured
+        frozen_fires = sum(simulate(rng, level, sd, gen, c, w, args.steps, every, drop, None, prompts, 0.0) is not None
+                           for _ in range(args.sims))
+        neutral = sum(simulate(rng, level, sd, gen, c, w, args.steps, every, drop, None, prompts, pair_sd) is not None
+                      for _ in range(args.sims))
+        print(f"| {c:g} | {w:.2f} | {rate(frozen_fires, args.sims)} | {rate(neutral, args.sims)} |")
+
+    print("\n## power: the live auto run (a draft from another task, the policy moving), replayed")
+    print("| refresh cost s | agreement s a step | second refresh (step, why) |")
+    print("|---|---|---|")
+    for c in costs:
+        step, why = first_fire(live, every, drop, c, watch=c / measured)
+        print(f"| {c:g} | {agreement * c / measured:.2f} | {'-' if step is None else f'step {step}: {why}'} |")
+    post = [r for r in live[every:] if r.get("acceptance_length")]
+    a = [r["acceptance_length"] for r in post]
+    a_level, a_sd = sum(a) / len(a), step_noise([a], window=10**6)[0]
+    g_post = [r["gen_s"] for r in post]
+    gen_post = (sum(g_post) / len(g_post), gen[1])
+    print(f"\n## power, simulated from the live run ({args.sims} runs of {args.steps} steps a cost: its prompt pairs "
+          f"resampled, acceptance {a_level:.3f} +- {a_sd:.3f}, generation {gen_post[0]:.1f} s)")
+    print("| refresh cost s | agreement s a step | fired | steps after the first refresh: median (10th-90th pct) |")
+    print("|---|---|---|---|")
+    for c in costs:
+        w = agreement * c / measured
+        fires = [simulate(rng, a_level, a_sd, gen_post, c, w, args.steps, every, drop, pairs, prompts)
+                 for _ in range(args.sims)]
+        after = sorted(s - every for s in fires if s is not None)
+        when = (f"{after[len(after) // 2]} ({after[len(after) // 10]}-{after[(9 * len(after)) // 10]})"
+                if after else "-")
+        print(f"| {c:g} | {w:.2f} | {rate(len(after), args.sims)} | {when} |")
+    z = normal_quantile(0.975)
+    print(f"\n(intervals: 95% Wilson, z = {z:.2f}); wall time {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
