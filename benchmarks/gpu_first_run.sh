@@ -107,8 +107,9 @@ print('served build', s.version, 'cpu' if s.cpu_build else 'gpu', s.draft_reload
   pipe-b)
     pipeline "train-rl verify-probabilistic init-draft-quality draft-quality"
     cp "$WORK"/pipeline/rl/metrics.jsonl "$OUT"/ 2>/dev/null ;;
-  what-if)  # two calls: the second resumes the sweep from its rows.jsonl, then the forecast runs
-    run sweep $PY -m spectool.cli sweep-k --model qwen3-8b --dummy-weights --acceptance-length 3.32 --k 1,2,3 \
+  what-if)  # two calls: the second resumes the sweep from its rows.jsonl, then the forecast runs; one round (the
+    # forecast's fit needs the timings; a recommendation would need --repeats 3, three times the engine runs)
+    run sweep $PY -m spectool.cli sweep-k --model qwen3-8b --dummy-weights --acceptance-length 3.32 --k 1,2,3 --repeats 1 \
       --batch-sizes 1,16,64,256 --lengths long-tail --max-tokens 1024 --out "$WORK/sweep-qwen3-8b"
     [[ -f "$WORK/sweep-qwen3-8b/sweep.json" ]] && run forecast $PY -m spectool.cli forecast --sweep "$WORK/sweep-qwen3-8b" \
       --acceptance-rates 0.89,0.79,0.64 --generation-share 0.66 --batch 512 --max-concurrency 256 --out "$WORK/forecast-qwen3-8b"

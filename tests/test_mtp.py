@@ -188,8 +188,8 @@ def test_weightless_mtp_sweep_then_forecast(tiny_mimo, tmp_path):
     (cfg_only / "config.json").write_text((tiny_mimo / "config.json").read_text())
     out = tmp_path / "sweep"
     r = spectool("sweep-k", "--model", str(cfg_only), "--dummy-weights", "--methods", "mtp", "--acceptance-rates",
-                 "0.9,0.6", "--min-seconds", "0", "--k", "1,2", "--batch-sizes", "2", "--max-tokens", "16", "--min-seqs", "2",
-                 "--prompt-len", "8", "--out", str(out))
+                 "0.9,0.6", "--min-seconds", "0", "--repeats", "1", "--k", "1,2", "--batch-sizes", "2", "--max-tokens", "16",
+                 "--min-seqs", "2", "--prompt-len", "8", "--out", str(out))
     assert "runs the MTP layer again" in r.stderr  # k=2 with one MTP layer
     rows = [x for x in json.loads((out / "sweep.json").read_text())["rows"] if x["method"] == "mtp"]
     assert len(rows) == 2 and all(x["per_position"][0] == pytest.approx(0.9, abs=0.2) for x in rows)
