@@ -149,8 +149,11 @@ def test_auto_refresh_logs_staleness_and_refreshes_as_its_rule_says(tied_policy,
     spectool(*_args(tied_policy, small_vocab_draft, sums_answer_5, out, steps=5,
                     extra=["draft_refresh.mode=auto", "draft_refresh.drop=0.05", "rollout.eval_every=0"]))
     m = _metrics(out)
-    _, want = replay_auto(m, every=2, drop=0.05)
+    _, want = replay_auto(m, every=2, drop=0.05)  # the books (`refresh_ledger`) and reasons too
     assert [r["step"] for r in m if "refresh_s" in r] == want and want[0] == 2  # the first at `every`: its cost
+    # after it, every step measured the new and the previous draft on the same rollouts, per prompt (rule 3)
+    assert all(r["draft_gain"] and all(len(x) == 2 for x in r["draft_gain"]) for r in m[2:])
+    assert all("refresh_ledger" in r for r in m) and "draft_gain" not in m[0]
     for r in m:  # what moves and what it costs, every step: the draft's held-out agreement, the policy's entropy
         assert 0 <= r["draft_agreement"] <= 1 and r["entropy"] > 0 and r["capture_s"] > 0 and r["agreement_s"] > 0
         if "refresh_s" in r:  # a refresh's seconds by stage, inside its total

@@ -177,11 +177,11 @@ class RefreshPolicy:
                            f"{b.level:.2f} -> {b.level + b.slope * (len(self.steps) - 1):.2f} along the line since the "
                            f"refresh; drop {self.drop:.0%})")
             return True
-        if b.cost_s is not None and b.lost_low is not None and b.lost_low >= b.cost_s:
+        if b.cost_s is not None and b.lost_low is not None and b.lost_low > 0 and b.lost_low >= b.cost_s:
             self.reason = (f"{b.lost_s:.1f} s of generation lost to staleness, at least {b.lost_low:.1f} s beyond "
                            f"noise, >= a refresh's {b.cost_s:.1f} s")
             return True
-        if b.cost_s is not None and b.saved_low is not None and b.saved_low >= b.cost_s + b.watch_s:
+        if b.cost_s is not None and b.saved_low is not None and b.saved_low > 0 and b.saved_low >= b.cost_s + b.watch_s:
             self.reason = (f"the last refresh saved at least {b.saved_low:.1f} s of generation >= its {b.cost_s:.1f} s "
                            f"+ {b.watch_s:.1f} s of agreement measured since (the previous draft's gain {b.ratio:.2f} of "
                            "the new one's on the same rollouts): the draft is still catching up")
