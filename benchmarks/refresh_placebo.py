@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from spectool.draft.refresh_policy import RefreshPolicy
-from spectool.stats import REFRESH_ALPHA, normal_quantile, step_noise
+from spectool.stats import REFRESH_ALPHA, normal_quantile, step_noise, wilson
 
 COSTS = (2.0, 5.0, 8.0, 12.0, 15.0)
 
@@ -107,15 +107,6 @@ def retimed(metrics: list[dict], gen_s: float) -> list[dict]:
     tail = [r["gen_s"] for r in metrics[1:]]
     f = gen_s / (sum(tail) / len(tail))
     return [{**r, "gen_s": r["gen_s"] * f} for r in metrics]
-
-
-def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The 95% Wilson score interval of a rate k / n."""
-    if n == 0:
-        return float("nan"), float("nan")
-    p, d = k / n, 1 + z * z / n
-    c, h = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
 
 
 def rate(k: int, n: int) -> str:

@@ -83,7 +83,7 @@ def test_the_refresh_statistics():
     from spectool import stats
 
     for p, df, want in ((0.025, 1, 12.706), (0.025, 5, 2.571), (0.05, 30, 1.697), (0.0005, 3, 12.924)):
-        assert stats.t_quantile(p, df) == pytest.approx(want, abs=1e-3)
+        assert stats.student_t_quantile(1 - p, df) == pytest.approx(want, abs=1e-3)
     assert sum(stats.look_alpha(0.05, m) for m in range(1, 10_000)) == pytest.approx(0.05, rel=1e-3)
     line = stats.fit_line([2.0, 1.9, 1.8, 1.7], sd=0.1)
     assert (line.level, line.slope) == pytest.approx((2.0, -0.1)) and line.se == pytest.approx(0.1 / 5**0.5)

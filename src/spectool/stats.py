@@ -29,6 +29,7 @@ All tests of one verdict share a Bonferroni-corrected family-wise level.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -484,8 +485,9 @@ def student_t_sf(t: float, df: float) -> float:
     return tail if t >= 0 else 1.0 - tail
 
 
+@functools.lru_cache(maxsize=1024)
 def student_t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p (bisection)."""
+    """The t with P(T <= t) = p (bisection; cached: the refresh rule asks for a few (p, df) at every step)."""
     lo, hi = -1e4, 1e4
     for _ in range(200):
         mid = (lo + hi) / 2
@@ -652,29 +654,6 @@ NOISE_WINDOW = 16  # successive differences of acceptance the step noise is esti
 def look_alpha(alpha: float, look: int) -> float:
     """The share of `alpha` the `look`-th look (1-based) spends: alpha / (look (look + 1)), summing to alpha."""
     return alpha / (look * (look + 1))
-
-
-_T_QUANTILES: dict[tuple[float, int], float] = {}
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The upper `p` quantile of Student's t with `df` degrees of freedom (df >= 1): t with P(T > t) = p.
-    P(T > t) = c * integral from atan(t / sqrt(df)) to pi/2 of cos(u)^(df - 1) du, c = G((df+1)/2) / (sqrt(pi) G(df/2))
-    (t = sqrt(df) tan u), integrated by Simpson's rule and inverted by bisection in u."""
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(math.pi)
-
-    def tail(u0: float, n: int = 256) -> float:
-        h = (math.pi / 2 - u0) / n
-        f = [math.cos(u0 + i * h) ** (df - 1) for i in range(n + 1)]
-        return c * h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
-
-    if (p, df) not in _T_QUANTILES:  # the rules ask for few (p, df) pairs, at every step
-        lo, hi = 0.0, math.pi / 2
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if tail(mid) > p else (lo, mid)
-        _T_QUANTILES[p, df] = math.sqrt(df) * math.tan((lo + hi) / 2)
-    return _T_QUANTILES[p, df]
 
 
 def step_noise(segments: list[list[float]], window: int = NOISE_WINDOW) -> tuple[float, int] | None:

@@ -147,7 +147,7 @@ class RefreshPolicy:
         p = stats.look_alpha(self.alpha / 3, max(self.since, 1))  # each rule's share of this look's budget
         if noise is not None and len(self.steps) >= MIN_LINE:
             sd, df = noise
-            t, line = stats.t_quantile(p, df), stats.fit_line([a for a, _ in self.steps], sd)
+            t, line = stats.student_t_quantile(1 - p, df), stats.fit_line([a for a, _ in self.steps], sd)
             books.level, books.slope = line.level, line.slope
             if line.level - 1 >= MIN_GAIN:
                 books.fell, books.fell_low = stats.acceptance_fall(line, len(self.steps) - 1, t)
@@ -155,7 +155,7 @@ class RefreshPolicy:
         new, previous = [x[0] for x in self.gain], [x[1] for x in self.gain]
         if len(new) >= 2 and sum(new) > 0 and self.steps:
             ratio, se, n = stats.ratio_of_gains(new, previous)
-            books.ratio, books.ratio_high = ratio, ratio + stats.t_quantile(p, n - 1) * se
+            books.ratio, books.ratio_high = ratio, ratio + stats.student_t_quantile(1 - p, n - 1) * se
             books.saved_low = stats.saved_by_refresh([(a, g) for a, g in self.steps], books.ratio_high)
         return books
 
