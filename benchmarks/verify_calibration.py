@@ -6,6 +6,11 @@ from high entropy to a near-deterministic policy, with Clopper-Pearson 95% inter
     flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --cell t03
     flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --cell sharp8
     .venv/bin/python benchmarks/verify_calibration.py report          # the table, from the scored pools (no engine)
+    .venv/bin/python benchmarks/verify_calibration.py simulate        # the same verdicts on simulated policies
+
+`simulate` runs the same verdict (verify.verdict on stats.policy_test and token_test) on a simulated policy, a Markov
+chain over 64 tokens whose next-token logits depend on the last token, scaled from high entropy to near-deterministic,
+with hundreds of repetitions: the false-alarm rate with a tight interval, which the engine's dozen cannot give.
 
 Cells: t1 (the embedded SmolLM2 at T=1), t03 (the same at T=0.3), sharp8 (a copy whose untied lm_head is 8x the
 embedding, at T=1: a late-RL policy, near-deterministic). Prompts: four short raw-text openings (a short prompt keeps
@@ -21,12 +26,15 @@ Reuse of the engine's samples, and why it is valid: each sampler draws one pool 
 the policy scores the pool once (verify.score_tokens); `sample` keeps them (OUT/<cell>/<sampler>.pt) and `report`
 forms the repetitions from them. Repetition i takes completions [i*S, (i+1)*S) of every prompt from every pool:
 disjoint slices of independent draws (every completion has its own random stream), so the repetitions are independent
-verify runs of S samples per prompt, and a rate over them is a binomial proportion. In repetition i
- - exact sampling: verify.verdict(plain_i, speculative_i, control unpatched_i), the run `verify` makes by default on
-   the CPU build;
- - each lossy sampler L: verify.verdict(plain_i, L_i in the speculative arm's place, control unpatched_(i+1)): what
-   verify says of a sampler that is L. The plain slice is shared by these verdicts: each sees what a real run would,
-   so each rate is unbiased; the rates of different samplers in one cell are correlated.
+verify runs of S samples per prompt, and a rate over them is a binomial proportion (Clopper-Pearson 95%). For each
+lossy sampler L, in repetition i:
+ - exact sampling with `--control L`: verify.verdict(plain_i, speculative_i, L_i). NOT LOSSLESS is a false alarm
+   (it does not depend on the control); LOSSLESS needs L_i rejected (and, for top-p 0.9 and the temperature error,
+   80% power against it computed at these positions);
+ - L itself with `--control L`: verify.verdict(plain_i, L_i in the speculative arm's place, L_(i+1)): NOT LOSSLESS is
+   the power; LOSSLESS would be wrong (power shown on the control's slice, not on this one).
+The plain slice is shared by these verdicts: each sees what a real run would, so each rate is unbiased; the rates of
+different samplers in one cell are correlated.
 """
 
 from __future__ import annotations
@@ -129,8 +137,7 @@ def report(a) -> None:
     from spectool.engine.arms import LOSSY_CONTROLS
     from spectool.stats import binomial_interval
 
-    cfg = VerifyConfig(alpha=a.alpha)
-    rule = logprob_rule(cfg)
+    rule = logprob_rule(VerifyConfig(alpha=a.alpha))
     rows, wall = [], 0.0
     for cell in CELLS:
         folder = Path(a.out) / cell
@@ -143,44 +150,127 @@ def report(a) -> None:
 
         def arm(name: str, i: int, plain_part: dict | None, label: str):
             part, scored = _slice(pools[name], i)
-            return _arm_result(label, LOSSY_CONTROLS.get(name, name), part, scored, plain_part, positions), part
+            r = _arm_result(label, LOSSY_CONTROLS.get(name, name), part, scored, plain_part, positions)
+            r.control = name if label == "lossy control" else ""
+            return r, part
 
-        said = {n: [] for n in ("exact", *LOSSY)}
-        tops, resolution = [], []
-        for i in range(pools["plain"]["reps"]):
+        exact_runs = pools["plain"]["reps"]
+        exact, lossy, tops, res = {n: [] for n in LOSSY}, {n: [] for n in LOSSY}, [], []
+        false_alarms = 0
+        for i in range(exact_runs):
             plain, plain_part = arm("plain", i, None, "plain")
-            control = arm("unpatched", i, plain_part, "lossy control")[0]
             spec = arm("speculative", i, plain_part, "speculative")[0]
-            v = verdict([plain, spec, control], a.alpha, rule)
-            said["exact"].append(v[0])
             tops.append(spec.policy.mean_top)
-            resolution.append(spec.policy.detectable(v[2]))
             for name in LOSSY:
-                if i >= pools[name]["reps"]:
-                    continue
-                lossy = arm(name, i, plain_part, "speculative")[0]
-                other = arm("unpatched", (i + 1) % pools["unpatched"]["reps"], plain_part, "lossy control")[0]
-                said[name].append(verdict([plain, lossy, other], a.alpha, rule)[0])
+                reps = pools[name]["reps"]
+                said, _, alpha_each = verdict([plain, spec, arm(name, i % reps, plain_part, "lossy control")[0]],
+                                              a.alpha, rule)
+                if name == LOSSY[0]:
+                    false_alarms += said == "NOT LOSSLESS"
+                    res.append(str(spec.policy.detectable(alpha_each)))
+                if i >= reps:
+                    continue  # the control's slices are used once each
+                exact[name].append(said)
+                under_test = arm(name, i, plain_part, "speculative")[0]
+                control = arm(name, (i + 1) % reps, plain_part, "lossy control")[0]
+                lossy[name].append(verdict([plain, under_test, control], a.alpha, rule)[0])
         mean_top = sum(tops) / len(tops)
-        common = max(set(map(str, resolution)), key=lambda r: list(map(str, resolution)).count(r))
-        print(f"{cell}: mean p(top) {mean_top:.4f}; most common resolution at 80% power: {common}")
-        for name, verdicts in said.items():
-            n, bad = len(verdicts), verdicts.count("NOT LOSSLESS")
-            lo, hi = binomial_interval(bad, n)
-            rows.append((cell, f"{mean_top:.3f}", name, f"{bad}/{n}", f"{lo:.2f}-{hi:.2f}",
-                         verdicts.count("LOSSLESS"), verdicts.count("INCONCLUSIVE")))
-    print(f"\nfamily-wise level {a.alpha}; NOT LOSSLESS on exact sampling is a false alarm, on a lossy sampler its "
-          "power (Clopper-Pearson 95%)")
-    print("| cell | mean p(top) | sampler | NOT LOSSLESS | 95% interval | LOSSLESS | INCONCLUSIVE |")
+        print(f"{cell}: mean p(top) {mean_top:.4f}; found with 80% power at these positions (most runs): "
+              f"{max(set(res), key=res.count)}")
+        lo, hi = binomial_interval(false_alarms, exact_runs)
+        for name in LOSSY:
+            e, v = exact[name], lossy[name]
+            plo, phi = binomial_interval(v.count("NOT LOSSLESS"), len(v))
+            rows.append((cell, f"{mean_top:.3f}", name, f"{false_alarms}/{exact_runs} [{lo:.2f}, {hi:.2f}]",
+                         f"{e.count('LOSSLESS')}/{len(e)}", f"{v.count('NOT LOSSLESS')}/{len(v)} [{plo:.2f}, {phi:.2f}]",
+                         f"{v.count('LOSSLESS')}/{len(v)}"))
+    print(f"\nfamily-wise level {a.alpha}; Clopper-Pearson 95% intervals in brackets")
+    print("| cell | mean p(top) | control L | exact sampling: NOT LOSSLESS (false alarm) | exact, --control L: "
+          "LOSSLESS | L as the sampler: NOT LOSSLESS (power) | L as the sampler: LOSSLESS (wrong) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(map(str, r)) + " |")
     print(f"\nengine sampling and scoring, all cells: {wall:.0f} s ({wall / 60:.1f} min)")
 
 
+def _chain_sample(chain, n: int, positions: int, sampler: str, g):
+    """n completions from a simulated policy (chain: [V + 1, V] logits after each token; row V is the prompt) by
+    `sampler`. Returns (logits [n * positions, V], tokens [n * positions], tokens as [n][positions] lists)."""
+    import torch
+
+    v = chain.shape[1]
+    prev, logits, tokens = torch.full((n,), v), [], []
+    for _ in range(positions):
+        lg = chain[prev]
+        p = torch.softmax(lg, -1)
+        if sampler == "truncated":  # top-p 0.9
+            sp, idx = p.sort(-1, descending=True)
+            p = torch.zeros_like(p).scatter(-1, idx, sp * ((sp.cumsum(-1) - sp) < 0.9))
+        elif sampler == "temperature":  # 1.1 T
+            p = torch.softmax(lg / 1.1, -1)
+        elif sampler == "offbyone":  # the policy's argmax proposed, accepted against the next position's p
+            d = p.argmax(-1)
+            accept = torch.softmax(chain[d], -1).gather(-1, d[:, None])
+            rest = p.scatter(-1, d[:, None], 0.0)
+            p = rest / rest.sum(-1, keepdim=True) * (1 - accept) + torch.nn.functional.one_hot(d, v) * accept
+        x = torch.multinomial(p, 1, generator=g)[:, 0]
+        logits.append(lg)
+        tokens.append(x)
+        prev = x
+    return torch.cat(logits), torch.cat(tokens), torch.stack(tokens, 1).tolist()
+
+
+def simulate(a) -> None:
+    """verify's verdict on simulated policies, many repetitions (no engine; minutes on one core)."""
+    import torch
+
+    from spectool.commands.verify import ArmResult, verdict
+    from spectool.stats import binomial_interval, policy_test, token_terms, token_test
+
+    t0 = time.perf_counter()
+    rule = ("max", "logprob_max_abs_diff", 1e-3)
+    print(f"simulated policy, 1 prompt x {a.sim_samples} completions x {a.positions} positions per run, "
+          f"{a.sim_reps} runs per cell, family-wise level {a.alpha}")
+    print("| chain scale | mean p(top) | control L | exact sampling: NOT LOSSLESS (false alarm) | exact, --control L: "
+          "LOSSLESS | L as the sampler: NOT LOSSLESS (power) | L as the sampler: LOSSLESS (wrong) |")
+    print("|---|---|---|---|---|---|---|")
+    for scale in (1.0, 8.0, 30.0, 60.0):
+        chain = torch.randn(65, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * scale
+        g = torch.Generator().manual_seed(2)
+
+        def arm(sampler: str, plain_per=None):
+            lg, tok, per = _chain_sample(chain, a.sim_samples, a.positions, sampler, g)
+            r = ArmResult(sampler, sampler, len(tok), policy_test(token_terms(lg, tok, 1.0)), 0.0, 0.0, float("nan"))
+            if plain_per is not None:
+                r.token_tests = [token_test(0, j + 1, [x[j] for x in per], [x[j] for x in plain_per])
+                                 for j in range(a.positions)]
+            return r, per
+
+        exact, lossy, tops, false_alarms = {s: [] for s in LOSSY[:3]}, {s: [] for s in LOSSY[:3]}, [], 0
+        for _ in range(a.sim_reps):
+            plain, per = arm("exact")
+            spec = arm("exact", per)[0]
+            tops.append(spec.policy.mean_top)
+            for s in exact:
+                control, under_test = arm(s, per)[0], arm(s, per)[0]
+                control.control = s
+                said = verdict([plain, spec, control], a.alpha, rule)[0]
+                false_alarms += s == LOSSY[0] and said == "NOT LOSSLESS"
+                exact[s].append(said)
+                lossy[s].append(verdict([plain, under_test, control], a.alpha, rule)[0])
+        lo, hi = binomial_interval(false_alarms, a.sim_reps)
+        for s in exact:
+            v = lossy[s]
+            plo, phi = binomial_interval(v.count("NOT LOSSLESS"), len(v))
+            print(f"| {scale:g} | {sum(tops) / len(tops):.3f} | {s} | {false_alarms}/{a.sim_reps} [{lo:.3f}, {hi:.3f}] | "
+                  f"{exact[s].count('LOSSLESS')}/{a.sim_reps} | {v.count('NOT LOSSLESS')}/{len(v)} [{plo:.2f}, {phi:.2f}] "
+                  f"| {v.count('LOSSLESS')}/{len(v)} |", flush=True)
+    print(f"wall time {time.perf_counter() - t0:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("sample", "report"))
+    ap.add_argument("what", choices=("sample", "report", "simulate"))
     ap.add_argument("--cell", choices=tuple(CELLS), help="sample: the cell to draw")
     ap.add_argument("--draft", help="sample: an EAGLE-3 draft folder of SmolLM2 (default: the policy drafts itself)")
     ap.add_argument("--out", default="runs/verify-cal")
@@ -191,14 +281,18 @@ def main() -> None:
     ap.add_argument("--reps-lossy", type=int, default=8, help="repetitions of each other lossy sampler")
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--alpha", type=float, default=0.01, help="report: verify's family-wise level")
+    ap.add_argument("--alpha", type=float, default=0.01, help="report, simulate: verify's family-wise level")
+    ap.add_argument("--sim-reps", type=int, default=300, help="simulate: runs per cell")
+    ap.add_argument("--sim-samples", type=int, default=100, help="simulate: completions per run")
     a = ap.parse_args()
     if a.what == "sample":
         if not a.cell:
             ap.error("sample needs --cell")
         sample(a)
-    else:
+    elif a.what == "report":
         report(a)
+    else:
+        simulate(a)
 
 
 if __name__ == "__main__":

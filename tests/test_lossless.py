@@ -157,6 +157,7 @@ def _verdicts(scale: float, n: int, reps: int, seed: int = 2, positions: int = 6
         plain, per = _arm("plain", chain, n, positions, "exact", g)
         arms = {s: _arm(s, chain, n, positions, "exact" if s == "exact" else s, g, per)[0] for s in out}
         control = _arm("control", chain, n, positions, "truncated", g, per)[0]
+        control.control = "truncated"  # verify then also asks for >= 80% power against top-p 0.9, computed
         for s, a in arms.items():
             out[s].append(verdict([plain, a, control], 0.05, LOGPROB)[0])
     return out

@@ -28,7 +28,7 @@ from pathlib import Path
 from spectool.config import VerifyConfig
 from spectool.data import load_source
 from spectool.draft.guard import check_speculation
-from spectool.engine.arms import KERNEL_CONTROLS, LOSSY_CONTROLS, sample_arm, sample_control
+from spectool.engine.arms import CONTROL_ALTERNATIVE, KERNEL_CONTROLS, LOSSY_CONTROLS, sample_arm, sample_control
 from spectool.engine.compat import is_cpu_build
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
@@ -59,6 +59,11 @@ class ArmResult:
     logprob_mean_abs_diff: float
     mean_acceptance_length: float
     token_tests: list[TokenTest] = field(default_factory=list)  # vs the plain arm
+    control: str = ""  # a lossy control's name (engine/arms.LOSSY_CONTROLS); "" for plain and speculative
+
+    def min_p(self) -> float:
+        """The smallest p-value of its tests."""
+        return min([self.policy.p] + [t.p for t in self.token_tests])
 
     def rejected(self, alpha_each: float) -> list[str]:
         """Names of the tests that reject exactness for this arm."""
@@ -172,9 +177,12 @@ def verdict(results: list[ArmResult], alpha: float, logprob: tuple[str, str, flo
     results: plain, speculative, then the lossy controls; logprob: logprob_rule's (statistic, field, tolerance).
     The family is plain's and speculative's likelihood-ratio tests and speculative's token tests, at family-wise
     level alpha (Bonferroni); a control is tested at the same per-test level. NOT LOSSLESS: a test rejects plain or
-    speculative decoding (or the engine's logprobs are not the policy's). LOSSLESS: none does, every control is
-    rejected, and greedy decoding would have been rejected at these positions. INCONCLUSIVE: none does, but power
-    was not shown."""
+    speculative decoding (or the engine's logprobs are not the policy's). LOSSLESS: none does, and power is shown:
+    every control is rejected with power (where the control is one of the test's alternatives, top-p 0.9 or a 10%
+    temperature error: the power against it computed at the speculative arm's positions is >= 80%; otherwise its
+    rejection is 100x below the level, so that a repeat would be rejected too: one lucky rejection is not power),
+    and greedy decoding would have been rejected at these positions. INCONCLUSIVE: none rejects, but power was not
+    shown."""
     spec, controls = results[1], results[2:]
     alpha_each = alpha / (2 + len(spec.token_tests))
     reasons = []
@@ -190,9 +198,17 @@ def verdict(results: list[ArmResult], alpha: float, logprob: tuple[str, str, flo
     if not spec.policy.greedy_detectable(alpha_each):
         reasons.append(_too_concentrated(spec.policy, alpha_each))
     for c in controls:
+        power = (spec.policy.power(alpha_each)[ALTERNATIVES.index(CONTROL_ALTERNATIVE[c.control])]
+                 if c.control in CONTROL_ALTERNATIVE else None)
         if not c.rejected(alpha_each):
             reasons.append(f"the tests did not reject the lossy control ({c.engine_note}): no power against it at "
                            "these positions and sample sizes (raise --samples or --n-prompts)")
+        elif power is not None and power < POWER:
+            reasons.append(f"the tests rejected the lossy control ({c.engine_note}), but at these positions they find "
+                           f"it with {power:.0%} power only (raise --samples or --n-prompts)")
+        elif power is None and c.min_p() > alpha_each * MARGIN:
+            reasons.append(f"the tests rejected the lossy control ({c.engine_note}) at p={c.min_p():.1e}, not "
+                           f"{1 / MARGIN:.0f}x below the level: a repeat could pass (raise --samples or --n-prompts)")
     if not controls:
         reasons.append("power not shown: no lossy control was run (--control none); run with --control auto (or "
                        "truncated, temperature, offbyone) to show the tests reject a lossy sampler")
@@ -200,6 +216,12 @@ def verdict(results: list[ArmResult], alpha: float, logprob: tuple[str, str, flo
         return "INCONCLUSIVE", reasons, alpha_each
     return "LOSSLESS", [f"lossy control rejected: {c.engine_note}: {'; '.join(c.rejected(alpha_each))}"
                         for c in controls], alpha_each
+
+
+POWER = 0.8  # the power against a control that counts as shown
+# a control with no computed power counts as found when its p is this factor below the level: 4.6 nats of evidence
+# past the threshold, about one standard deviation of a likelihood ratio near it (a repeat found ~80% of the time)
+MARGIN = 0.01
 
 
 def _too_concentrated(t: PolicyTest, alpha_each: float) -> str:
@@ -260,6 +282,7 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
         scored = [score_tokens(policy, p, rs, cfg.temperature) for p, rs in zip(prompts, arm["responses"])]
         note = notes.get(name, f"sampler fix: {arm['sampler_fix']}")
         results.append(_arm_result(name, note, arm, scored, None if name == "plain" else arms["plain"], cfg.positions))
+        results[-1].control = name.removeprefix("lossy control: ") if name.startswith("lossy control: ") else ""
 
     said, reasons, alpha_each = verdict(results, cfg.alpha, logprob_rule(cfg), engine_dtype(cfg.dtype))
     spec = results[1]
