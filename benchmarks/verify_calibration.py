@@ -150,7 +150,8 @@ def report(a) -> None:
 
         def arm(name: str, i: int, plain_part: dict | None, label: str):
             part, scored = _slice(pools[name], i)
-            r = _arm_result(label, LOSSY_CONTROLS.get(name, name), part, scored, plain_part, positions)
+            r = _arm_result(label, LOSSY_CONTROLS.get(name, name), part, scored, plain_part, positions,
+                            a.alpha / (2 + len(part["responses"]) * positions))
             r.control = name if label == "lossy control" else ""
             return r, part
 
@@ -224,7 +225,7 @@ def simulate(a) -> None:
     """verify's verdict on simulated policies, many repetitions (no engine; minutes on one core)."""
     import torch
 
-    from spectool.commands.verify import ArmResult, verdict
+    from spectool.commands.verify import ArmResult, permutations_for, verdict
     from spectool.stats import binomial_interval, policy_test, token_terms, token_test
 
     t0 = time.perf_counter()
@@ -242,7 +243,8 @@ def simulate(a) -> None:
             lg, tok, per = _chain_sample(chain, a.sim_samples, a.positions, sampler, g)
             r = ArmResult(sampler, sampler, len(tok), policy_test(token_terms(lg, tok, 1.0)), 0.0, 0.0, float("nan"))
             if plain_per is not None:
-                r.token_tests = [token_test(0, j + 1, [x[j] for x in per], [x[j] for x in plain_per])
+                r.token_tests = [token_test(0, j + 1, [x[j] for x in per], [x[j] for x in plain_per],
+                                            permutations=permutations_for(a.alpha / (2 + a.positions)))
                                  for j in range(a.positions)]
             return r, per
 
