@@ -150,7 +150,8 @@ def report(a) -> None:
 
         def arm(name: str, i: int, plain_part: dict | None, label: str):
             part, scored = _slice(pools[name], i)
-            r = _arm_result(label, LOSSY_CONTROLS.get(name, name), part, scored, plain_part, positions)
+            r = _arm_result(label, LOSSY_CONTROLS.get(name, name), part, scored, plain_part, positions,
+                            a.alpha / (2 + len(part["responses"]) * positions))
             r.control = name if label == "lossy control" else ""
             return r, part
 
@@ -224,7 +225,7 @@ def simulate(a) -> None:
     """verify's verdict on simulated policies, many repetitions (no engine; minutes on one core)."""
     import torch
 
-    from spectool.commands.verify import ArmResult, verdict
+    from spectool.commands.verify import ArmResult, permutations_for, verdict
     from spectool.stats import binomial_interval, policy_test, token_terms, token_test
 
     t0 = time.perf_counter()
@@ -242,7 +243,8 @@ def simulate(a) -> None:
             lg, tok, per = _chain_sample(chain, a.sim_samples, a.positions, sampler, g)
             r = ArmResult(sampler, sampler, len(tok), policy_test(token_terms(lg, tok, 1.0)), 0.0, 0.0, float("nan"))
             if plain_per is not None:
-                r.token_tests = [token_test(0, j + 1, [x[j] for x in per], [x[j] for x in plain_per])
+                r.token_tests = [token_test(0, j + 1, [x[j] for x in per], [x[j] for x in plain_per],
+                                            permutations=permutations_for(a.alpha / (2 + a.positions)))
                                  for j in range(a.positions)]
             return r, per
 
@@ -277,8 +279,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--positions", type=int, default=6)
     ap.add_argument("--samples", type=int, default=25, help="completions per prompt in one repetition")
-    ap.add_argument("--reps-exact", type=int, default=12, help="repetitions of the exact samplers (and the control)")
-    ap.add_argument("--reps-lossy", type=int, default=8, help="repetitions of each other lossy sampler")
+    ap.add_argument("--reps-exact", type=int, default=8, help="repetitions of the exact samplers (and the control)")
+    ap.add_argument("--reps-lossy", type=int, default=6, help="repetitions of each other lossy sampler")
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--alpha", type=float, default=0.01, help="report, simulate: verify's family-wise level")

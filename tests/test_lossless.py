@@ -66,6 +66,16 @@ def test_rare_tokens_are_pooled_and_a_small_pool_is_folded_in():
     assert t.cells == 1 and t.p == 1.0
 
 
+def test_small_counts_get_an_exact_p_value():
+    """19 of 25 against 6 of 25: the chi-square law gives p 2.4e-4, below a verdict's ~3.8e-4 per test; the exact
+    (Fisher) p-value is 5.4e-4. The token test's permutation p-value is the exact one."""
+    t = token_test(0, 1, [1] * 19 + [2] * 6, [1] * 6 + [2] * 19, permutations=200_000)
+    assert chi2_sf(t.statistic, 1) == pytest.approx(2.4e-4, rel=0.05)
+    fisher = sum(math.comb(25, k) * math.comb(25, 25 - k) for k in list(range(7)) + list(range(19, 26))) / math.comb(50, 25)
+    assert fisher == pytest.approx(5.4e-4, rel=0.01)
+    assert t.p == pytest.approx(fisher, rel=0.15)
+
+
 def test_a_score_with_no_spread_is_not_a_pass():
     # the audit's case: a lossy sampler whose scores are all equal had se 0, z 0 and p 1
     assert score_test([0.25] * 64).p == 0.0

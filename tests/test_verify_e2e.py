@@ -61,12 +61,13 @@ def test_verify_passes_with_a_sampling_draft(tiny_policy, random_draft, tmp_path
 
 
 def test_verify_on_a_near_deterministic_policy(tiny_policy, tmp_path):
-    """The late-RL case: the tiny policy with its lm_head x100 (mean p(top) ~0.98), the policy drafting itself (its
-    argmax proposed, accepted ~98% of the time: the acceptance path runs most). Plain and speculative decoding pass
-    (a sharpened policy once made verify call plain decoding itself NOT LOSSLESS: z = +1287 on a standard error of
-    0), and the tests reject an acceptance rule off by one (the kernel the worker installs): LOSSLESS, power shown,
-    greedy decoding detectable at these positions. Truncation and temperature errors at this entropy:
-    tests/test_lossless.py and benchmarks/verify_calibration.py."""
+    """The late-RL case: the tiny policy with its lm_head x100 (mean p(top) ~0.97), the policy drafting itself (its
+    argmax proposed and accepted ~97% of the time: the acceptance path runs most). Plain and speculative decoding
+    pass (a sharpened policy once made verify call plain decoding itself NOT LOSSLESS: z = +1287 on a standard error
+    of 0), and top-p 0.9 is rejected with >= 80% power computed at these positions: LOSSLESS, power shown. The
+    off-by-one control needs real text to bite (this random policy repeats its argmax, so reading the next position
+    often accepts the same token: p 0.06 at these 1,200 tokens); on SmolLM2 it is rejected in every run of
+    benchmarks/verify_calibration.py, and tests/test_lossless.py checks its kernel on hand-made tensors."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -77,13 +78,12 @@ def test_verify_on_a_near_deterministic_policy(tiny_policy, tmp_path):
     model.save_pretrained(sharp)
     AutoTokenizer.from_pretrained(tiny_policy).save_pretrained(sharp)
     r = spectool("verify", "--model", str(sharp), "--draft-model", "policy", "--data", "chat", "--n-prompts", "2",
-                 "--samples", "150", "--positions", "4", "--k", "2", "--control", "offbyone",
+                 "--samples", "150", "--positions", "4", "--k", "2", "--control", "truncated",
                  "--out", str(tmp_path / "v"), check=False)
     assert "verdict: LOSSLESS" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
     v = json.loads((tmp_path / "v" / "verify.json").read_text())
-    plain, spec, offbyone = v["arms"]
-    assert spec["policy"]["mean_top"] > 0.95 and spec["mean_acceptance_length"] > 2.0
+    plain, spec, truncated = v["arms"]
+    assert spec["policy"]["mean_top"] > 0.95 and spec["mean_acceptance_length"] > 2.5
     assert plain["logprob_max_abs_diff"] < 1e-3 and spec["logprob_max_abs_diff"] < 1e-3
-    assert "acceptance off by one (lossy control)" in offbyone["engine_note"]  # the kernel the worker installed
-    assert offbyone["policy"]["p"] < v["alpha_each"]
+    assert truncated["policy"]["p"] < v["alpha_each"]
     assert v["detectable"]["truncated"] != "none"  # a sampler that truncated (greedy included) would have been seen

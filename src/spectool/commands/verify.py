@@ -143,8 +143,10 @@ def score_tokens(policy, prompt: list[int], responses: list[list[int]], temperat
     return out
 
 
-def _arm_result(name: str, note: str, arm: dict, scored: list, plain: dict | None, positions: int) -> ArmResult:
-    """scored: [prompt][response] score_tokens pairs of this arm."""
+def _arm_result(name: str, note: str, arm: dict, scored: list, plain: dict | None, positions: int,
+                alpha_each: float) -> ArmResult:
+    """scored: [prompt][response] score_tokens pairs of this arm; alpha_each: the level its tests are read at (the
+    token tests' permutations resolve p-values MARGIN times below it)."""
     import torch  # noqa: PLC0415 (heavy, loaded only on this path)
 
     terms = [t for per in scored for t, _ in per]
@@ -158,7 +160,7 @@ def _arm_result(name: str, note: str, arm: dict, scored: list, plain: dict | Non
             for j in range(positions):
                 a = [r[j] for r in mine if len(r) > j]
                 b = [r[j] for r in theirs if len(r) > j]
-                res.token_tests.append(token_test(p, j + 1, a, b))
+                res.token_tests.append(token_test(p, j + 1, a, b, permutations=permutations_for(alpha_each)))
     return res
 
 
@@ -224,6 +226,11 @@ POWER = 0.8  # the power against a control that counts as shown
 MARGIN = 0.01
 
 
+def permutations_for(alpha_each: float) -> int:
+    """Relabellings a token test's permutation p-value needs to resolve p = alpha_each * MARGIN."""
+    return math.ceil(2 / (alpha_each * MARGIN))
+
+
 def _too_concentrated(t: PolicyTest, alpha_each: float) -> str:
     have, need = t.expected[GREEDY], math.log(len(ALTERNATIVES) / alpha_each)
     return (f"the policy is near-deterministic here (mean p(top) {t.mean_top:.4f}): even a sampler that always emitted "
@@ -277,11 +284,12 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     progress("scoring sampled tokens with the policy (transformers, fp32 logits, float64 tests)")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).to(dev).eval()
-    results = []
+    results, alpha_each = [], cfg.alpha / (2 + len(prompts) * cfg.positions)  # verdict's: plain, spec, token tests
     for name, arm in arms.items():
         scored = [score_tokens(policy, p, rs, cfg.temperature) for p, rs in zip(prompts, arm["responses"])]
         note = notes.get(name, f"sampler fix: {arm['sampler_fix']}")
-        results.append(_arm_result(name, note, arm, scored, None if name == "plain" else arms["plain"], cfg.positions))
+        results.append(_arm_result(name, note, arm, scored, None if name == "plain" else arms["plain"], cfg.positions,
+                                   alpha_each))
         results[-1].control = name.removeprefix("lossy control: ") if name.startswith("lossy control: ") else ""
 
     said, reasons, alpha_each = verdict(results, cfg.alpha, logprob_rule(cfg), engine_dtype(cfg.dtype))
