@@ -194,38 +194,12 @@ def report(a) -> None:
     print(f"\nengine sampling and scoring, all cells: {wall:.0f} s ({wall / 60:.1f} min)")
 
 
-def _chain_sample(chain, n: int, positions: int, sampler: str, g):
-    """n completions from a simulated policy (chain: [V + 1, V] logits after each token; row V is the prompt) by
-    `sampler`. Returns (logits [n * positions, V], tokens [n * positions], tokens as [n][positions] lists)."""
-    import torch
-
-    v = chain.shape[1]
-    prev, logits, tokens = torch.full((n,), v), [], []
-    for _ in range(positions):
-        lg = chain[prev]
-        p = torch.softmax(lg, -1)
-        if sampler == "truncated":  # top-p 0.9
-            sp, idx = p.sort(-1, descending=True)
-            p = torch.zeros_like(p).scatter(-1, idx, sp * ((sp.cumsum(-1) - sp) < 0.9))
-        elif sampler == "temperature":  # 1.1 T
-            p = torch.softmax(lg / 1.1, -1)
-        elif sampler == "offbyone":  # the policy's argmax proposed, accepted against the next position's p
-            d = p.argmax(-1)
-            accept = torch.softmax(chain[d], -1).gather(-1, d[:, None])
-            rest = p.scatter(-1, d[:, None], 0.0)
-            p = rest / rest.sum(-1, keepdim=True) * (1 - accept) + torch.nn.functional.one_hot(d, v) * accept
-        x = torch.multinomial(p, 1, generator=g)[:, 0]
-        logits.append(lg)
-        tokens.append(x)
-        prev = x
-    return torch.cat(logits), torch.cat(tokens), torch.stack(tokens, 1).tolist()
-
-
 def simulate(a) -> None:
     """verify's verdict on simulated policies, many repetitions (no engine; minutes on one core)."""
     import torch
 
     from spectool.commands.verify import ArmResult, permutations_for, verdict
+    from spectool.simulated import markov_policy, sample_policy
     from spectool.stats import binomial_interval, policy_test, token_terms, token_test
 
     t0 = time.perf_counter()
@@ -236,11 +210,11 @@ def simulate(a) -> None:
           "LOSSLESS | L as the sampler: NOT LOSSLESS (power) | L as the sampler: LOSSLESS (wrong) |")
     print("|---|---|---|---|---|---|---|")
     for scale in (1.0, 8.0, 30.0, 60.0):
-        chain = torch.randn(65, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * scale
+        chain = markov_policy(scale)
         g = torch.Generator().manual_seed(2)
 
         def arm(sampler: str, plain_per=None):
-            lg, tok, per = _chain_sample(chain, a.sim_samples, a.positions, sampler, g)
+            lg, tok, per = sample_policy(chain, a.sim_samples, a.positions, sampler, g)
             r = ArmResult(sampler, sampler, len(tok), policy_test(token_terms(lg, tok, 1.0)), 0.0, 0.0, float("nan"))
             if plain_per is not None:
                 r.token_tests = [token_test(0, j + 1, [x[j] for x in per], [x[j] for x in plain_per],
