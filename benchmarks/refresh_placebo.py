@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from spectool.draft.refresh_policy import RefreshPolicy
-from spectool.stats import REFRESH_ALPHA, normal_quantile, step_noise, wilson
+from spectool.stats import REFRESH_ALPHA, binomial_interval, step_noise
 
 COSTS = (2.0, 5.0, 8.0, 12.0, 15.0)
 
@@ -110,7 +110,7 @@ def retimed(metrics: list[dict], gen_s: float) -> list[dict]:
 
 
 def rate(k: int, n: int) -> str:
-    lo, hi = wilson(k, n)
+    lo, hi = binomial_interval(k, n)
     return f"{k}/{n} = {k / n:.1%} [{lo:.1%}, {hi:.1%}]"
 
 
@@ -236,8 +236,7 @@ def main() -> None:
         when = (f"{after[len(after) // 2]} ({after[len(after) // 10]}-{after[(9 * len(after)) // 10]})"
                 if after else "-")
         print(f"| {c:g} | {w:.2f} | {rate(len(after), args.sims)} | {when} |")
-    z = normal_quantile(0.975)
-    print(f"\n(intervals: 95% Wilson, z = {z:.2f}); wall time {time.perf_counter() - t0:.1f} s")
+    print(f"\n(intervals: 95% Clopper-Pearson); wall time {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":

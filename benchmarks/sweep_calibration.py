@@ -15,7 +15,7 @@ how often it finds one that is (power), at its default budget.
            Three ways to form sweeps from the pool: non-overlapping windows in time order (independent sweeps: the
            honest interval, few of them), all windows shifted by one round (overlapping), and --resample random draws
            of runs without replacement (runs of one label are exchangeable in an A/A; many sweeps from few runs,
-           which share runs, so their Wilson interval is too narrow: a point estimate). Beside each, the rule
+           which share runs, so their Clopper-Pearson interval is too narrow: a point estimate). Beside each, the rule
            sweep-k had before (one run per arm, plain decoding first and last, a 95% bootstrap over waves).
 
   python benchmarks/sweep_calibration.py collect --pool runs/cal --draft runs/demo/draft --k 3 --temperature 0 \
@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from spectool.constants import DEFAULT_DATA  # noqa: E402
-from spectool.stats import recommend, sweep_speedups, wilson  # noqa: E402
+from spectool.stats import binomial_interval, recommend, sweep_speedups  # noqa: E402
 
 
 def collect(a: argparse.Namespace) -> None:
@@ -143,7 +143,7 @@ def _old_sweep(runs: list[dict], arms: int) -> list[dict]:
 
 
 def _rate(hits: list[bool]) -> str:
-    lo, hi = wilson(sum(hits), len(hits))
+    lo, hi = binomial_interval(sum(hits), len(hits))
     return f"{sum(hits)}/{len(hits)} = {sum(hits) / max(len(hits), 1):.0%} [{lo:.0%}, {hi:.0%}]"
 
 

@@ -445,8 +445,8 @@ def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float
         return 0.0, 1.0
     tail = (1 - level) / 2
 
-    def cdf(x: int, p: float) -> float:  # P(Binomial(n, p) <= x)
-        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(x + 1))
+    def cdf(x: int, p: float) -> float:  # P(Binomial(n, p) <= x) = I_(1-p)(n - x, x + 1), any n
+        return 1.0 if x >= n else _betainc(n - x, x + 1, 1.0 - p)
 
     def solve(x: int, target: float) -> float:  # the p where P(X <= x) = target (decreasing in p)
         lo, hi = 0.0, 1.0
@@ -565,16 +565,6 @@ def block_speedups(log_rates: list[list[float]], alpha: float = SWEEP_ALPHA) -> 
     return out
 
 
-
-
-def wilson(hits: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """The Wilson score interval of a proportion hits / n (a calibration's false-alarm rate or power)."""
-    if n == 0:
-        return 0.0, 1.0
-    z = normal_quantile(1 - (1 - level) / 2)
-    p = hits / n
-    mid, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, mid - half), min(1.0, mid + half)
 
 
 def sweep_speedups(rows: list[dict], alpha: float = SWEEP_ALPHA) -> list[dict]:
