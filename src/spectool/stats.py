@@ -354,9 +354,10 @@ class TokenTest:
     cells: int
     statistic: float
     df: int
-    p: float
+    p: float  # the chi-square law's, or the permutations' where the law's is below 0.01
     tv: float  # observed total variation between the two empirical distributions (merged cells)
     pooled: list[float]  # pooled cell frequencies (the null's best estimate), for power analysis
+    law_p: float = 1.0  # the chi-square law's p-value (unresolved by permutations: evidence of power, not the level)
 
 
 def token_test(prompt: int, position: int, a: list[int], b: list[int], min_cell: int = 10,
@@ -367,14 +368,13 @@ def token_test(prompt: int, position: int, a: list[int], b: list[int], min_cell:
     gets p 2.4e-4 from it and 5.4e-4 from the permutations, Fisher's exact test's value; a verdict tests at ~4e-4, so
     the caller asks for enough permutations to resolve its level)."""
     cells = _merged_table(a, b, min_cell)
-    stat, df, p = chi2_homogeneity(cells)
-    if p < 0.01:
-        p = _permutation_p(cells, stat, permutations, seed=prompt * 1009 + position)
+    stat, df, law_p = chi2_homogeneity(cells)
+    p = law_p if law_p >= 0.01 else _permutation_p(cells, stat, permutations, seed=prompt * 1009 + position)
     na, nb = max(len(a), 1), max(len(b), 1)
     tv = 0.5 * sum(abs(x / na - y / nb) for x, y in cells)
     n = max(len(a) + len(b), 1)
     pooled = [(x + y) / n for x, y in cells]
-    return TokenTest(prompt, position, len(a), len(b), len(cells), stat, df, p, tv, pooled)
+    return TokenTest(prompt, position, len(a), len(b), len(cells), stat, df, p, tv, pooled, law_p)
 
 
 def _permutation_p(cells: list[tuple[int, int]], stat: float, permutations: int, seed: int) -> float:

@@ -42,6 +42,8 @@ from spectool.stats import (
     PolicyTest,
     TokenTest,
     detectable_tv,
+    normal_cdf,
+    normal_quantile,
     policy_test,
     token_terms,
     token_test,
@@ -61,9 +63,10 @@ class ArmResult:
     token_tests: list[TokenTest] = field(default_factory=list)  # vs the plain arm
     control: str = ""  # a lossy control's name (engine/arms.LOSSY_CONTROLS); "" for plain and speculative
 
-    def min_p(self) -> float:
-        """The smallest p-value of its tests."""
-        return min([self.policy.p] + [t.p for t in self.token_tests])
+    def strongest_p(self) -> float:
+        """The smallest p-value of its tests, the token tests' from the chi-square law (below the permutations'
+        resolution): how far past the level its evidence reaches."""
+        return min([self.policy.p] + [t.law_p for t in self.token_tests])
 
     def rejected(self, alpha_each: float) -> list[str]:
         """Names of the tests that reject exactness for this arm."""
@@ -146,7 +149,7 @@ def score_tokens(policy, prompt: list[int], responses: list[list[int]], temperat
 def _arm_result(name: str, note: str, arm: dict, scored: list, plain: dict | None, positions: int,
                 alpha_each: float) -> ArmResult:
     """scored: [prompt][response] score_tokens pairs of this arm; alpha_each: the level its tests are read at (the
-    token tests' permutations resolve p-values MARGIN times below it)."""
+    token tests' permutations resolve p-values RESOLUTION times below it)."""
     import torch  # noqa: PLC0415 (heavy, loaded only on this path)
 
     terms = [t for per in scored for t, _ in per]
@@ -182,7 +185,7 @@ def verdict(results: list[ArmResult], alpha: float, logprob: tuple[str, str, flo
     speculative decoding (or the engine's logprobs are not the policy's). LOSSLESS: none does, and power is shown:
     every control is rejected with power (where the control is one of the test's alternatives, top-p 0.9 or a 10%
     temperature error: the power against it computed at the speculative arm's positions is >= 80%; otherwise its
-    rejection is 100x below the level, so that a repeat would be rejected too: one lucky rejection is not power),
+    strongest test clears the level by POWER_Z normal scores, so that a repeat would be rejected too),
     and greedy decoding would have been rejected at these positions. INCONCLUSIVE: none rejects, but power was not
     shown."""
     spec, controls = results[1], results[2:]
@@ -208,9 +211,10 @@ def verdict(results: list[ArmResult], alpha: float, logprob: tuple[str, str, flo
         elif power is not None and power < POWER:
             reasons.append(f"the tests rejected the lossy control ({c.engine_note}), but at these positions they find "
                            f"it with {power:.0%} power only (raise --samples or --n-prompts)")
-        elif power is None and c.min_p() > alpha_each * MARGIN:
-            reasons.append(f"the tests rejected the lossy control ({c.engine_note}) at p={c.min_p():.1e}, not "
-                           f"{1 / MARGIN:.0f}x below the level: a repeat could pass (raise --samples or --n-prompts)")
+        elif power is None and c.strongest_p() > power_shown_below(alpha_each):
+            reasons.append(f"the tests rejected the lossy control ({c.engine_note}) at p={c.strongest_p():.1e}, not "
+                           f"below {power_shown_below(alpha_each):.1e}: a repeat could pass, so its power is not shown "
+                           "(raise --samples or --n-prompts)")
     if not controls:
         reasons.append("power not shown: no lossy control was run (--control none); run with --control auto (or "
                        "truncated, temperature, offbyone) to show the tests reject a lossy sampler")
@@ -221,14 +225,23 @@ def verdict(results: list[ArmResult], alpha: float, logprob: tuple[str, str, flo
 
 
 POWER = 0.8  # the power against a control that counts as shown
-# a control with no computed power counts as found when its p is this factor below the level: 4.6 nats of evidence
-# past the threshold, about one standard deviation of a likelihood ratio near it (a repeat found ~80% of the time)
-MARGIN = 0.01
+# A control with no computed power (the kernel controls) counts as found when its strongest test clears the level by
+# POWER_Z normal scores: 0.84 (80% power) + 1.64 (a one-sided 95% lower confidence bound on it), so that a repeat
+# would be rejected too: one rejection near the level is not power. A lossy sampler at the edge of the tests'
+# resolution, run as its own control, is then called LOSSLESS at most Phi(-POWER_Z / 2)^2 ~ 1% of the time at any
+# effect size (normal approximation); a margin of 100x below the level (one score) allowed ~10% and measured 3.7%.
+POWER_Z = 2.5
+RESOLUTION = 0.01  # a token test's permutation p-value is resolved this factor below the level
+
+
+def power_shown_below(alpha_each: float) -> float:
+    """The p-value a control's strongest test must reach for its rejection to count as power."""
+    return normal_cdf(-(normal_quantile(1 - alpha_each) + POWER_Z))
 
 
 def permutations_for(alpha_each: float) -> int:
-    """Relabellings a token test's permutation p-value needs to resolve p = alpha_each * MARGIN."""
-    return math.ceil(2 / (alpha_each * MARGIN))
+    """Relabellings a token test's permutation p-value needs to resolve p = alpha_each * RESOLUTION."""
+    return math.ceil(2 / (alpha_each * RESOLUTION))
 
 
 def _too_concentrated(t: PolicyTest, alpha_each: float) -> str:
