@@ -127,7 +127,7 @@ def _old_rule(rows: list[dict], batch: int, draws: int = 400) -> bool:
     def rate(ws):
         return sum(t for t, _ in ws) / sum(s for _, s in ws)
 
-    for arm in {(x["method"], x["k"]) for x in at if x["method"] != "none"}:
+    for arm in sorted({(x["method"], x["k"]) for x in at if x["method"] != "none"}):  # a fixed order: rng reproducible
         waves = [w for x in at if (x["method"], x["k"]) == arm for w in x["waves"]]
         ratios = sorted(rate(rng.choices(waves, k=len(waves))) / rate(rng.choices(plain, k=len(plain)))
                         for _ in range(draws))

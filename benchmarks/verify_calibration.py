@@ -2,7 +2,7 @@
 NOT LOSSLESS (the false-alarm rate, at most the family-wise level) and how often each lossy sampler is (the power),
 from high entropy to a near-deterministic policy, with Clopper-Pearson 95% intervals.
 
-    flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --cell t1
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --cell t1 --reps-exact 12 --reps-lossy 8
     flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --cell t03
     flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --cell sharp8
     .venv/bin/python benchmarks/verify_calibration.py report          # the table, from the scored pools (no engine)

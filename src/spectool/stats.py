@@ -364,7 +364,7 @@ def token_test(prompt: int, position: int, a: list[int], b: list[int], min_cell:
                permutations: int = 20000) -> TokenTest:
     """Homogeneity of the j-th sampled token of one prompt, arm a vs arm b: Pearson's chi-square statistic, its p-value
     from the chi-square law, or, where that is small (< 0.01), from `permutations` random relabellings of the pooled
-    draws (exact for any counts: the chi-square law's tail is too thin at small counts, e.g. 19 of 25 against 6 of 25
+    draws (valid for any counts: the chi-square law's tail is too thin at small counts, e.g. 19 of 25 against 6 of 25
     gets p 2.4e-4 from it and 5.4e-4 from the permutations, Fisher's exact test's value; a verdict tests at ~4e-4, so
     the caller asks for enough permutations to resolve its level)."""
     cells = _merged_table(a, b, min_cell)
