@@ -40,6 +40,7 @@ different samplers in one cell are correlated.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -148,23 +149,29 @@ def report(a) -> None:
         wall += sum(p["sample_s"] + p["score_s"] for p in pools.values())
         positions = max(len(r) for rs in pools["plain"]["responses"] for r in rs)
 
-        def arm(name: str, i: int, plain_part: dict | None, label: str):
-            part, scored = _slice(pools[name], i)
-            r = _arm_result(label, LOSSY_CONTROLS.get(name, name), part, scored, plain_part, positions,
-                            a.alpha / (2 + len(part["responses"]) * positions))
-            r.control = name if label == "lossy control" else ""
-            return r, part
+        scored_arms = {}  # (sampler, its slice, plain's slice or None) -> (ArmResult, the slice): each scored once
+
+        def arm(name: str, i: int, against: int | None, label: str):
+            """Slice i of a sampler's pool as verify's arm `label`, its token tests against plain's slice `against`."""
+            if (name, i, against) not in scored_arms:
+                part, scored = _slice(pools[name], i)
+                plain_part = None if against is None else _slice(pools["plain"], against)[0]
+                scored_arms[name, i, against] = (
+                    _arm_result(label, LOSSY_CONTROLS.get(name, name), part, scored, plain_part, positions,
+                                a.alpha / (2 + len(part["responses"]) * positions)), part)
+            r, part = scored_arms[name, i, against]
+            return dataclasses.replace(r, name=label, control=name if label == "lossy control" else ""), part
 
         exact_runs = pools["plain"]["reps"]
         exact, lossy, tops, res = {n: [] for n in LOSSY}, {n: [] for n in LOSSY}, [], []
         false_alarms = 0
         for i in range(exact_runs):
-            plain, plain_part = arm("plain", i, None, "plain")
-            spec = arm("speculative", i, plain_part, "speculative")[0]
+            plain = arm("plain", i, None, "plain")[0]
+            spec = arm("speculative", i, i, "speculative")[0]
             tops.append(spec.policy.mean_top)
             for name in LOSSY:
                 reps = pools[name]["reps"]
-                said, _, alpha_each = verdict([plain, spec, arm(name, i % reps, plain_part, "lossy control")[0]],
+                said, _, alpha_each = verdict([plain, spec, arm(name, i % reps, i, "lossy control")[0]],
                                               a.alpha, rule)
                 if name == LOSSY[0]:
                     false_alarms += said == "NOT LOSSLESS"
@@ -172,8 +179,8 @@ def report(a) -> None:
                 if i >= reps:
                     continue  # the control's slices are used once each
                 exact[name].append(said)
-                under_test = arm(name, i, plain_part, "speculative")[0]
-                control = arm(name, (i + 1) % reps, plain_part, "lossy control")[0]
+                under_test = arm(name, i, i, "speculative")[0]
+                control = arm(name, (i + 1) % reps, i, "lossy control")[0]
                 lossy[name].append(verdict([plain, under_test, control], a.alpha, rule)[0])
         mean_top = sum(tops) / len(tops)
         print(f"{cell}: mean p(top) {mean_top:.4f}; found with 80% power at these positions (most runs): "

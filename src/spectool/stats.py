@@ -565,8 +565,6 @@ def block_speedups(log_rates: list[list[float]], alpha: float = SWEEP_ALPHA) -> 
     return out
 
 
-
-
 def sweep_speedups(rows: list[dict], alpha: float = SWEEP_ALPHA) -> list[dict]:
     """A sweep's measured rows (one per engine run: method, k, batch, run = its round, waves) -> one row per
     (method, k, batch size), its rounds pooled for tokens/s and acceptance (what forecast fits), plain decoding's

@@ -211,9 +211,9 @@ def verdict(results: list[ArmResult], alpha: float, logprob: tuple[str, str, flo
         elif power is not None and power < POWER:
             reasons.append(f"the tests rejected the lossy control ({c.engine_note}), but at these positions they find "
                            f"it with {power:.0%} power only (raise --samples or --n-prompts)")
-        elif power is None and c.strongest_p() > power_shown_below(alpha_each):
+        elif power is None and c.strongest_p() > (bar := power_shown_below(alpha_each)):
             reasons.append(f"the tests rejected the lossy control ({c.engine_note}) at p={c.strongest_p():.1e}, not "
-                           f"below {power_shown_below(alpha_each):.1e}: a repeat could pass, so its power is not shown "
+                           f"below {bar:.1e}: a repeat could pass, so its power is not shown "
                            "(raise --samples or --n-prompts)")
     if not controls:
         reasons.append("power not shown: no lossy control was run (--control none); run with --control auto (or "
