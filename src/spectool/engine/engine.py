@@ -349,10 +349,23 @@ def check_exact_verification(spec: dict | None, what_if: bool = False, where: st
                         f"one of {', '.join(EXACT_VERIFICATION)} (both lossless)")
 
 
+ENGINE_START_LOG = "SPECTOOL_ENGINE_START_LOG"  # set by the test suite's cost accounting (tests/costs.py)
+
+
+def _count_engine_start() -> None:
+    """One line (this process id) per engine start in the file $SPECTOOL_ENGINE_START_LOG names: how the
+    test suite checks that each test's cost marker says what it starts, in its own process or a child."""
+    path = os.environ.get(ENGINE_START_LOG)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
 def prepare_environment(cfg: EngineConfig) -> bool:
     """Process environment for an engine about to start (CPU build: in-process engine, KV cache
     size; GPU: spawned workers). Refuses an unsupported vLLM. Returns whether it is the CPU build."""
 
+    _count_engine_start()
     cpu = support().cpu_build
     if cpu:
         _cpu_environment(cfg)

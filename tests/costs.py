@@ -1,0 +1,342 @@
+"""The suite's cost accounting: tiers, cost markers checked against what each test starts, and every
+run's durations held against a budget. The rule is docs/architecture.md, "Tests"; the numbers are
+tests/budget.toml.
+
+- Tiers. `--tier fast` (the default, `bash scripts/test.sh`) leaves out tests marked `e2e` or `multiproc`
+  unless they are also marked `fast` (a command's headline proof); `--tier full` runs everything. A test
+  named by its id (path::name) always runs. A whole fast run refuses a test file left with no test.
+- Markers are checked, not trusted. An engine started in pytest's own process needs `engine` (or `e2e`),
+  one started in a child (a CLI run, an arm, a rank) needs `e2e` or `multiproc`, a launcher (torchrun,
+  accelerate launch) needs `multiproc`. Engines are counted through $SPECTOOL_ENGINE_START_LOG
+  (spectool.engine.engine writes a line per start, in any process), launchers by the Popen they run.
+- Budget. A whole tier run fails past its total. A test fails past its kind's limit (its setup, less the
+  shared fixtures it built, plus its call; engine starts it makes itself) unless allow-listed with its
+  measured seconds, and an allow-listed one past `margin` x its record. A shared fixture is held to the
+  e2e limit. Per-test limits scale with the host: the median ratio of this run's allow-listed tests to
+  their records, never below 1 (a slower machine is slower everywhere; one test that grew is not).
+- Every run writes .pytest-costs/<tier>.json (per test: kind, seconds per phase, engine starts; per
+  shared fixture; per file) and prints per-file totals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pytest
+import tomllib  # Python 3.11+: the suite runs on 3.11 (CPU) and 3.12 (the GPU machine)
+
+ENGINE_START_LOG = "SPECTOOL_ENGINE_START_LOG"  # spectool.engine.engine's name for it (not imported: no torch here)
+TIER_MARKS = ("e2e", "multiproc")
+LAUNCHERS = ("torchrun", "torch.distributed.run", "deepspeed")
+SHARED_SCOPES = ("session", "package", "module", "class")
+
+
+@dataclass
+class Spent:
+    file: str
+    kind: str  # unit | engine | e2e | multiproc: what its markers say it costs
+    setup_s: float = 0.0  # less the shared fixtures this test's setup built
+    call_s: float = 0.0
+    teardown_s: float = 0.0
+    shared_fixture_s: float = 0.0
+    engines_here: int = 0  # engine starts in pytest's process (shared fixtures it built included)
+    engines_children: int = 0  # in child processes: CLI runs, arms, ranks
+    own_engines: int = 0  # started by the test itself, not by a shared fixture
+    launchers: int = 0
+    outcome: str = "passed"
+
+    @property
+    def seconds(self) -> float:  # what the per-test rule reads
+        return self.setup_s + self.call_s
+
+
+@dataclass
+class FixtureCost:
+    file: str
+    seconds: float = 0.0
+    engines: int = 0
+
+
+@dataclass
+class Costs:
+    tier: str
+    budget_file: Path
+    engine_log: Path
+    whole_run: bool = False
+    t0: float = field(default_factory=time.time)
+    tests: dict[str, Spent] = field(default_factory=dict)
+    fixtures: dict[str, FixtureCost] = field(default_factory=dict)
+    current: str | None = None
+    fixture_depth: int = 0
+    log_offset: int = 0
+    launched: int = 0  # launchers run by the current test
+    report: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def drain(self) -> tuple[int, int]:
+        """Engine starts logged since the last look: (in this process, in children)."""
+        if not self.engine_log.exists():
+            return 0, 0
+        with open(self.engine_log) as f:
+            f.seek(self.log_offset)
+            lines = f.read().splitlines()
+            self.log_offset = f.tell()
+        here = sum(1 for pid in lines if pid.strip() == str(os.getpid()))
+        return here, len(lines) - here
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("spectool costs")
+    group.addoption("--tier", choices=("fast", "full"), default=os.environ.get("SPECTOOL_TEST_TIER", "fast"),
+                    help="fast: leave out e2e/multiproc tests not marked fast (default); full: everything")
+    group.addoption("--budget-file", default=None, help="the budget (default: tests/budget.toml)")
+    group.addoption("--test-budget-s", type=float, default=None,
+                    help="this run's total budget in seconds, in place of budget.toml's (shows the check bite)")
+
+
+def pytest_configure(config):
+    budget_file = Path(config.getoption("--budget-file") or config.rootpath / "tests" / "budget.toml")
+    folder = config.rootpath / ".pytest-costs"
+    folder.mkdir(exist_ok=True)
+    costs = Costs(tier=config.getoption("--tier"), budget_file=budget_file,
+                  engine_log=folder / f"engines-{os.getpid()}-{id(config)}.log")
+    config.pluginmanager.register(CostsPlugin(config, costs), "spectool-costs")
+
+
+def _counting_popen(costs: Costs, base: type) -> type:
+    class CountingPopen(base):  # subprocess.run looks Popen up at call time, so this counts its launches
+        def __init__(self, args, *a, **kw):
+            words = [os.path.basename(str(w)) for w in ([args] if isinstance(args, (str, bytes)) else args)]
+            if any(w in LAUNCHERS for w in words) or ("accelerate" in words and "launch" in words):
+                costs.launched += 1
+            super().__init__(args, *a, **kw)
+
+    CountingPopen.uncounted = base  # a run inside a run counts its own launches only
+    return CountingPopen
+
+
+def _is_named(item, config) -> bool:
+    """Named by its id on the command line (path::name): always run, whatever the tier."""
+    for arg in config.args:
+        if "::" not in arg:
+            continue
+        path, _, rest = arg.partition("::")
+        try:
+            rel = Path(path).resolve().relative_to(config.rootpath).as_posix()
+        except ValueError:
+            continue
+        want = f"{rel}::{rest}"
+        if item.nodeid == want or item.nodeid.startswith((want + "[", want + "::")):
+            return True
+    return False
+
+
+def _whole_run(config) -> bool:
+    """The tier as a whole: no -k/-m selection, no paths but the test folder."""
+    if config.getoption("keyword") or config.getoption("markexpr") or config.getoption("lf", False):
+        return False
+    tests = config.rootpath / "tests"
+    return all(Path(a).resolve() in (tests, config.rootpath) for a in config.args)
+
+
+def kind_of(item) -> str:
+    for mark in ("multiproc", "e2e", "engine"):
+        if item.get_closest_marker(mark):
+            return mark
+    return "unit"
+
+
+class CostsPlugin:
+    """One per pytest run (a run inside a run, as tests/test_costs.py makes, has its own)."""
+
+    def __init__(self, config, costs: Costs):
+        self.config, self.costs = config, costs
+        costs.engine_log.write_text("")
+        self.saved_env = os.environ.get(ENGINE_START_LOG)
+        os.environ[ENGINE_START_LOG] = str(costs.engine_log)  # children inherit it
+        self.saved_popen = subprocess.Popen
+        subprocess.Popen = _counting_popen(costs, getattr(subprocess.Popen, "uncounted", subprocess.Popen))
+
+    def pytest_unconfigure(self, config):
+        subprocess.Popen = self.saved_popen
+        if self.saved_env is None:
+            os.environ.pop(ENGINE_START_LOG, None)
+        else:
+            os.environ[ENGINE_START_LOG] = self.saved_env
+        self.costs.engine_log.unlink(missing_ok=True)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        costs = self.costs
+        costs.whole_run = _whole_run(config)
+        if costs.tier == "full":
+            return
+        keep, drop = [], []
+        for item in items:
+            costly = any(item.get_closest_marker(m) for m in TIER_MARKS)
+            named = _is_named(item, config)
+            (drop if costly and not item.get_closest_marker("fast") and not named else keep).append(item)
+        bare = sorted({i.path.name for i in items} - {i.path.name for i in keep})
+        if costs.whole_run and bare:
+            raise pytest.UsageError(f"the fast tier must touch every test file; none of these keeps a test in it: {bare}. "
+                                    "Mark one test in each `fast` (or make one cheaper).")
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item):
+        costs = self.costs
+        costs.current = item.nodeid
+        costs.tests[item.nodeid] = Spent(file=item.path.name, kind=kind_of(item))
+        costs.launched = 0
+        costs.drain()  # anything before this test (another's late teardown) is not this test's
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        costs = self.costs
+        if fixturedef.scope not in SHARED_SCOPES or costs.current not in costs.tests:
+            yield
+            return
+        test = costs.tests[costs.current]
+        if costs.fixture_depth == 0:  # what the test's setup started before this fixture is the test's own
+            here, children = costs.drain()
+            test.engines_here += here
+            test.engines_children += children
+            test.own_engines += here + children
+        costs.fixture_depth += 1
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - t
+            costs.fixture_depth -= 1
+            name = f"{fixturedef.argname} ({fixturedef.scope}) {fixturedef.baseid or 'tests/conftest.py'}"
+            fc = costs.fixtures.setdefault(name, FixtureCost(file=test.file))  # the file whose test built it
+            fc.seconds += seconds
+            if costs.fixture_depth == 0:
+                test.shared_fixture_s += seconds
+                here, children = costs.drain()
+                fc.engines += here + children
+                test.engines_here += here  # the test that builds it asks for what it starts: its marker says so
+                test.engines_children += children
+
+    def pytest_runtest_logreport(self, report):
+        costs = self.costs
+        test = costs.tests.get(report.nodeid)
+        if test is None:
+            return
+        here, children = costs.drain()
+        test.engines_here += here
+        test.engines_children += children
+        test.own_engines += here + children
+        if report.when == "setup":
+            test.setup_s = max(0.0, report.duration - test.shared_fixture_s)
+        elif report.when == "call":
+            test.call_s = report.duration
+            test.launchers = costs.launched
+        else:
+            test.teardown_s = report.duration
+        if report.failed:
+            test.outcome = "failed"
+        elif report.skipped and test.outcome == "passed":
+            test.outcome = "skipped"
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        costs, config = self.costs, self.config
+        costs.drain()  # session fixtures' late starts: nobody's test
+        total = time.time() - costs.t0
+        budget = tomllib.loads(costs.budget_file.read_text())
+        whole_total = config.getoption("--test-budget-s") or budget["budget"][f"{costs.tier}_s"]
+        problems = [v for n, t in costs.tests.items() for v in marker_violations(n, t)]
+        over, ratio = over_limits(costs, budget)
+        problems += over
+        if costs.whole_run and total > whole_total:
+            problems.append(f"the {costs.tier} tier took {total / 60:.1f} min, over its budget of {whole_total / 60:.1f} min")
+        out = config.rootpath / ".pytest-costs" / f"{costs.tier}.json"
+        out.write_text(json.dumps({
+            "tier": costs.tier, "whole_run": costs.whole_run, "total_s": round(total, 1), "budget_s": whole_total,
+            "host_ratio": round(ratio, 3), "python": sys.version.split()[0], "problems": problems,
+            "files": {k: round(v, 1) for k, v in per_file(costs).items()},
+            "tests": {n: asdict(t) | {"seconds": round(t.seconds, 2)} for n, t in costs.tests.items()},
+            "fixtures": {n: asdict(f) for n, f in costs.fixtures.items()},
+        }, indent=1))
+        held = "" if costs.whole_run else ", not a whole run: the total is not held to it"
+        costs.report = [f"durations: {out.relative_to(config.rootpath)} ({costs.tier} tier, {total / 60:.1f} min"
+                        f" of a {whole_total / 60:.1f}-min budget{held})"]
+        costs.problems = problems
+        if problems and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
+        costs, tr = self.costs, terminalreporter
+        if not costs.report:
+            return
+        tr.section("seconds per test file (setup, call, teardown and the shared fixtures it built)")
+        for name, s in per_file(costs).items():
+            tr.write_line(f"{s:8.1f}  {name}")
+        for line in costs.report:
+            tr.write_line(line)
+        if costs.problems:
+            tr.section("test budget: FAILED", red=True)
+            for p in costs.problems:
+                tr.write_line(p, red=True)
+            tr.write_line('The rule and its numbers: docs/architecture.md "Tests", tests/budget.toml.')
+
+
+def marker_violations(name: str, t: Spent) -> list[str]:
+    """What a test starts against what its markers say (marked more than it costs is no error)."""
+    out = []
+    if t.engines_here and t.kind == "unit":
+        out.append(f"{name}: starts {t.engines_here} engine(s) in pytest's process: mark it engine")
+    if t.engines_children and t.kind in ("unit", "engine"):
+        out.append(f"{name}: starts {t.engines_children} engine(s) in child processes: mark it e2e")
+    if t.launchers and t.kind != "multiproc":
+        out.append(f"{name}: runs {t.launchers} launcher(s) (torchrun, accelerate launch): mark it multiproc")
+    return out
+
+
+def host_ratio(measured: dict[str, float], allow: dict[str, dict]) -> float:
+    """How much slower this machine runs the allow-listed tests than their records (median; >= 1)."""
+    ratios = [measured[n] / allow[n]["seconds"] for n in measured if n in allow and allow[n]["seconds"] > 0]
+    return max(1.0, statistics.median(ratios)) if len(ratios) >= 3 else 1.0
+
+
+def over_limits(costs: Costs, budget: dict) -> tuple[list[str], float]:
+    limits, allow, margin = budget["limits"], budget.get("allow", {}), budget["budget"]["margin"]
+    ran = {n: t for n, t in costs.tests.items() if t.outcome != "skipped"}
+    seconds = {n: t.seconds for n, t in ran.items()} | {f"fixture: {n}": f.seconds for n, f in costs.fixtures.items()}
+    ratio = host_ratio(seconds, allow)
+    out = []
+    for name, s in seconds.items():
+        t = ran.get(name)
+        kind = t.kind if t else "e2e"
+        kind = "e2e" if kind == "multiproc" else kind
+        if name in allow:
+            limit, why = margin * allow[name]["seconds"] * ratio, f"its record {allow[name]['seconds']:.0f} s x {margin}"
+        else:
+            limit, why = limits[kind] * ratio, f"the {kind} limit {limits[kind]} s"
+        if s > limit:
+            out.append(f"{name}: {s:.1f} s, over {why}" + (f" x host {ratio:.2f}" if ratio > 1 else ""))
+        if t is not None and kind in ("engine", "e2e"):
+            most = allow.get(name, {}).get("engines", limits[f"engines_{kind}"])
+            if t.own_engines > most:
+                out.append(f"{name}: starts {t.own_engines} engines itself, over {most} (share a fixture, or allow-list it)")
+    return out, ratio
+
+
+def per_file(costs: Costs) -> dict[str, float]:
+    files: dict[str, float] = {}
+    for t in costs.tests.values():
+        files[t.file] = files.get(t.file, 0.0) + t.setup_s + t.call_s + t.teardown_s
+    for f in costs.fixtures.values():
+        files[f.file] = files.get(f.file, 0.0) + f.seconds
+    return dict(sorted(files.items(), key=lambda kv: -kv[1]))

@@ -1,0 +1,170 @@
+"""The suite's cost accounting (tests/costs.py) on toy suites run inside this one: the budget fails a
+run that overruns it, a marker that under-states what a test starts fails, an allow-listed test that
+grew fails, and the fast tier leaves costly tests out but never a whole file."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+BUDGET = """
+[budget]
+fast_s = 60
+full_s = 60
+margin = 1.5
+[limits]
+unit = 2
+engine = 2
+e2e = 2
+engines_engine = 1
+engines_e2e = 2
+"""
+
+
+def toy(pytester, tests: str, budget: str = BUDGET):
+    pytester.makeconftest('pytest_plugins = ["costs"]\n')
+    pytester.makeini("[pytest]\nmarkers =\n  engine: e\n  e2e: e\n  multiproc: m\n  fast: f\n")
+    (pytester.path / "tests").mkdir(exist_ok=True)
+    (pytester.path / "tests" / "budget.toml").write_text(budget)
+    (pytester.path / "tests" / "test_toy.py").write_text(textwrap.dedent(tests))
+
+
+ENGINE_HERE = """
+    import os, pytest, subprocess, sys, time
+
+    def start_engine():  # what spectool.engine.engine does at each engine start
+        with open(os.environ["SPECTOOL_ENGINE_START_LOG"], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+
+    def start_engine_in_a_child():
+        subprocess.run([sys.executable, "-c", "import os; open(os.environ['SPECTOOL_ENGINE_START_LOG'], 'a')"
+                        ".write(f'{os.getpid()}\\\\n')"], check=True)
+"""
+
+
+def test_a_run_past_its_budget_fails_and_says_so(pytester):
+    toy(pytester, "import time\ndef test_slowish():\n    time.sleep(0.3)\n")
+    passed = pytester.runpytest("tests")
+    assert passed.ret == 0
+    over = pytester.runpytest("tests", "--test-budget-s", "0.1")
+    assert over.ret == 1
+    over.stdout.fnmatch_lines(["*the fast tier took * min, over its budget of 0.0 min*"])
+    record = json.loads((pytester.path / ".pytest-costs" / "fast.json").read_text())
+    assert record["tests"]["tests/test_toy.py::test_slowish"]["call_s"] >= 0.3
+    assert record["files"]["test_toy.py"] >= 0.3
+    assert record["problems"]
+    named = pytester.runpytest("tests/test_toy.py::test_slowish", "--test-budget-s", "0.1")
+    assert named.ret == 0  # a part of the suite is not held to the whole suite's total
+
+
+def test_a_marker_that_under_states_its_engines_fails(pytester):
+    toy(pytester, ENGINE_HERE + """
+    def test_unmarked_engine():
+        start_engine()
+
+    @pytest.mark.engine
+    def test_marked_engine():
+        start_engine()
+
+    @pytest.mark.engine
+    def test_engine_mark_but_a_child_starts_it():
+        start_engine_in_a_child()
+
+    @pytest.mark.e2e
+    @pytest.mark.fast
+    def test_e2e_child():
+        start_engine_in_a_child()
+
+    @pytest.mark.engine
+    def test_two_engines_on_an_engine_mark():
+        start_engine(); start_engine()
+    """)
+    r = pytester.runpytest("tests")
+    assert r.ret == 1
+    text = r.stdout.str()
+    assert "test_unmarked_engine: starts 1 engine(s) in pytest's process: mark it engine" in text
+    assert "test_engine_mark_but_a_child_starts_it: starts 1 engine(s) in child processes: mark it e2e" in text
+    assert "test_two_engines_on_an_engine_mark: starts 2 engines itself, over 1" in text
+    assert "test_marked_engine:" not in text and "test_e2e_child:" not in text
+
+
+def test_an_engine_a_shared_fixture_starts_is_the_fixtures_and_needs_the_marker(pytester):
+    toy(pytester, ENGINE_HERE + """
+    @pytest.fixture(scope="module")
+    def engine():
+        time.sleep(0.2)
+        start_engine()
+
+    @pytest.mark.engine
+    def test_first(engine):
+        pass
+
+    @pytest.mark.engine
+    def test_second(engine):
+        start_engine()
+    """)
+    r = pytester.runpytest("tests")
+    assert r.ret == 0, r.stdout.str()
+    record = json.loads((pytester.path / ".pytest-costs" / "fast.json").read_text())
+    (fixture,) = record["fixtures"].values()
+    assert fixture["engines"] == 1 and fixture["seconds"] >= 0.2
+    first = record["tests"]["tests/test_toy.py::test_first"]
+    assert first["own_engines"] == 0 and first["shared_fixture_s"] >= 0.2 and first["seconds"] < 0.2
+
+
+def test_an_allow_listed_test_fails_once_it_grows_past_its_record(pytester):
+    tests = "import time\ndef test_long():\n    time.sleep(0.6)\n"
+    toy(pytester, tests, BUDGET.replace("unit = 2", "unit = 0.1") + '[allow."tests/test_toy.py::test_long"]\n'
+        'seconds = 0.5\nreason = "measured"\n')
+    assert pytester.runpytest("tests").ret == 0  # 0.6 s: within 1.5 x its 0.5 s record
+    toy(pytester, tests, BUDGET.replace("unit = 2", "unit = 0.1") + '[allow."tests/test_toy.py::test_long"]\n'
+        'seconds = 0.3\nreason = "measured"\n')
+    r = pytester.runpytest("tests")
+    assert r.ret == 1
+    r.stdout.fnmatch_lines(["*test_long: 0.6 s, over its record 0 s x 1.5*"])
+    toy(pytester, tests, BUDGET.replace("unit = 2", "unit = 0.1"))
+    r = pytester.runpytest("tests")
+    assert r.ret == 1
+    r.stdout.fnmatch_lines(["*test_long: 0.6 s, over the unit limit 0.1 s*"])
+
+
+def test_the_fast_tier_leaves_costly_tests_out_but_never_a_whole_file(pytester):
+    toy(pytester, """
+    import pytest
+
+    def test_unit():
+        pass
+
+    @pytest.mark.e2e
+    def test_costly():
+        pass
+
+    @pytest.mark.multiproc
+    @pytest.mark.fast
+    def test_headline():
+        pass
+    """)
+    r = pytester.runpytest("tests", "-v")
+    r.assert_outcomes(passed=2, deselected=1)
+    assert "test_costly" not in r.stdout.str().split("deselected")[0].replace("1 deselected", "")
+    pytester.runpytest("tests", "--tier", "full").assert_outcomes(passed=3)
+    pytester.runpytest("tests/test_toy.py::test_costly").assert_outcomes(passed=1)  # named: always runs
+    (pytester.path / "tests" / "test_all_costly.py").write_text("import pytest\n@pytest.mark.e2e\ndef test_x():\n    pass\n")
+    r = pytester.runpytest("tests")
+    assert r.ret == 4  # a usage error
+    assert "none of these keeps a test in it: ['test_all_costly.py']" in r.stderr.str()
+
+
+def test_a_launcher_needs_the_multiproc_marker(pytester):
+    toy(pytester, """
+    import pytest, subprocess
+
+    def test_launch(tmp_path):
+        fake = tmp_path / "torchrun"
+        fake.write_text("#!/bin/sh\\nexit 0\\n")
+        fake.chmod(0o755)
+        subprocess.run([str(fake), "--nproc-per-node", "2", "x.py"], check=True)
+    """)
+    r = pytester.runpytest("tests")
+    assert r.ret == 1
+    r.stdout.fnmatch_lines(["*test_launch: runs 1 launcher(s) (torchrun, accelerate launch): mark it multiproc*"])
