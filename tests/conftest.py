@@ -177,7 +177,50 @@ def write_fake_harvest(policy_folder: Path, run: Path, n: int = 24, max_new_toke
     return run
 
 
+@pytest.fixture(scope="session")
+def fake_harvest_once(tiny_policy, tmp_path_factory) -> Path:
+    return write_fake_harvest(tiny_policy, tmp_path_factory.mktemp("fake_harvest") / "harvest")
+
+
 @pytest.fixture
-def fake_harvest(tiny_policy, tmp_path):
-    """A harvest run dir with 24 records sampled from the tiny policy (init-draft's tests)."""
-    return write_fake_harvest(tiny_policy, tmp_path / "harvest")
+def fake_harvest(fake_harvest_once, tmp_path):
+    """A harvest run dir with 24 records sampled from the tiny policy (init-draft's tests): sampled once a
+    test run, a copy per test (init-draft may write beside the records)."""
+    import shutil
+
+    return Path(shutil.copytree(fake_harvest_once, tmp_path / "harvest"))
+
+
+GYM_SUMS = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"  # the CLI tests' offline math
+
+
+@pytest.fixture(scope="session")
+def harvest_hs(tiny_policy, tmp_path_factory) -> Path:
+    """`spectool harvest --hidden-states` on the tiny policy (20 prompts x 2 samples, 24 tokens), run once
+    a test run: the pipeline's stage tests and the parallel drafters' lifecycles train on it. Read-only:
+    a test that resumes or refuses on it works on a copy."""
+    from clirun import spectool
+
+    run = tmp_path_factory.mktemp("harvest_hs") / "h"
+    spectool("harvest", "--out", str(run), *harvest_hs_args(tiny_policy))
+    return run
+
+
+def harvest_hs_args(tiny_policy: Path) -> list[str]:  # the fixture's settings, for its resume test
+    return ["--model", str(tiny_policy), "--data", GYM_SUMS, "--max-tokens", "24", "--samples", "2",
+            "--hidden-states", "--n-prompts", "20"]
+
+
+@pytest.fixture(scope="session")
+def eagle3_export(tiny_policy, harvest_hs, tmp_path_factory) -> tuple[Path, Path]:
+    """init-draft (EAGLE-3, 256-token vocabulary, 3 unroll steps, 2 epochs) on `harvest_hs`, then
+    `export --k 2 --min-acceptance 1.0` (verified on vLLM): built once a test run. (draft, export)."""
+    from clirun import spectool
+
+    root = tmp_path_factory.mktemp("eagle3_export")
+    draft, out = root / "draft", root / "export"
+    spectool("init-draft", "--model", str(tiny_policy), "--data", str(harvest_hs), "--out", str(draft),
+             "--draft-vocab-size", "256", "--ttt-steps", "3", "--epochs", "2", "--batch-size", "8")
+    r = spectool("export", "--draft", str(draft), "--out", str(out), "--k", "2", "--min-acceptance", "1.0")
+    assert "verified on vLLM" in r.stdout
+    return draft, out

@@ -34,7 +34,7 @@ import tomllib  # Python 3.11+: the suite runs on 3.11 (CPU) and 3.12 (the GPU m
 
 ENGINE_START_LOG = "SPECTOOL_ENGINE_START_LOG"  # spectool.engine.engine's name for it (not imported: no torch here)
 TIER_MARKS = ("e2e", "multiproc")
-LAUNCHERS = ("torchrun", "torch.distributed.run", "deepspeed")
+LAUNCHERS = ("torchrun", "torch.distributed.run", "deepspeed", "accelerate.commands.launch")
 SHARED_SCOPES = ("session", "package", "module", "class")
 
 
@@ -252,6 +252,8 @@ class CostsPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
         costs, config = self.costs, self.config
+        if config.option.collectonly:
+            return
         costs.drain()  # session fixtures' late starts: nobody's test
         total = time.time() - costs.t0
         budget = tomllib.loads(costs.budget_file.read_text())

@@ -28,7 +28,8 @@ def setup(tiny_policy, tmp_path_factory):
     save_draft(draft, folder, extra={"ttt_steps": 2})
     engine = Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), k=2, kv_cache_gib=1,
                                  dtype="bfloat16"))
-    return policy, folder, engine
+    yield policy, folder, engine
+    engine.close()  # its KV cache is not held for the rest of the run
 
 
 def test_bf16_speculative_rollout_is_the_policys(setup):
@@ -111,6 +112,7 @@ def _push_without_sending(r, engine):
         colocated.send_weights = real
 
 
+@pytest.mark.e2e
 def test_engine_commands_serve_bfloat16_from_the_command_line(setup, tiny_policy, tmp_path):
     """--dtype bfloat16 through the CLI, as a user runs it: harvest, sweep-k, rollout --compare (both arms),
     export's verification on vLLM and verify (the logprob check then tests the mean gap, precision.py)."""

@@ -25,5 +25,6 @@ def test_two_layer_draft_is_served_as_trained(tiny_policy, tmp_path):
                       default_aux_layer_ids(policy.config.num_hidden_layers), num_layers=2)
     assert "layers.1.self_attn.q_proj.weight" in draft.export_state_dict()
     save_draft(draft, tmp_path / "draft2")
-    engine = Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(tmp_path / "draft2"), k=2, kv_cache_gib=1))
-    served_vs_trained(engine, policy, tmp_path / "draft2", tmp_path)
+    with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(tmp_path / "draft2"), k=2,
+                             kv_cache_gib=1)) as engine:  # closed here, not held for the rest of the run
+        served_vs_trained(engine, policy, tmp_path / "draft2", tmp_path)

@@ -34,7 +34,9 @@ def policy_and_draft(tiny_policy, tmp_path_factory):
 def engine(tiny_policy, policy_and_draft):
     from spectool.engine.engine import Engine, EngineConfig
 
-    return Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(policy_and_draft[1]), k=2, kv_cache_gib=1))
+    engine = Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(policy_and_draft[1]), k=2, kv_cache_gib=1))
+    yield engine
+    engine.close()  # closed with the module (vLLM's VllmRunner does the same): its KV cache is not held all run
 
 
 def test_sampler_fix_is_active(engine):

@@ -13,9 +13,8 @@ from spectool.cli import app
 
 from clirun import spectool
 
-pytestmark = pytest.mark.engine
 
-
+@pytest.mark.e2e
 def test_weightless_sweep_with_synthetic_acceptance_then_forecast(tiny_policy, tmp_path):
     cfg_only = tmp_path / "cfg"
     cfg_only.mkdir()
@@ -43,6 +42,7 @@ def test_weightless_sweep_with_synthetic_acceptance_then_forecast(tiny_policy, t
     assert "assumptions" in r.output and (f / "forecast.png").stat().st_size > 0
 
 
+@pytest.mark.e2e
 def test_weightless_draft_model_sweep_then_forecast(tiny_policy, tmp_path):
     """vLLM's draft-model speculation, weightless: the draft model is a config of the target's
     vocabulary (one layer here); synthetic acceptance applies to it; forecast fits on its rows."""

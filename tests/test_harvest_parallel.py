@@ -19,7 +19,7 @@ def sums(tmp_path_factory):
     return sums_with_answer(tmp_path_factory.mktemp("data"))
 
 
-@pytest.mark.engine
+@pytest.mark.multiproc  # two tensor-parallel workers
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="tensor parallelism on the CPU build needs 2 cores")
 def test_harvest_with_two_tensor_parallel_workers(tiny_policy, sums, tmp_path):
     out = tmp_path / "h"
@@ -31,7 +31,7 @@ def test_harvest_with_two_tensor_parallel_workers(tiny_policy, sums, tmp_path):
     assert "VllmWorker-0" in log and "VllmWorker-1" in log
 
 
-@pytest.mark.engine
+@pytest.mark.multiproc
 def test_harvest_with_two_data_parallel_replicas_under_torchrun(tiny_policy, sums, tmp_path):
     import subprocess
     import sys

@@ -89,6 +89,7 @@ def test_corrupt_draft_weights(tiny_policy, tmp_path):
         load_draft(tmp_path)
 
 
+@pytest.mark.multiproc
 def test_accelerate_launch_with_two_processes_trains_the_same_steps(tiny_policy, fake_harvest, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2` on a CPU-only machine (torchrun + gloo DDP;
     `--cpu` would start one process): each process takes half of every batch, only the main

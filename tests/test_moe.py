@@ -102,7 +102,7 @@ def _rl_args(policy, draft, data, out, backend: str) -> list[str]:
     return ["train-rl", "--backend", backend, *[a for s in sets for a in ("--set", s)]]
 
 
-@pytest.mark.engine
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ("builtin", "trl"))
 def test_train_rl_trains_a_moe_policy_with_a_refreshed_draft(backend, moe_policy, moe_draft, tmp_path):
     if backend == "trl" and importlib.util.find_spec("trl") is None:

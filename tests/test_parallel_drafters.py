@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.engine
+FAMILIES = ("peagle", "dflash")
+PROMPTS = [[1, 7, 42, 99], [1, 8, 9, 10, 11, 40]]
 
 
 def _draft(tiny_policy, tmp_path_factory, family: str):
@@ -30,41 +31,48 @@ def _draft(tiny_policy, tmp_path_factory, family: str):
     return policy, out
 
 
-@pytest.mark.parametrize("family", ["peagle", "dflash"])
-def test_served_parallel_draft_equals_its_training_unroll(family, tiny_policy, tmp_path_factory, tmp_path):
+@pytest.fixture(scope="module")
+def drafts(tiny_policy, tmp_path_factory) -> dict:
+    """family -> (the policy, a random draft folder of that family): made once for the module's tests."""
+    return {f: _draft(tiny_policy, tmp_path_factory, f) for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def plain_reference(tiny_policy) -> list[list[int]]:
+    """Plain decoding of PROMPTS at T=0 (12 tokens each): what every family's speculative output must equal."""
+    from spectool.engine.engine import Engine, EngineConfig, Sampling
+
+    with Engine(EngineConfig(model_path=str(tiny_policy), method="eagle3", kv_cache_gib=1)) as plain:
+        ref, _ = plain.generate(PROMPTS, Sampling(max_tokens=12, temperature=0.0))
+    return [c[0].response_ids for c in ref]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("family", FAMILIES)
+def test_served_parallel_draft_equals_its_training_unroll(family, drafts, plain_reference, tiny_policy, tmp_path):
     from spectool.engine.engine import Engine, EngineConfig, Sampling
 
     from served import served_vs_trained
 
-    policy, folder = _draft(tiny_policy, tmp_path_factory, family)
+    policy, folder = drafts[family]
     with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), method=family, k=2,
                              kv_cache_gib=1)) as engine:
         served_vs_trained(engine, policy, folder, tmp_path)
-        prompts = [[1, 7, 42, 99], [1, 8, 9, 10, 11, 40]]
-        spec, stats = engine.generate(prompts, Sampling(max_tokens=12, temperature=0.0))
+        spec, stats = engine.generate(PROMPTS, Sampling(max_tokens=12, temperature=0.0))
         assert stats.num_drafts > 0
-    with Engine(EngineConfig(model_path=str(tiny_policy), method="eagle3", kv_cache_gib=1)) as plain:
-        ref, _ = plain.generate(prompts, Sampling(max_tokens=12, temperature=0.0))
-    assert [c[0].response_ids for c in spec] == [c[0].response_ids for c in ref]
+    assert [c[0].response_ids for c in spec] == plain_reference
 
 
-DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+from conftest import GYM_SUMS as DATA  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def harvest_run(tiny_policy, tmp_path_factory):
-    from clirun import spectool
-
-    run = tmp_path_factory.mktemp("harvest") / "h"
-    spectool("harvest", "--out", str(run), "--model", str(tiny_policy), "--data", DATA, "--n-prompts", "16",
-             "--max-tokens", "24", "--samples", "2", "--hidden-states")
-    return run
-
-
-@pytest.mark.parametrize("family", ["peagle", "dflash"])
-def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_run, tmp_path):
-    """init-draft --method F -> export (loaded and measured on vLLM) -> rollout --compare -> verify
-    LOSSLESS with the lossy control rejected, as a user runs them."""
+@pytest.mark.e2e
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_hs, tmp_path):
+    """init-draft --method F -> export (loaded and measured on vLLM) -> rollout -> verify LOSSLESS with
+    the lossy control rejected, as a user runs them (on the test run's shared harvest). `--compare` is
+    the pipeline's (test_pipeline_e2e.py): here the rollout's own acceptance is what is read."""
+    harvest_run = harvest_hs
     import json
 
     from clirun import spectool
@@ -89,8 +97,7 @@ def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_run, tm
     snippet = (out / "verl.yaml").read_text()
     assert ("dflash" in snippet) if family == "dflash" else ("parallel_drafting: true" in snippet)
     r = spectool("rollout", "--model", str(tiny_policy), "--data", DATA, "--draft", str(out), "--method", family,
-                 "--k", "3", "--n-prompts", "4", "--max-tokens", "16", "--compare", "--out", str(tmp_path / "ro"))
-    assert "speedup" in r.stdout
+                 "--k", "3", "--n-prompts", "4", "--max-tokens", "16", "--out", str(tmp_path / "ro"))
     assert json.loads((tmp_path / "ro" / "manifest.json").read_text())["summary"]["acceptance"]["num_drafts"] > 0
     r = spectool("verify", "--model", str(tiny_policy), "--draft", str(out), "--method", family, "--data", "chat",
                  "--n-prompts", "3", "--samples", "150", "--positions", "5", "--k", "3", "--out", str(tmp_path / "v"))
@@ -107,9 +114,10 @@ def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_run, tm
     assert r.returncode == 2 and "trained block size" in r.stderr
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", ["peagle", "dflash"])
-def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, tiny_policy, tmp_path_factory, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, drafts, tiny_policy, tmp_path):
     """The online refresher's push: new weights into the running drafter (P-EAGLE's masked-slot
     hidden state recomputed, DFlash's fused context projection rebuilt), the probe check passes
     with power in the engine's dtype, and the engine then computes the refreshed draft's unroll
@@ -122,7 +130,7 @@ def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, tiny_polic
 
     from served import assert_addresses_kept, served_vs_trained
 
-    policy, folder = _draft(tiny_policy, tmp_path_factory, family)
+    policy, folder = drafts[family]
     refresher = DraftRefresher.from_folder(folder, policy)
     with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), method=family, k=2,
                              kv_cache_gib=1, dtype=dtype)) as engine:
@@ -149,8 +157,9 @@ def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, tiny_polic
             assert stats.num_drafts > 0
 
 
-@pytest.mark.parametrize("family", ["peagle", "dflash"])
-def test_train_rl_refreshes_a_parallel_draft(family, tiny_policy, tmp_path_factory, tmp_path):
+@pytest.mark.e2e
+@pytest.mark.parametrize("family", FAMILIES)
+def test_train_rl_refreshes_a_parallel_draft(family, drafts, tiny_policy, tmp_path):
     """train-rl with speculation.method peagle | dflash: speculative GRPO steps whose draft is
     refreshed from the trainer's own forward and pushed into the running drafter (checked there,
     with power), the engine's logprobs the trainer's after every sync."""
@@ -161,7 +170,7 @@ def test_train_rl_refreshes_a_parallel_draft(family, tiny_policy, tmp_path_facto
     from clirun import spectool
     from conftest import sums_with_answer
 
-    _, folder = _draft(tiny_policy, tmp_path_factory, family)
+    _, folder = drafts[family]
     out = tmp_path / "rl"
     spectool(*_args(tiny_policy, folder, sums_with_answer(tmp_path, "8"), out, steps=2,
                     extra=[f"speculation.method={family}"]))
@@ -176,8 +185,8 @@ def test_train_rl_refreshes_a_parallel_draft(family, tiny_policy, tmp_path_facto
     assert r.returncode == 2 and f"is a {family} draft" in r.stderr and "speculation.method:" in r.stderr
 
 
-def test_sweep_over_families_recommends_a_family_and_writes_its_schedule(tiny_policy, random_draft,
-                                                                         tmp_path_factory, tmp_path):
+@pytest.mark.e2e
+def test_sweep_over_families_recommends_a_family_and_writes_its_schedule(tiny_policy, random_draft, drafts, tmp_path):
     """sweep-k --methods eagle3,peagle,dflash --drafts E,P,D: every family measured beside plain
     decoding on the real engine, a (family, k) recommended per batch size, and the schedule file
     names the family rollout --k auto then runs."""
@@ -187,8 +196,7 @@ def test_sweep_over_families_recommends_a_family_and_writes_its_schedule(tiny_po
 
     from clirun import spectool
 
-    _, peagle = _draft(tiny_policy, tmp_path_factory, "peagle")
-    _, dflash = _draft(tiny_policy, tmp_path_factory, "dflash")
+    (_, peagle), (_, dflash) = drafts["peagle"], drafts["dflash"]
     out = tmp_path / "sweep"
     spectool("sweep-k", "--min-seconds", "0", "--model", str(tiny_policy), "--data", DATA, "--methods", "eagle3,peagle,dflash",
              "--drafts", f"{random_draft},{peagle},{dflash}", "--k", "2", "--batch-sizes", "1", "--min-seqs", "2",

@@ -71,6 +71,7 @@ def test_speculators_reads_every_row_in_the_layer_convention_it_trains_on(policy
         assert not torch.allclose(aux[:, :H], out.hidden_states[3][0], atol=2e-2)
 
 
+@pytest.mark.e2e  # the speculators trainer in its own process
 def test_speculators_trainer_runs_on_a_cpu_and_spectool_serves_its_family(policy8, peer_data, tmp_path):
     from spectool.draft.families import folder_family
 

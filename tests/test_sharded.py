@@ -37,7 +37,8 @@ def _max_diff(a: Path, b: Path) -> float:
     return max(float((x[k] - y[k]).abs().max()) for k in x)
 
 
-@pytest.mark.parametrize("mode", ("fsdp", "zero3"))
+@pytest.mark.multiproc
+@pytest.mark.parametrize("mode", (pytest.param("fsdp", marks=pytest.mark.fast), "zero3"))  # fast: the file's cheaper launch
 def test_the_refresh_beside_a_sharded_policy_is_the_one_process_refresh(mode, tiny_policy, random_draft, tmp_path):
     if mode == "zero3" and importlib.util.find_spec("deepspeed") is None:
         pytest.skip("needs deepspeed (scripts/setup.sh installs it)")

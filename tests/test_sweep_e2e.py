@@ -9,7 +9,7 @@ import pytest
 
 from clirun import spectool
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.e2e
 DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
 
 
@@ -63,6 +63,7 @@ def test_tiny_sweep_and_auto_k_rollout(tiny_policy, random_draft, tmp_path):
     assert r.returncode == 2 and "--k auto needs --sweep" in r.stderr
 
 
+@pytest.mark.fast  # sweep-k's headline in the fast tier: 2 arms
 def test_sweep_measures_draft_model_speculation(tiny_policy, tmp_path):
     """--methods draft_model: vLLM's draft-model speculation as a sweep arm. With the policy drafting
     for itself at T=0 every proposal is the policy's next token (the oracle), so acceptance is near

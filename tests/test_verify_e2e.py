@@ -10,12 +10,13 @@ import pytest
 
 from test_pipeline_e2e import spectool
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.e2e
 
 
 ARGS = ["--data", "chat", "--n-prompts", "3", "--samples", "200", "--positions", "5", "--k", "3"]
 
 
+@pytest.mark.fast  # verify's headline: LOSSLESS, the lossy control rejected
 def test_verify_passes_with_the_fix_and_the_control_is_rejected(tiny_policy, random_draft, tmp_path):
     r = spectool("verify", "--model", str(tiny_policy), "--draft", str(random_draft), *ARGS, "--out", str(tmp_path))
     assert "verdict: LOSSLESS" in r.stdout
