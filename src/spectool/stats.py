@@ -464,15 +464,21 @@ def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float
 
 
 # --- sweep-k: an arm against plain decoding, beyond the noise between engine runs -----------------
-# Design (sweep-k): `repeats` rounds; each round runs plain decoding and every arm in a fresh engine, one after
-# the other (the order reversed every other round), all on the same prompts and seeds by wave. Per batch size
-# and round, every engine's rate is taken over the waves all of them decoded (paired by wave). Log rates follow
-# a randomized complete block design: y[a][r] = mu_a + rho_r + e (rho_r: the machine during round r, e: one
-# engine run's own noise, which holds the noise between waves too). An arm's log speedup is the mean over rounds
-# of y[a][r] - y[plain][r], with standard error sqrt(2 MSE / R) from the residual mean square MSE of the two-way
-# table on (A - 1)(R - 1) degrees of freedom (Student's t). Its lower bound counts every arm compared at that
-# batch size (Bonferroni: one-sided level alpha / arms), so the chance that any arm is recommended when none
-# is faster is at most alpha per batch size; one round measures no noise between runs and recommends nothing.
+# Design (sweep-k): `repeats` rounds; each round runs plain decoding and every arm in a fresh engine, one after the
+# other (the order reversed every other round), all on the same prompts and seeds by wave. Per batch size and round,
+# every engine's rate is taken over the waves all of them decoded (paired by wave). Log rates follow a block design:
+# y[a][r] = mu_a + rho_r + e[a][r] (rho_r: the machine during round r, shared by its engines; e[a][r]: one engine
+# run's own noise, which holds the noise between waves too). The machine cancels in each paired difference d[r] =
+# y[a][r] - y[plain][r]; an arm's log speedup is their mean over rounds, with the standard error of that arm's own
+# differences, sd(d) / sqrt(R) on R - 1 degrees of freedom (Student's t: the paired t). The assumption: the rounds'
+# e are independent and normal, each engine with its own variance (engines are not equally noisy: a draft's runs
+# varied 40.6% against plain decoding's 10.6% at batch 4 on this CPU, benchmarks/data/sweep_calibration.txt; one
+# residual mean square pooled over the arms x rounds table gives every arm the average noise, too little for a noisy
+# plain engine or arm). Its lower bound counts every arm compared at that batch size (Bonferroni: one-sided level
+# alpha / arms), so the chance that any arm is recommended when none is faster is at most alpha per batch size,
+# whatever the arms' noise and however they correlate through plain decoding. One round measures no noise between
+# runs, and differences identical in every round (a standard error of 0) measure none either: neither gets a bound,
+# so neither recommends anything.
 
 SWEEP_ALPHA = 0.05  # the recommendation's false-alarm rate per batch size, every arm it looked at counted
 
@@ -527,10 +533,10 @@ def student_t_quantile(p: float, df: float) -> float:
 @dataclass
 class ArmSpeedup:
     speedup: float  # exp(the mean over rounds of log(arm rate / plain rate)), paired by round and wave
-    lo: float  # one-sided lower bound at level 1 - alpha / arms (nan: one round, no noise between runs measured)
+    lo: float  # one-sided lower bound at level 1 - alpha / arms (nan: one round or se 0, no noise measured)
     hi: float  # the same distance above
     se: float  # standard error of the log speedup
-    df: int  # degrees of freedom of the between-run noise estimate
+    df: int  # degrees of freedom of the arm's noise estimate: rounds - 1
     rounds: int
     arms: int  # speculative arms compared at this batch size (what the bound counts)
 
@@ -544,24 +550,20 @@ def paired_log_rates(waves: list[list[list[float]]]) -> list[float]:
 
 def block_speedups(log_rates: list[list[float]], alpha: float = SWEEP_ALPHA) -> list[ArmSpeedup]:
     """log_rates[r][a]: round r's paired log rate of engine a (0: plain decoding, 1..m: the arms), complete rounds
-    only. Each arm's speedup over plain decoding with its lower bound, every arm counted (the design above)."""
+    only. Each arm's speedup over plain decoding with its lower bound from its own paired differences, every arm
+    counted (the design above). No bound (nan) with one round or a standard error of 0."""
     rounds, engines = len(log_rates), len(log_rates[0])
-    arms = engines - 1
-    col = [sum(row[a] for row in log_rates) / rounds for a in range(engines)]
-    rowm = [sum(row) / engines for row in log_rates]
-    grand = sum(rowm) / rounds
-    df = (engines - 1) * (rounds - 1)
+    arms, df = engines - 1, rounds - 1
     out = []
-    if df == 0:
-        for a in range(1, engines):
-            out.append(ArmSpeedup(math.exp(col[a] - col[0]), float("nan"), float("nan"), float("nan"), 0, rounds, arms))
-        return out
-    mse = sum((log_rates[r][a] - col[a] - rowm[r] + grand) ** 2 for r in range(rounds) for a in range(engines)) / df
-    se = math.sqrt(2 * mse / rounds)
-    q = student_t_quantile(1 - alpha / arms, df)
     for a in range(1, engines):
-        c = col[a] - col[0]
-        out.append(ArmSpeedup(math.exp(c), math.exp(c - q * se), math.exp(c + q * se), se, df, rounds, arms))
+        d = [row[a] - row[0] for row in log_rates]  # [rounds]: the machine's round effect cancels
+        mean = sum(d) / rounds
+        se = math.sqrt(sum((x - mean) ** 2 for x in d) / (df * rounds)) if df else float("nan")
+        if df == 0 or se == 0:  # no noise measured: the point estimate alone decides nothing
+            out.append(ArmSpeedup(math.exp(mean), float("nan"), float("nan"), se, df, rounds, arms))
+            continue
+        q = student_t_quantile(1 - alpha / arms, df)
+        out.append(ArmSpeedup(math.exp(mean), math.exp(mean - q * se), math.exp(mean + q * se), se, df, rounds, arms))
     return out
 
 
@@ -642,6 +644,9 @@ def _why_none(cands: list[dict], min_gain: float) -> str:
     if top is None:
         return "nothing speculative was measured"
     what = f"{top['method']} k={top['k']} measured {top['speedup']:.2f}x"
+    if "speedup_lo" not in top and top.get("rounds", 0) >= 2:
+        return what + (f": its speedup was the same in all {top['rounds']} rounds (a standard error of 0), which "
+                       "measures no noise between engine runs, so no gain can be told from it (rows copied from one run?)")
     if "speedup_lo" not in top:
         return what + (": one round per engine measures no noise between engine runs, so no gain can be told from "
                        "it (--repeats 2 or more)")
