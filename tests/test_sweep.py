@@ -248,3 +248,63 @@ def test_sweep_ks_refusals_name_its_own_k_flag(tmp_path, monkeypatch):
     monkeypatch.setattr(serves, "has_module", lambda m: True)
     with pytest.raises(SpectoolError, match=r"^--k 3: .* Use --k 1"):
         guard.check_speculation(SimpleNamespace(path=str(folder)), "mtp", None, 3, SWEEP_FLAGS)
+
+
+def _stand_in_sweep(monkeypatch, calls, stop_after=None):
+    """sweep-k's `run` with its inputs and engines stood in: each engine run (method, k, round) is appended to
+    `calls` and returns rows of a plain-decoding rate times the arm's 1 + k / 10; the `stop_after`-th run dies."""
+    from types import SimpleNamespace
+
+    from spectool.commands import sweep_k
+
+    def measure(module, fn, kw, what, progress):
+        if stop_after is not None and len(calls) == stop_after:
+            raise KeyboardInterrupt
+        calls.append((kw["method"], kw["k"], (kw["seed"] - 0) // sweep_k.ROUND_SEED))
+        rate = 100 * (1 + kw["k"] / 10) * (1 + 0.01 * len(calls) % 3)
+        return [{"method": kw["method"], "k": kw["k"], "batch": b, "tokens": rate * 4, "seconds": 4.0,
+                 "tokens_per_s": rate, "sequences": 4, "waves": [[rate, 1.0]] * 4, "per_position": [0.5] * kw["k"],
+                 "mean_acceptance_length": 1 + kw["k"] / 2 if kw["k"] else None} for b in kw["batch_sizes"]]
+
+    monkeypatch.setattr(sweep_k, "_real_inputs", lambda cfg: (
+        SimpleNamespace(name="m", path="m", identity={"name": "m"}), {"eagle3": "d"}, [[1, 2, 3]], None))
+    monkeypatch.setattr(sweep_k.subproc, "call", measure)
+    monkeypatch.setattr(sweep_k, "_plots", lambda *a: None)
+    return sweep_k
+
+
+def test_a_resumed_sweep_measures_a_round_in_one_sitting_and_every_row_has_its_time(tmp_path, monkeypatch):
+    """A round's engines are paired by the time they ran in. A sweep stopped inside round 2 measures round 2 again
+    whole on its resume (not only the engines it lacked); an arm added by --k once rounds hold data measures every
+    such round again whole, never pairing the new arm with plain decoding measured at another time. The rows
+    replaced are kept in rows.superseded.jsonl, and every row says when it was measured."""
+    import json
+
+    cfg = SweepConfig(out=str(tmp_path / "s"), draft="d", ks=[2], batch_sizes=[1], repeats=2, seed=0)
+    calls = []
+    sweep_k = _stand_in_sweep(monkeypatch, calls, stop_after=3)  # round 1: plain, k=2; round 2: k=2, then dies
+    with pytest.raises(KeyboardInterrupt):
+        sweep_k.run(cfg, progress=lambda s: None)
+    assert calls == [("none", 0, 0), ("eagle3", 2, 0), ("eagle3", 2, 1)]
+    said, calls = [], []
+    sweep_k = _stand_in_sweep(monkeypatch, calls)
+    sweep_k.run(cfg, progress=said.append)
+    assert calls == [("eagle3", 2, 1), ("none", 0, 1)]  # round 2 again whole, in sweep-k's order for it
+    assert any("round 2 at batch 1 lacks plain decoding" in s and "measured again whole" in s for s in said)
+    rows = [json.loads(x) for x in (tmp_path / "s" / "rows.jsonl").read_text().splitlines()]
+    assert sorted((r["method"], r["run"]) for r in rows) == [("eagle3", 0), ("eagle3", 1), ("none", 0), ("none", 1)]
+    assert all(r["measured_at"].endswith("+00:00") for r in rows)  # ISO 8601, UTC
+    old = [json.loads(x) for x in (tmp_path / "s" / "rows.superseded.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["run"]) for r in old] == [("eagle3", 1)]
+
+    calls = []
+    sweep_k = _stand_in_sweep(monkeypatch, calls)
+    result = sweep_k.run(SweepConfig(**{**cfg.__dict__, "ks": [2, 3]}), progress=lambda s: None)
+    assert sorted(calls) == sorted([("none", 0, 0), ("eagle3", 2, 0), ("eagle3", 3, 0),
+                                    ("eagle3", 3, 1), ("eagle3", 2, 1), ("none", 0, 1)])  # both rounds, whole
+    spec = [r for r in result["rows"] if r["method"] != "none"]
+    assert {r["k"] for r in spec} == {2, 3} and all(r["measured_from"] <= r["measured_to"] for r in spec)
+    calls = []
+    sweep_k = _stand_in_sweep(monkeypatch, calls)
+    sweep_k.run(SweepConfig(**{**cfg.__dict__, "ks": [3]}), progress=lambda s: None)  # an arm dropped: nothing to do
+    assert calls == []

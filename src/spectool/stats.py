@@ -605,9 +605,14 @@ def sweep_speedups(rows: list[dict], alpha: float = SWEEP_ALPHA) -> list[dict]:
 
 def _pooled(runs: list[dict]) -> dict:
     """One engine's runs (its rounds) at one batch size as one row: tokens, seconds and waves summed, acceptance
-    averaged over the rounds; `drift`: the last round's tokens/s over the first's."""
+    averaged over the rounds; `drift`: the last round's tokens/s over the first's; `measured_from`/`_to`: the first
+    and last run's time."""
     row = dict(runs[0])
     row.pop("run", None)
+    times = sorted(r["measured_at"] for r in runs if "measured_at" in r)  # ISO 8601 UTC: sorts as text
+    row.pop("measured_at", None)
+    if times:
+        row["measured_from"], row["measured_to"] = times[0], times[-1]
     row["tokens"], row["seconds"] = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
     row["tokens_per_s"], row["sequences"] = row["tokens"] / row["seconds"], sum(r["sequences"] for r in runs)
     if all("waves" in r for r in runs):
