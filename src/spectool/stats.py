@@ -517,7 +517,7 @@ def student_t_sf(t: float, df: float) -> float:
     return tail if t >= 0 else 1.0 - tail
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=8192)
 def student_t_quantile(p: float, df: float) -> float:
     """The t with P(T <= t) = p (bisection; cached: the refresh rule asks for a few (p, df) at every step)."""
     lo, hi = -1e4, 1e4
@@ -669,8 +669,10 @@ def _why_none(cands: list[dict], min_gain: float) -> str:
 # clears the refresh's cost at a one-sided lower confidence bound, and the looks at one refresh cycle spend a
 # false-refresh budget `alpha` (alpha / (m (m + 1)) at the m-th step since the refresh: the sum over any number of
 # steps stays below alpha; a union bound). So a draft whose acceptance is only noise, or a refresh that bought
-# nothing, triggers another refresh with probability at most alpha per cycle (normal noise; measured by
-# benchmarks/refresh_placebo.py).
+# nothing, triggers another refresh with probability at most alpha per cycle. The assumption: one step's acceptance
+# noise is normal and stationary, independent between steps or correlated as an AR(1) series whose lag-1 correlation
+# the run's own successive differences estimate (step_noise; the slope's se and df carry it); measured with
+# independent and AR(1) steps (rho 0.3, 0.6) by benchmarks/refresh_placebo.py.
 REFRESH_ALPHA = 0.05  # per refresh cycle, shared by the three rules
 NOISE_WINDOW = 16  # successive differences of acceptance the step noise is estimated from (the newest)
 
@@ -680,15 +682,40 @@ def look_alpha(alpha: float, look: int) -> float:
     return alpha / (look * (look + 1))
 
 
-def step_noise(segments: list[list[float]], window: int = NOISE_WINDOW) -> tuple[float, int] | None:
-    """One step's acceptance-length noise: (standard deviation, degrees of freedom), or None before two steps.
-    `segments`: the acceptance per step of each stretch with one draft (a refresh starts a new one). Von Neumann's
-    successive differences, sum (x_t - x_(t-1))^2 / (2 n) over the newest `window` differences inside the
-    segments: a slow trend (the policy moving) barely enters, a refresh's jump not at all."""
-    diffs = [b - a for seg in segments for a, b in zip(seg, seg[1:])][-window:]
-    if not diffs:
+def step_noise(segments: list[list[float]], window: int = NOISE_WINDOW) -> tuple[float, float, float] | None:
+    """One step's acceptance-length noise: (sd, degrees of freedom, rho), or None before two steps. `segments`: the
+    acceptance per step of each stretch with one draft (a refresh starts a new one). Over the newest `window`
+    successive differences d inside the segments (a slow trend, the policy moving, barely enters them; a refresh's
+    jump not at all):
+    - sd: von Neumann's sqrt(sum d^2 / (2 m)) over the m differences; with steps correlated at lag 1 (rho) it
+      estimates sd_step * sqrt(1 - rho), which fit_line undoes;
+    - df: 2 m^2 / (3 m - 1), the chi-square df whose variance the estimator has for independent steps (about 2/3
+      of m, not m), scaled by (1 - rho) / (1 + rho) (correlated steps carry less information);
+    - rho: the steps' lag-1 autocorrelation from the differences' own, about their mean (for an AR(1) series
+      corr(d_t, d_(t-1)) = -(1 - rho) / 2, so rho = 1 + 2 corr; a steady trend moves only the mean), clipped to
+      [0, RHO_MAX]: positive correlation is what widens a slope's
+      spread and shrinks the differences; the recorded frozen runs showed 0.29-0.37 raw, 0.15-0.21 detrended."""
+    diffs = [[b - a for a, b in zip(seg, seg[1:])] for seg in segments]
+    newest = [d for seg in diffs for d in seg][-window:]
+    if not newest:
         return None
-    return math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs))), len(diffs)
+    m = len(newest)
+    sd = math.sqrt(sum(d * d for d in newest) / (2 * m))
+    pairs, kept = [], m  # lag-1 pairs of differences inside a segment, among the newest `window`
+    for seg in reversed(diffs):
+        tail = seg[-kept:] if kept else []
+        pairs += list(zip(tail, tail[1:]))
+        kept -= len(tail)
+    rho, mean = 0.0, sum(newest) / m  # the differences' mean: a steady trend's step, not noise
+    var = sum((d - mean) ** 2 for d in newest) / m
+    if pairs and var > 0:
+        corr = sum((x - mean) * (y - mean) for x, y in pairs) / len(pairs) / var
+        rho = min(max(1 + 2 * corr, 0.0), RHO_MAX)
+    df = 2 * m * m / (3 * m - 1) * (1 - rho) / (1 + rho)
+    return sd, max(math.floor(df * 4) / 4, 0.25), rho  # df down to a quarter: fewer t quantiles to compute (cached)
+
+
+RHO_MAX = 0.9  # the largest lag-1 correlation read from a window's differences (beyond it a slope is mostly noise)
 
 
 @dataclass
@@ -714,16 +741,23 @@ class Line:
 
     level: float  # at x = 0
     slope: float  # per step
-    se: float  # the slope's standard error, from one step's noise
+    se: float  # the slope's standard error, from one step's noise and the steps' lag-1 correlation
 
 
-def fit_line(levels: list[float], sd: float) -> Line:
-    """The least-squares line through `levels` at x = 0, 1, ...; the slope's standard error sd / sqrt(Sxx)."""
+def fit_line(levels: list[float], sd: float, rho: float = 0.0) -> Line:
+    """The least-squares line through `levels` at x = 0, 1, ...; the slope's standard error with steps correlated
+    at lag 1 as an AR(1) series (rho; 0: independent steps, sd / sqrt(Sxx)): Var(slope) = sd_step^2 c'Rc / Sxx^2,
+    c = x - mean(x), R_ij = rho^|i - j|, sd_step^2 = sd^2 / (1 - rho) (`sd`: von Neumann's, step_noise)."""
     n = len(levels)
     mx, my = (n - 1) / 2, sum(levels) / n
-    sxx = sum((x - mx) ** 2 for x in range(n))
-    slope = sum((x - mx) * (y - my) for x, y in enumerate(levels)) / sxx
-    return Line(my - slope * mx, slope, sd / math.sqrt(sxx))
+    c = [x - mx for x in range(n)]
+    sxx = sum(x * x for x in c)
+    slope = sum(x * y for x, y in zip(c, levels)) / sxx
+    crc, lag = sxx, 1
+    while rho > 0 and lag < n and rho**lag > 1e-9:  # c'Rc = Sxx + 2 sum over lags of rho^lag sum_i c_i c_(i + lag)
+        crc += 2 * rho**lag * sum(c[i] * c[i + lag] for i in range(n - lag))
+        lag += 1
+    return Line(my - slope * mx, slope, sd * math.sqrt(crc / (1 - rho)) / sxx)
 
 
 def acceptance_fall(line: Line, steps: int, t: float) -> tuple[float, float]:
