@@ -10,7 +10,11 @@ a refresh is cheap next to a step's generation) to this CPU's:
   that changed nothing (rule 3 books 0);
 - simulated: the same, many times: acceptance as the recorded frozen seeds show it (their level, one step's noise
   from successive differences, generation seconds), and a first refresh that bought nothing but changed the
-  weights (the gain per prompt: noise around the previous draft's, spread as the live auto run measured it).
+  weights (the gain per prompt: noise around the previous draft's, spread as the live auto run measured it);
+  with independent steps, and with steps correlated as an AR(1) series (lag-1 correlation 0.3 and 0.6; the
+  recorded frozen runs showed 0.29-0.37), beside the rule as it read the noise before issue 55.
+Power of rules 1-2 (a draft going stale: acceptance falling a fixed amount a step after the first refresh),
+simulated with independent and correlated steps, now and before issue 55: what reading the correlation costs.
 The bound (stats.py): at most REFRESH_ALPHA per refresh cycle, at any cost.
 Power: the live `auto` run of the drift setting (a real refresh at step `every`), replayed with each cost (the
 per-step agreement's seconds scaled as the refresh's: the same trainer-side compute); and simulated from what it
@@ -36,8 +40,9 @@ import sys
 import time
 from pathlib import Path
 
+from spectool import stats
 from spectool.draft.refresh_policy import RefreshPolicy
-from spectool.stats import REFRESH_ALPHA, binomial_interval, step_noise
+from spectool.stats import NOISE_WINDOW, REFRESH_ALPHA, binomial_interval, step_noise
 
 COSTS = (2.0, 5.0, 8.0, 12.0, 15.0)
 
@@ -116,13 +121,17 @@ def rate(k: int, n: int) -> str:
 
 def simulate(rng: random.Random, level: float, sd: float, gen: tuple[float, float], cost: float, watch: float,
              steps: int, every: int, drop: float, pairs: list[list[float]] | None, prompts: int,
-             null_pairs_sd: float | None = None) -> int | None:
-    """One simulated run: acceptance level + N(0, sd) a step, generation N(gen) seconds, a refresh of `cost` at step
-    `every`. After it, each step's gain pairs: `pairs` resampled (power), or `null_pairs_sd`: the previous draft's
-    gain = the new one's + N(0, sd) (a refresh that changed the weights and bought nothing), or none (a frozen
-    draft measures none). The first step of an unscheduled refresh (None: none)."""
+             null_pairs_sd: float | None = None, rho: float = 0.0, slope: float = 0.0) -> int | None:
+    """One simulated run: acceptance level + noise of sd a step (independent steps, or with `rho` an AR(1) series of
+    that lag-1 correlation, the same sd), falling by `slope` a step after the first refresh (a draft going stale),
+    generation N(gen) seconds, a refresh of `cost` at step `every`. After it, each step's gain pairs: `pairs`
+    resampled (power), or `null_pairs_sd`: the previous draft's gain = the new one's + N(0, sd) (a refresh that
+    changed the weights and bought nothing), or none (a frozen draft measures none). The first step of an
+    unscheduled refresh (None: none)."""
     p = RefreshPolicy("auto", every=every, drop=drop)
+    e = rng.gauss(0, sd)
     for s in range(1, steps + 1):
+        e = rho * e + math.sqrt(1 - rho * rho) * rng.gauss(0, sd)
         gain = None
         if p.cost_s is not None:
             if pairs is not None:
@@ -130,12 +139,19 @@ def simulate(rng: random.Random, level: float, sd: float, gen: tuple[float, floa
             elif null_pairs_sd is not None:
                 news = [max(0.01, rng.choice(NEW_GAINS)) for _ in range(prompts)]
                 gain = [[x, x + rng.gauss(0, null_pairs_sd)] for x in news]
-        p.observe(level + rng.gauss(0, sd), max(0.1, rng.gauss(*gen)), watch, gain)
+        p.observe(level + e - slope * max(0, s - every), max(0.1, rng.gauss(*gen)), watch, gain)
         if p.due(s):
             if s != every:
                 return s
             p.refreshed(cost)
     return None
+
+
+def independent_steps(segments: list[list[float]], window: int = NOISE_WINDOW) -> tuple[float, float, float] | None:
+    """One step's noise as the rule read it before issue 55, for comparison: von Neumann's sd on as many df as
+    differences, steps taken as independent (rho 0)."""
+    diffs = [b - a for seg in segments for a, b in zip(seg, seg[1:])][-window:]
+    return (math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs))), len(diffs), 0.0) if diffs else None
 
 
 NEW_GAINS: list[float] = []  # the new draft's agreement-length gain per prompt, as the live auto run measured it
@@ -214,6 +230,42 @@ def main() -> None:
         neutral = sum(simulate(rng, level, sd, gen, c, w, args.steps, every, drop, None, prompts, pair_sd) is not None
                       for _ in range(args.sims))
         print(f"| {c:g} | {w:.2f} | {rate(frozen_fires, args.sims)} | {rate(neutral, args.sims)} |")
+
+    print(f"\n## placebo, simulated with correlated steps: AR(1) noise of the same sd ({args.sims} runs of {args.steps} "
+          "steps a cost; fired besides the first refresh)")
+    print("| lag-1 correlation | refresh cost s | fired: a frozen draft | a refresh that bought nothing | the same "
+          "frozen draft, the slope's se for independent steps (before issue 55) |")
+    print("|---|---|---|---|---|")
+    for rho in (0.3, 0.6):
+        for c in (0.0, 2.0, costs[-1]):
+            w = agreement * c / measured
+            cells = []
+            for null_sd, noise in ((None, step_noise), (pair_sd, step_noise), (None, independent_steps)):
+                stats.step_noise = noise
+                cells.append(sum(simulate(rng, level, sd, gen, c, w, args.steps, every, drop, None, prompts, null_sd,
+                                          rho=rho) is not None for _ in range(args.sims)))
+                stats.step_noise = step_noise
+            print(f"| {rho:g} | {c:g} | " + " | ".join(rate(k, args.sims) for k in cells) + " |")
+
+    print(f"\n## power, rules 1-2: a draft going stale after its first refresh ({args.sims} runs of {args.steps} steps; "
+          "acceptance falls by the slope a step from the refresh on)")
+    print("| fall a step | lag-1 correlation | refresh cost s | fired: now | median steps after the refresh "
+          "(10th-90th) | fired: the slope's se for independent steps (before issue 55) | median steps |")
+    print("|---|---|---|---|---|---|---|")
+    for fall in (0.002, 0.005):
+        for rho in (0.0, 0.3):
+            for c in (2.0, costs[-1]):
+                w = agreement * c / measured
+                cells = []
+                for noise in (step_noise, independent_steps):
+                    stats.step_noise = noise
+                    fires = [simulate(rng, level, sd, gen, c, w, args.steps, every, drop, None, prompts, None, rho=rho,
+                                      slope=fall) for _ in range(args.sims)]
+                    stats.step_noise = step_noise
+                    after = sorted(x - every for x in fires if x is not None)
+                    cells += [rate(len(after), args.sims), f"{after[len(after) // 2]} ({after[len(after) // 10]}-"
+                              f"{after[(9 * len(after)) // 10]})" if after else "-"]
+                print(f"| {fall:g} | {rho:g} | {c:g} | " + " | ".join(cells) + " |")
 
     print("\n## power: the live auto run (a draft from another task, the policy moving), replayed")
     print("| refresh cost s | agreement s a step | second refresh (step, why) |")

@@ -18,6 +18,14 @@ how often it finds one that is (power), at its default budget.
            which share runs, so their Clopper-Pearson interval is too narrow: a point estimate). Beside each, the rule
            sweep-k had before (one run per arm, plain decoding first and last, a 95% bootstrap over waves).
 
+  simulate: no engines. Sweeps drawn from the design's own model (a machine state shared by a round's engines, each
+           engine run with its own noise, log sd per engine as given), decided by `stats.block_speedups` and
+           `stats.recommend`, beside the rule before issue 55 (one residual mean square pooled over the arms x rounds
+           table, every arm the same standard error) on the same sweeps. A/A cells where plain decoding and the arms
+           differ in noise (as this CPU's engines do) and where one arm is noisy, and power cells; each rate with its
+           95% Clopper-Pearson interval (the sweeps are independent).
+
+  python benchmarks/sweep_calibration.py simulate --sweeps 4000                   # about 2 minutes
   python benchmarks/sweep_calibration.py collect --pool runs/cal --draft runs/demo/draft --k 3 --temperature 0 \
       --batch-sizes 1,4 --pattern plain,draft --runs 24
   python benchmarks/sweep_calibration.py analyse --pool runs/cal --rounds 2,3,4 --arms 1,3
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
@@ -35,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from spectool.constants import DEFAULT_DATA  # noqa: E402
-from spectool.stats import binomial_interval, recommend, sweep_speedups  # noqa: E402
+from spectool.stats import ArmSpeedup, binomial_interval, block_speedups, recommend, student_t_quantile, sweep_speedups  # noqa: E402, I001
 
 
 def collect(a: argparse.Namespace) -> None:
@@ -211,6 +220,109 @@ def analyse(a: argparse.Namespace) -> None:
     (Path(a.pool) / "calibration.json").write_text(json.dumps(out, indent=1))
 
 
+def pooled_rule(log_rates: list[list[float]], alpha: float = 0.05) -> list[ArmSpeedup]:
+    """sweep-k's rule before issue 55, for comparison: one residual mean square of the arms x rounds table on
+    (engines - 1)(rounds - 1) df, the same standard error sqrt(2 MSE / R) for every arm (equal noise assumed)."""
+    rounds, engines = len(log_rates), len(log_rates[0])
+    col = [sum(row[a] for row in log_rates) / rounds for a in range(engines)]
+    rowm = [sum(row) / engines for row in log_rates]
+    grand = sum(rowm) / rounds
+    df = (engines - 1) * (rounds - 1)
+    mse = sum((log_rates[r][a] - col[a] - rowm[r] + grand) ** 2 for r in range(rounds) for a in range(engines)) / df
+    se = (2 * mse / rounds) ** 0.5
+    q = student_t_quantile(1 - alpha / (engines - 1), df)
+    return [ArmSpeedup(math.exp(col[a] - col[0]), math.exp(col[a] - col[0] - q * se),
+                       math.exp(col[a] - col[0] + q * se), se, df, rounds, engines - 1)
+            for a in range(1, engines)]
+
+
+def simulated_log_rates(rng: random.Random, speedups: list[float], sds: list[float], rounds: int,
+                        round_sd: float = 0.1) -> list[list[float]]:
+    """[rounds][engines] log rates: engine 0 plain decoding, 1.. the arms at their true `speedups`; per round a
+    machine state N(0, round_sd) shared by its engines, per engine run its own N(0, sds[engine]) (log sd)."""
+    out = []
+    for _ in range(rounds):
+        machine = rng.gauss(0, round_sd)
+        out.append([machine + (0.0 if e == 0 else math.log(speedups[e - 1])) + rng.gauss(0, sd)
+                    for e, sd in enumerate(sds)])
+    return out
+
+
+def _recommends(fits: list[ArmSpeedup], min_gain: float) -> int:
+    """The arm sweep-k's `stats.recommend` picks on these fits (1-based), 0: none."""
+    rows = [{"method": "none", "k": 0, "batch": 1, "speedup": 1.0}]
+    for i, f in enumerate(fits):
+        rows.append({"method": "eagle3", "k": i + 1, "batch": 1, "speedup": f.speedup}
+                    | ({} if math.isnan(f.lo) else {"speedup_lo": f.lo, "speedup_hi": f.hi}))
+    return recommend(rows, [1], min_gain)[1]["k"]
+
+
+# (name, plain's log sd, the arms' log sds): A/A cells (every arm as fast as plain decoding)
+AA_CELLS = [
+    ("all engines 10%", lambda m: (0.10, [0.10] * m)),
+    ("plain 10%, arms 3%", lambda m: (0.10, [0.03] * m)),
+    ("plain 15%, arms 2%", lambda m: (0.15, [0.02] * m)),
+    ("plain 10%, arms 40% (this CPU, batch 4)", lambda m: (0.10, [0.40] * m)),
+    ("plain 40%, arms 10%", lambda m: (0.40, [0.10] * m)),
+    ("plain 5%, one arm 20%, the others 5%", lambda m: (0.05, [0.20] + [0.05] * (m - 1))),
+]
+
+
+def simulate(a: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    rng = random.Random(a.seed)
+    n = a.sweeps
+    print(f"command: python benchmarks/sweep_calibration.py simulate --sweeps {n} --seed {a.seed}")
+    print(f"\n## A/A: every arm as fast as plain decoding ({n} sweeps a cell; a false alarm = any arm recommended)")
+    print("| noise per engine run (log sd) | arms | rounds | now, --min-gain 0 | now, 0.03 | pooled rule, 0 | pooled, 0.03 |")
+    print("|---|---|---|---|---|---|---|")
+    worst = 0.0
+    for name, noise in AA_CELLS:
+        for arms, rounds in ((1, 3), (3, 2), (3, 3), (3, 4), (6, 3)):
+            if arms == 1 and "one arm" in name:
+                continue
+            plain, arm_sds = noise(arms)
+            hits = {key: 0 for key in ("now0", "now3", "old0", "old3")}
+            for _ in range(n):
+                y = simulated_log_rates(rng, [1.0] * arms, [plain, *arm_sds], rounds)
+                now, old = block_speedups(y), pooled_rule(y)
+                hits["now0"] += _recommends(now, 0.0) > 0
+                hits["now3"] += _recommends(now, 0.03) > 0
+                hits["old0"] += _recommends(old, 0.0) > 0
+                hits["old3"] += _recommends(old, 0.03) > 0
+            worst = max(worst, hits["now0"] / n)
+            print(f"| {name} | {arms} | {rounds} | " + " | ".join(_rate_n(hits[k], n) for k in hits) + " |")
+    print(f"worst A/A cell now, at --min-gain 0: {worst:.1%} (the bound: 5%)")
+
+    print(f"\n## power ({n} sweeps a cell, --min-gain 0.03)")
+    print("| noise per engine run (log sd) | arms' true speedups | rounds | now: the fastest arm recommended | now: any "
+          "arm | pooled rule: the fastest arm | pooled: any |")
+    print("|---|---|---|---|---|---|---|")
+    for noise in ((0.10, 0.10), (0.185, 0.20)):
+        for speedups, rounds_list in (([1.45], (2, 3, 4)), ([1.45, 1.45, 1.45], (3,)), ([1.45, 1.0, 1.0], (3, 4)),
+                                      ([1.45, 1.3, 1.1], (3, 4))):
+            for rounds in rounds_list:
+                hits = {key: 0 for key in ("now", "now_any", "old", "old_any")}
+                best = {i + 1 for i, s in enumerate(speedups) if s == max(speedups)}
+                for _ in range(n):
+                    y = simulated_log_rates(rng, speedups, [noise[0]] + [noise[1]] * len(speedups), rounds)
+                    now, old = _recommends(block_speedups(y), 0.03), _recommends(pooled_rule(y), 0.03)
+                    hits["now"] += now in best
+                    hits["now_any"] += now > 0
+                    hits["old"] += old in best
+                    hits["old_any"] += old > 0
+                label = ", ".join(f"{s:g}x" for s in speedups) + (" (three arms each truly 1.45x: one draft thrice)"
+                                                                   if speedups == [1.45] * 3 else "")
+                print(f"| plain {noise[0]:.1%}, arms {noise[1]:.0%} | {label} | {rounds} | "
+                      + " | ".join(_rate_n(hits[k], n) for k in hits) + " |")
+    print(f"\n(intervals: 95% Clopper-Pearson over independent sweeps); wall time {time.perf_counter() - t0:.0f} s")
+
+
+def _rate_n(k: int, n: int) -> str:
+    lo, hi = binomial_interval(k, n)
+    return f"{k / n:.1%} [{lo:.1%}, {hi:.1%}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -233,8 +345,11 @@ def main() -> None:
     n.add_argument("--rounds", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3])
     n.add_argument("--arms", type=lambda s: [int(x) for x in s.split(",")], default=[1, 3])
     n.add_argument("--resample", type=int, default=400, help="random sweeps drawn from the pool per cell")
+    m = sub.add_parser("simulate")
+    m.add_argument("--sweeps", type=int, default=4000, help="simulated sweeps per cell")
+    m.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    collect(a) if a.cmd == "collect" else analyse(a)
+    {"collect": collect, "analyse": analyse, "simulate": simulate}[a.cmd](a)
 
 
 if __name__ == "__main__":

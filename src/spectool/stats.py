@@ -464,15 +464,21 @@ def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float
 
 
 # --- sweep-k: an arm against plain decoding, beyond the noise between engine runs -----------------
-# Design (sweep-k): `repeats` rounds; each round runs plain decoding and every arm in a fresh engine, one after
-# the other (the order reversed every other round), all on the same prompts and seeds by wave. Per batch size
-# and round, every engine's rate is taken over the waves all of them decoded (paired by wave). Log rates follow
-# a randomized complete block design: y[a][r] = mu_a + rho_r + e (rho_r: the machine during round r, e: one
-# engine run's own noise, which holds the noise between waves too). An arm's log speedup is the mean over rounds
-# of y[a][r] - y[plain][r], with standard error sqrt(2 MSE / R) from the residual mean square MSE of the two-way
-# table on (A - 1)(R - 1) degrees of freedom (Student's t). Its lower bound counts every arm compared at that
-# batch size (Bonferroni: one-sided level alpha / arms), so the chance that any arm is recommended when none
-# is faster is at most alpha per batch size; one round measures no noise between runs and recommends nothing.
+# Design (sweep-k): `repeats` rounds; each round runs plain decoding and every arm in a fresh engine, one after the
+# other (the order reversed every other round), all on the same prompts and seeds by wave. Per batch size and round,
+# every engine's rate is taken over the waves all of them decoded (paired by wave). Log rates follow a block design:
+# y[a][r] = mu_a + rho_r + e[a][r] (rho_r: the machine during round r, shared by its engines; e[a][r]: one engine
+# run's own noise, which holds the noise between waves too). The machine cancels in each paired difference d[r] =
+# y[a][r] - y[plain][r]; an arm's log speedup is their mean over rounds, with the standard error of that arm's own
+# differences, sd(d) / sqrt(R) on R - 1 degrees of freedom (Student's t: the paired t). The assumption: the rounds'
+# e are independent and normal, each engine with its own variance (engines are not equally noisy: a draft's runs
+# varied 40.6% against plain decoding's 10.6% at batch 4 on this CPU, benchmarks/data/sweep_calibration.txt; one
+# residual mean square pooled over the arms x rounds table gives every arm the average noise, too little for a noisy
+# plain engine or arm). Its lower bound counts every arm compared at that batch size (Bonferroni: one-sided level
+# alpha / arms), so the chance that any arm is recommended when none is faster is at most alpha per batch size,
+# whatever the arms' noise and however they correlate through plain decoding. One round measures no noise between
+# runs, and differences identical in every round (a standard error of 0) measure none either: neither gets a bound,
+# so neither recommends anything.
 
 SWEEP_ALPHA = 0.05  # the recommendation's false-alarm rate per batch size, every arm it looked at counted
 
@@ -511,7 +517,7 @@ def student_t_sf(t: float, df: float) -> float:
     return tail if t >= 0 else 1.0 - tail
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=8192)
 def student_t_quantile(p: float, df: float) -> float:
     """The t with P(T <= t) = p (bisection; cached: the refresh rule asks for a few (p, df) at every step)."""
     lo, hi = -1e4, 1e4
@@ -527,10 +533,10 @@ def student_t_quantile(p: float, df: float) -> float:
 @dataclass
 class ArmSpeedup:
     speedup: float  # exp(the mean over rounds of log(arm rate / plain rate)), paired by round and wave
-    lo: float  # one-sided lower bound at level 1 - alpha / arms (nan: one round, no noise between runs measured)
+    lo: float  # one-sided lower bound at level 1 - alpha / arms (nan: one round or se 0, no noise measured)
     hi: float  # the same distance above
     se: float  # standard error of the log speedup
-    df: int  # degrees of freedom of the between-run noise estimate
+    df: int  # degrees of freedom of the arm's noise estimate: rounds - 1
     rounds: int
     arms: int  # speculative arms compared at this batch size (what the bound counts)
 
@@ -544,24 +550,20 @@ def paired_log_rates(waves: list[list[list[float]]]) -> list[float]:
 
 def block_speedups(log_rates: list[list[float]], alpha: float = SWEEP_ALPHA) -> list[ArmSpeedup]:
     """log_rates[r][a]: round r's paired log rate of engine a (0: plain decoding, 1..m: the arms), complete rounds
-    only. Each arm's speedup over plain decoding with its lower bound, every arm counted (the design above)."""
+    only. Each arm's speedup over plain decoding with its lower bound from its own paired differences, every arm
+    counted (the design above). No bound (nan) with one round or a standard error of 0."""
     rounds, engines = len(log_rates), len(log_rates[0])
-    arms = engines - 1
-    col = [sum(row[a] for row in log_rates) / rounds for a in range(engines)]
-    rowm = [sum(row) / engines for row in log_rates]
-    grand = sum(rowm) / rounds
-    df = (engines - 1) * (rounds - 1)
+    arms, df = engines - 1, rounds - 1
     out = []
-    if df == 0:
-        for a in range(1, engines):
-            out.append(ArmSpeedup(math.exp(col[a] - col[0]), float("nan"), float("nan"), float("nan"), 0, rounds, arms))
-        return out
-    mse = sum((log_rates[r][a] - col[a] - rowm[r] + grand) ** 2 for r in range(rounds) for a in range(engines)) / df
-    se = math.sqrt(2 * mse / rounds)
-    q = student_t_quantile(1 - alpha / arms, df)
     for a in range(1, engines):
-        c = col[a] - col[0]
-        out.append(ArmSpeedup(math.exp(c), math.exp(c - q * se), math.exp(c + q * se), se, df, rounds, arms))
+        d = [row[a] - row[0] for row in log_rates]  # [rounds]: the machine's round effect cancels
+        mean = sum(d) / rounds
+        se = math.sqrt(sum((x - mean) ** 2 for x in d) / (df * rounds)) if df else float("nan")
+        if df == 0 or se == 0:  # no noise measured: the point estimate alone decides nothing
+            out.append(ArmSpeedup(math.exp(mean), float("nan"), float("nan"), se, df, rounds, arms))
+            continue
+        q = student_t_quantile(1 - alpha / arms, df)
+        out.append(ArmSpeedup(math.exp(mean), math.exp(mean - q * se), math.exp(mean + q * se), se, df, rounds, arms))
     return out
 
 
@@ -603,9 +605,14 @@ def sweep_speedups(rows: list[dict], alpha: float = SWEEP_ALPHA) -> list[dict]:
 
 def _pooled(runs: list[dict]) -> dict:
     """One engine's runs (its rounds) at one batch size as one row: tokens, seconds and waves summed, acceptance
-    averaged over the rounds; `drift`: the last round's tokens/s over the first's."""
+    averaged over the rounds; `drift`: the last round's tokens/s over the first's; `measured_from`/`_to`: the first
+    and last run's time."""
     row = dict(runs[0])
     row.pop("run", None)
+    times = sorted(r["measured_at"] for r in runs if "measured_at" in r)  # ISO 8601 UTC: sorts as text
+    row.pop("measured_at", None)
+    if times:
+        row["measured_from"], row["measured_to"] = times[0], times[-1]
     row["tokens"], row["seconds"] = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
     row["tokens_per_s"], row["sequences"] = row["tokens"] / row["seconds"], sum(r["sequences"] for r in runs)
     if all("waves" in r for r in runs):
@@ -642,6 +649,9 @@ def _why_none(cands: list[dict], min_gain: float) -> str:
     if top is None:
         return "nothing speculative was measured"
     what = f"{top['method']} k={top['k']} measured {top['speedup']:.2f}x"
+    if "speedup_lo" not in top and top.get("rounds", 0) >= 2:
+        return what + (f": its speedup was the same in all {top['rounds']} rounds (a standard error of 0), which "
+                       "measures no noise between engine runs, so no gain can be told from it (rows copied from one run?)")
     if "speedup_lo" not in top:
         return what + (": one round per engine measures no noise between engine runs, so no gain can be told from "
                        "it (--repeats 2 or more)")
@@ -659,8 +669,10 @@ def _why_none(cands: list[dict], min_gain: float) -> str:
 # clears the refresh's cost at a one-sided lower confidence bound, and the looks at one refresh cycle spend a
 # false-refresh budget `alpha` (alpha / (m (m + 1)) at the m-th step since the refresh: the sum over any number of
 # steps stays below alpha; a union bound). So a draft whose acceptance is only noise, or a refresh that bought
-# nothing, triggers another refresh with probability at most alpha per cycle (normal noise; measured by
-# benchmarks/refresh_placebo.py).
+# nothing, triggers another refresh with probability at most alpha per cycle. The assumption: one step's acceptance
+# noise is normal and stationary, independent between steps or correlated as an AR(1) series whose lag-1 correlation
+# the run's own successive differences estimate (step_noise; the slope's se and df carry it); measured with
+# independent and AR(1) steps (rho 0.3, 0.6) by benchmarks/refresh_placebo.py.
 REFRESH_ALPHA = 0.05  # per refresh cycle, shared by the three rules
 NOISE_WINDOW = 16  # successive differences of acceptance the step noise is estimated from (the newest)
 
@@ -670,15 +682,40 @@ def look_alpha(alpha: float, look: int) -> float:
     return alpha / (look * (look + 1))
 
 
-def step_noise(segments: list[list[float]], window: int = NOISE_WINDOW) -> tuple[float, int] | None:
-    """One step's acceptance-length noise: (standard deviation, degrees of freedom), or None before two steps.
-    `segments`: the acceptance per step of each stretch with one draft (a refresh starts a new one). Von Neumann's
-    successive differences, sum (x_t - x_(t-1))^2 / (2 n) over the newest `window` differences inside the
-    segments: a slow trend (the policy moving) barely enters, a refresh's jump not at all."""
-    diffs = [b - a for seg in segments for a, b in zip(seg, seg[1:])][-window:]
-    if not diffs:
+def step_noise(segments: list[list[float]], window: int = NOISE_WINDOW) -> tuple[float, float, float] | None:
+    """One step's acceptance-length noise: (sd, degrees of freedom, rho), or None before two steps. `segments`: the
+    acceptance per step of each stretch with one draft (a refresh starts a new one). Over the newest `window`
+    successive differences d inside the segments (a slow trend, the policy moving, barely enters them; a refresh's
+    jump not at all):
+    - sd: von Neumann's sqrt(sum d^2 / (2 m)) over the m differences; with steps correlated at lag 1 (rho) it
+      estimates sd_step * sqrt(1 - rho), which fit_line undoes;
+    - df: 2 m^2 / (3 m - 1), the chi-square df whose variance the estimator has for independent steps (about 2/3
+      of m, not m), scaled by (1 - rho) / (1 + rho) (correlated steps carry less information);
+    - rho: the steps' lag-1 autocorrelation from the differences' own, about their mean (for an AR(1) series
+      corr(d_t, d_(t-1)) = -(1 - rho) / 2, so rho = 1 + 2 corr; a steady trend moves only the mean), clipped to
+      [0, RHO_MAX]: positive correlation is what widens a slope's
+      spread and shrinks the differences; the recorded frozen runs showed 0.29-0.37 raw, 0.15-0.21 detrended."""
+    diffs = [[b - a for a, b in zip(seg, seg[1:])] for seg in segments]
+    newest = [d for seg in diffs for d in seg][-window:]
+    if not newest:
         return None
-    return math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs))), len(diffs)
+    m = len(newest)
+    sd = math.sqrt(sum(d * d for d in newest) / (2 * m))
+    pairs, kept = [], m  # lag-1 pairs of differences inside a segment, among the newest `window`
+    for seg in reversed(diffs):
+        tail = seg[-kept:] if kept else []
+        pairs += list(zip(tail, tail[1:]))
+        kept -= len(tail)
+    rho, mean = 0.0, sum(newest) / m  # the differences' mean: a steady trend's step, not noise
+    var = sum((d - mean) ** 2 for d in newest) / m
+    if pairs and var > 0:
+        corr = sum((x - mean) * (y - mean) for x, y in pairs) / len(pairs) / var
+        rho = min(max(1 + 2 * corr, 0.0), RHO_MAX)
+    df = 2 * m * m / (3 * m - 1) * (1 - rho) / (1 + rho)
+    return sd, max(math.floor(df * 4) / 4, 0.25), rho  # df down to a quarter: fewer t quantiles to compute (cached)
+
+
+RHO_MAX = 0.9  # the largest lag-1 correlation read from a window's differences (beyond it a slope is mostly noise)
 
 
 @dataclass
@@ -704,16 +741,23 @@ class Line:
 
     level: float  # at x = 0
     slope: float  # per step
-    se: float  # the slope's standard error, from one step's noise
+    se: float  # the slope's standard error, from one step's noise and the steps' lag-1 correlation
 
 
-def fit_line(levels: list[float], sd: float) -> Line:
-    """The least-squares line through `levels` at x = 0, 1, ...; the slope's standard error sd / sqrt(Sxx)."""
+def fit_line(levels: list[float], sd: float, rho: float = 0.0) -> Line:
+    """The least-squares line through `levels` at x = 0, 1, ...; the slope's standard error with steps correlated
+    at lag 1 as an AR(1) series (rho; 0: independent steps, sd / sqrt(Sxx)): Var(slope) = sd_step^2 c'Rc / Sxx^2,
+    c = x - mean(x), R_ij = rho^|i - j|, sd_step^2 = sd^2 / (1 - rho) (`sd`: von Neumann's, step_noise)."""
     n = len(levels)
     mx, my = (n - 1) / 2, sum(levels) / n
-    sxx = sum((x - mx) ** 2 for x in range(n))
-    slope = sum((x - mx) * (y - my) for x, y in enumerate(levels)) / sxx
-    return Line(my - slope * mx, slope, sd / math.sqrt(sxx))
+    c = [x - mx for x in range(n)]
+    sxx = sum(x * x for x in c)
+    slope = sum(x * y for x, y in zip(c, levels)) / sxx
+    crc, lag = sxx, 1
+    while rho > 0 and lag < n and rho**lag > 1e-9:  # c'Rc = Sxx + 2 sum over lags of rho^lag sum_i c_i c_(i + lag)
+        crc += 2 * rho**lag * sum(c[i] * c[i + lag] for i in range(n - lag))
+        lag += 1
+    return Line(my - slope * mx, slope, sd * math.sqrt(crc / (1 - rho)) / sxx)
 
 
 def acceptance_fall(line: Line, steps: int, t: float) -> tuple[float, float]:

@@ -14,8 +14,10 @@ Workflow:
  3. per batch size, the recommendation: the fastest (method, k) whose lower bound clears 1 + `min_gain`
     (stats.recommend: at most 5% false recommendations per batch size), else no speculation, with the reason;
     plus the schedule `rollout --k auto` uses;
- 4. rows.jsonl (appended per engine run: a killed sweep resumes at the next; a larger --repeats adds
-    rounds), sweep.csv, sweep.json, PNG plots, manifest. The engine run itself is engine/arms.measure_arm.
+ 4. rows.jsonl (appended per engine run, each row with the time it was measured: a killed sweep resumes; a larger
+    --repeats adds rounds; a round that holds some engines but not all, stopped inside or given another arm since,
+    is measured again whole, since a round's engines are paired by the time they ran in), sweep.csv, sweep.json,
+    PNG plots, manifest. The engine run itself is engine/arms.measure_arm.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import random
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from spectool import subproc
@@ -228,7 +231,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     if not cfg.dummy_weights and cfg.synthetic:
         progress("synthetic acceptance on the real model: timing only (its samples are not the policy's)")
     rows_path = out / ROWS
-    done = [json.loads(x) for x in rows_path.read_text().splitlines() if x.strip()] if rows_path.exists() else []
+    done = _resumed_rows(rows_path, cfg, progress)
     have = {(r["method"], r["k"], r["batch"], r.get("run", 0)) for r in done}
 
     plan = [(m, k, n, [b for b in cfg.batch_sizes if (m, k, b, n) not in have]) for m, k, n in _runs(cfg)]
@@ -256,8 +259,9 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths, log_path=str(out / "engine.log"),
             dtype=cfg.dtype, min_seconds=cfg.min_seconds),
             what=f"the {method} k={k} engine", progress=progress)
+        measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # when this engine run ended
         for row in rows:
-            row["run"] = run_no
+            row["run"], row["measured_at"] = run_no, measured_at
             append_jsonl(rows_path, row)
             done.append(row)
     rows = sweep_speedups([r for r in done if r["batch"] in cfg.batch_sizes and (r["method"], r["k"]) in _arms(cfg)
@@ -283,6 +287,37 @@ def run(cfg: SweepConfig, progress=print) -> dict:
                                                     synthetic=cfg.synthetic, rows=len(rows),
                                                     served_by=sorted({r["served_by"] for r in rows if "served_by" in r})))
     return result
+
+
+SUPERSEDED = "rows.superseded.jsonl"  # rows of rounds measured again whole on a resume, kept for the record
+
+
+def _resumed_rows(rows_path: Path, cfg: SweepConfig, progress) -> list[dict]:
+    """The rows a resumed sweep keeps. A round pairs its engines by the time they ran in (the machine's state is
+    what cancels), so a round at a batch size is measured in one sitting: where it holds some of this sweep's
+    engines but not all (the sweep stopped inside it, or --k/--methods added an arm since), its rows move to
+    SUPERSEDED and the round is measured again whole, rather than pairing a new engine with plain decoding measured
+    at another time."""
+    from spectool.runs import append_jsonl  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+    done = [json.loads(x) for x in rows_path.read_text().splitlines() if x.strip()] if rows_path.exists() else []
+    arms = set(_arms(cfg))
+    split = set()
+    for n, b in sorted({(r.get("run", 0), r["batch"]) for r in done}):
+        held = {(r["method"], r["k"]) for r in done if (r.get("run", 0), r["batch"]) == (n, b)}
+        if held & arms and arms - held:
+            split.add((n, b))
+            missing = ", ".join("plain decoding" if m == "none" else f"{m} k={k}" for m, k in sorted(arms - held))
+            progress(f"round {n + 1} at batch {b} lacks {missing} (the sweep stopped inside the round, or --k/--methods "
+                     "added an arm): it is measured again whole, so that its engines run at one time")
+    if not split:
+        return done
+    for r in done:
+        if (r.get("run", 0), r["batch"]) in split:
+            append_jsonl(rows_path.parent / SUPERSEDED, r)
+    kept = [r for r in done if (r.get("run", 0), r["batch"]) not in split]
+    atomic_write_bytes(rows_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+    return kept
 
 
 def schedule_family(rows: list[dict], cfg: SweepConfig) -> tuple[str | None, dict | None]:

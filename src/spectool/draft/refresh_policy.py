@@ -146,8 +146,8 @@ class RefreshPolicy:
         books, noise = stats.Ledger(self.cost_s, self.watch_s), stats.step_noise(self.segments)
         p = stats.look_alpha(self.alpha / 3, max(self.since, 1))  # each rule's share of this look's budget
         if noise is not None and len(self.steps) >= MIN_LINE:
-            sd, df = noise
-            t, line = stats.student_t_quantile(1 - p, df), stats.fit_line([a for a, _ in self.steps], sd)
+            sd, df, rho = noise
+            t, line = stats.student_t_quantile(1 - p, df), stats.fit_line([a for a, _ in self.steps], sd, rho)
             books.level, books.slope = line.level, line.slope
             if line.level - 1 >= MIN_GAIN:
                 books.fell, books.fell_low = stats.acceptance_fall(line, len(self.steps) - 1, t)
