@@ -302,31 +302,34 @@ def test_every_engine_is_sized_for_its_runs_batch():
 
 def test_a_batch_above_vllms_default_is_capped_and_planned_at_the_cap(tiny_policy, monkeypatch, capsys):
     """rollout --n-prompts 4200 --samples 4 gave vLLM max_num_seqs 16,800, above max_num_batched_tokens (16,384 on an
-    H100): refused at engine start. The engine is given vLLM's own 1,024 (the scheduler queues the rest), never above a
-    max_num_batched_tokens set, and train-rl's plan counts the drafter logits of the sequences vLLM holds."""
+    H100): refused at engine start. The engine is given what vLLM itself would pick on the device (1,024 on an H100,
+    256 on an A100 or the CPU build: review 4, N11; the scheduler queues the rest), never above a max_num_batched_tokens
+    set, and train-rl's plan counts the drafter logits and output_bin_counts of the sequences vLLM holds."""
     from types import SimpleNamespace
 
     from spectool.commands import train_rl
-    from spectool.engine.engine import MAX_NUM_SEQS, EngineConfig, spectool_kwargs
-    from spectool.memory import drafter_logits
+    from spectool.engine.batch import Device
+    from spectool.engine.engine import EngineConfig, spectool_kwargs
+    from spectool.memory import drafter_logits, output_bin_counts
     from spectool.rl.config import RLConfig
 
-    assert MAX_NUM_SEQS == 1024
-    for cpu in (True, False):
-        assert spectool_kwargs(EngineConfig(model_path="m", max_num_seqs=4200 * 4), cpu)["max_num_seqs"] == 1024
-        assert spectool_kwargs(EngineConfig(model_path="m", max_num_seqs=1000), cpu)["max_num_seqs"] == 1000
-        capped = EngineConfig(model_path="m", max_num_seqs=4200 * 4, extra={"max_num_batched_tokens": 512})
-        assert spectool_kwargs(capped, cpu)["max_num_seqs"] == 512
+    h100, a100 = Device("NVIDIA H100 80GB HBM3", 80 * 2**30), Device("NVIDIA A100-SXM4-80GB", 80 * 2**30)
+    for cpu, device, cap in ((True, None, 256), (False, h100, 1024), (False, a100, 256)):
+        kw = lambda **c: spectool_kwargs(EngineConfig(model_path="m", **c), cpu, device, ("0.26.0", cpu))  # noqa: E731
+        assert kw(max_num_seqs=4200 * 4)["max_num_seqs"] == cap
+        assert kw(max_num_seqs=200)["max_num_seqs"] == 200
+        assert kw(max_num_seqs=4200 * 4, extra={"max_num_batched_tokens": 128})["max_num_seqs"] == 128
     cfg = RLConfig()
     cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.eval_every = 4200, 4, 0
     cfg.draft_refresh.mode = "frozen"
     planned = []
     monkeypatch.setattr("spectool.engine.compat.installed", lambda: ("0.26.0", False))  # V2: float32 drafter logits
-    monkeypatch.setattr(train_rl, "check_train_rl", lambda plan, config, share, logits, dtype: planned.append(logits))
+    monkeypatch.setattr(train_rl, "check_train_rl", lambda plan, config, share, held, dtype: planned.append(held))
     spec = SimpleNamespace(method="eagle3", proposals="probabilistic", k=3, draft_path="draft")
-    train_rl.check_memory(cfg, str(tiny_policy), spec, longest_prompt=64, total_bytes=80 * 2**30)
     vocab = json.loads((tiny_policy / "config.json").read_text())["vocab_size"]
-    assert planned == [drafter_logits(1024, 3, vocab, 4)]
+    for device, cap in ((h100, 1024), (a100, 256)):
+        train_rl.check_memory(cfg, str(tiny_policy), spec, 64, device.total_bytes, device.name)
+        assert planned.pop() == drafter_logits(cap, 3, vocab, 4) + output_bin_counts(cap, vocab)
 
 
 @pytest.mark.engine

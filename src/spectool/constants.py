@@ -51,11 +51,9 @@ DEFAULT_POSITION_WEIGHTS = "decay"
 # data). The default: measured, docs/drafters.md "Features at scale".
 FEATURE_SOURCES = ("stream", "online", "cache")
 DEFAULT_FEATURES = "stream"
-# The most sequences spectool lets vLLM decode at once, vLLM's own default on large GPUs; a larger batch is queued by
-# the scheduler (engine.max_num_seqs). Above it vLLM preallocates drafter logits and output_bin_counts
-# [max_num_seqs, vocab] for every sequence at once, memory no plan counts, and above max_num_batched_tokens (16,384 or
-# 8,192 on GPUs, 4,096 on the CPU build) it refuses to start (config/scheduler.py): `rollout --n-prompts 4200
-# --samples 4` did on an H100. sweep-k measures no batch above it (its rows would be queued waves).
+# The most sequences vLLM decodes at once on any device (its default on GPUs of 70 GiB or more, not A100s; 256
+# elsewhere: engine/compat.batch_defaults). Every engine gets at most the device's own (engine/batch.py); a larger batch
+# is queued by the scheduler. sweep-k measures no batch above this (its rows would be queued waves).
 MAX_NUM_SEQS = 1024
 # The largest share of GPU memory an engine may take (vLLM needs a little for itself).
 GPU_SHARE_MAX = 0.98

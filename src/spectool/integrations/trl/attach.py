@@ -51,10 +51,12 @@ def speculative_llm(spec: SpeculationSettings):
 
     def speculative_llm(*args: Any, **kwargs: Any):
         mtp = spec.draft == MTP
+        budget = {"max_num_batched_tokens": kwargs["max_num_batched_tokens"]} if kwargs.get("max_num_batched_tokens") else {}
         ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=None if mtp else spec.draft and str(spec.draft),
                             method=spec.method, k=spec.k,
                             k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, dtype=spec.dtype,
-                            enforce_eager=spec.enforce_eager)
+                            enforce_eager=spec.enforce_eager, max_num_seqs=kwargs.get("max_num_seqs"),
+                            extra=budget)  # TRL's batch and token budget, kept under vLLM's own (engine/batch.py)
         remove_truncated_kernels()  # a killed run's zero-byte kernels would fail this start
         cpu = prepare_environment(ecfg)
         kwargs.update(spectool_kwargs(ecfg, cpu))

@@ -18,7 +18,7 @@ from spectool.engine.compat import drafter_logits_bytes, parse_version, support
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
 from spectool.integrations.trl.speculation import SpeculationSettings
-from spectool.memory import check_engine_floor, draft_params, drafter_logits, trl_plan
+from spectool.memory import check_engine_floor, draft_params, drafter_logits, output_bin_counts, trl_plan
 from spectool.precision import engine_dtype
 from spectool.prompts import encode_messages
 
@@ -146,13 +146,14 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
         draft = draft_params(path if mtp else spec.draft, mtp)
     prompt = _longest_prompt(trainer_kwargs, path)
     logits = _drafter_logits(spec, args, config)
+    bins = output_bin_counts(_engine_seqs(args), config.vocab_size)
     plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
                     total_bytes=total_bytes or torch.cuda.get_device_properties(0).total_memory,
                     micro_tokens=args.per_device_train_batch_size * (prompt + args.max_completion_length),
                     ref_model=args.beta != 0, shards=world if states_sharded else 1,
                     trainable_fraction=0.0 if peft else 1.0, checkpointing=bool(args.gradient_checkpointing),
                     draft_params=draft, draft_embedding=not mtp, processes=world, weights_sharded=weights_sharded,
-                    logits=logits)
+                    logits=logits, bins=bins)
     if how:
         plan.title += f", {how} over {world} ranks"
     plan.notes.append(f"activations: the longest of the first {PROMPTS_MEASURED} prompts ({prompt} tokens) + "
@@ -166,7 +167,7 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
     fixes += ["train LoRA adapters" if not peft else "", "or use more GPUs" if weights_sharded else ""]
     plan.check(f"TRL's GRPOTrainer cannot fit this on one GPU{' per rank' if how else ''}: "
                + ", ".join(f for f in fixes if f))
-    check_engine_floor(plan, config, args.vllm_gpu_memory_utilization, logits, engine_dtype(spec.dtype),
+    check_engine_floor(plan, config, args.vllm_gpu_memory_utilization, logits + bins, engine_dtype(spec.dtype),
                        "vllm_gpu_memory_utilization",
                        "the colocated engine's share", " (the trainer's rows above must then still fit)",
                        " (tensor parallelism inside TRL's engine is refused with a refreshed draft: docs/rl.md)")
@@ -174,13 +175,17 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
 
 
 def _drafter_logits(spec: SpeculationSettings, args, config) -> int:
-    """The drafter-logits buffer TRL's engine preallocates (memory.drafter_logits): TRL sets max_num_seqs to
-    per_device_train_batch_size x vllm_tensor_parallel_size x steps_per_generation (grpo_trainer.py)."""
+    """The drafter-logits buffer TRL's engine preallocates (memory.drafter_logits) at TRL's max_num_seqs."""
     if not spec.draft:
         return 0
-    seqs = args.per_device_train_batch_size * args.vllm_tensor_parallel_size * args.steps_per_generation
-    return drafter_logits(seqs, spec.k, config.vocab_size,
+    return drafter_logits(_engine_seqs(args), spec.k, config.vocab_size,
                           drafter_logits_bytes(spec.method, resolve_proposals(spec.draft_sampling)[0], engine_dtype(spec.dtype)))
+
+
+def _engine_seqs(args) -> int:
+    """TRL's max_num_seqs: per_device_train_batch_size x vllm_tensor_parallel_size x steps_per_generation
+    (grpo_trainer.py); the engine may get fewer (engine/batch.py), never more: the plan's side is the safe one."""
+    return args.per_device_train_batch_size * args.vllm_tensor_parallel_size * args.steps_per_generation
 
 
 PROMPTS_MEASURED = 256  # dataset prompts tokenized for the memory plan's sequence length
