@@ -364,3 +364,16 @@ def test_the_gpu_first_run_is_ordered_and_sized_for_one_lent_machine(tmp_path):
     r = subprocess.run(["bash", str(script), "no-such-part", str(tmp_path / "out")], capture_output=True, text=True,
                        env={**os.environ, "PYTHON": sys.executable}, timeout=60)
     assert r.returncode == 2 and "install | pipeline | sweep-aa | verify | trl" in r.stderr, r.stderr
+
+
+def test_the_gpu_extra_keeps_transformers_below_what_vllm_033_caps():
+    """vLLM 0.26 asks only transformers >= 5.5.3, so a GPU set-up took 5.24 beside it, a pairing nobody has run
+    (review 4, N16): the gpu extra (scripts/setup.sh installs it) caps transformers below 5.21, as vLLM 0.33 does."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    extra = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["gpu"]
+    pins = {r.name: r.specifier for r in map(Requirement, extra)}
+    assert "transformers" in pins and not pins["transformers"].contains("5.21.0") and not pins["transformers"].contains(
+        "5.24.0") and pins["transformers"].contains("5.19.0"), pins

@@ -71,3 +71,41 @@ def test_the_advice_reads_only_what_this_start_wrote_to_the_engine_log(tmp_path,
     with open(log, "a") as f:
         f.write("this start's own line\n")
     assert logs.written_since(start) == "this start's own line\n"
+
+
+def test_a_configured_compile_cache_is_scanned_and_the_roots_logged(caches, tmp_path, caplog):
+    """vLLM compiles into a user's compilation_config.cache_dir verbatim (review 4, N14): that folder is swept too,
+    given as a dict or as a CompilationConfig-like object, and the roots scanned are logged."""
+    from types import SimpleNamespace
+
+    from spectool.engine.kernel_cache import cache_dirs, remove_truncated_kernels
+
+    mine = tmp_path / "my-compile-cache"
+    dead = _kernel(mine / "rank_0_0" / "backbone" / "inductor_cache" / "ab" / "cab.main.so")
+    assert mine.resolve() in cache_dirs({"compilation_config": SimpleNamespace(cache_dir=str(mine))})
+    assert cache_dirs({"compilation_config": 3}) == cache_dirs()  # a bare level names no folder
+    with caplog.at_level("INFO", logger="spectool.engine.kernel_cache"):
+        assert remove_truncated_kernels({"compilation_config": {"cache_dir": str(mine)}}) == [dead]
+    assert f"compile caches scanned for cut-short kernels: {mine.resolve()}" in caplog.text
+
+
+def test_age_is_judged_by_the_caches_own_clock_not_this_hosts(caches, monkeypatch):
+    """On a cache shared over NFS the mtimes are the server's: a host clock an hour ahead took a kernel another node
+    linked a minute ago for a stale one and deleted it. Judged by a file touched in the cache now, it is kept; where
+    nothing can be touched there, this host's clock with a 10-minute floor."""
+    from spectool.engine import kernel_cache
+
+    inductor, _ = caches
+    linking = _kernel(inductor / "ai" / "clinking.main.so", age_s=60)  # a minute old by the file system's clock
+    dead = _kernel(inductor / "ev" / "cdead.main.so", age_s=3600)
+    real_time = time.time
+    monkeypatch.setattr(kernel_cache.time, "time", lambda: real_time() + 3600)  # this host's clock, an hour ahead
+    assert kernel_cache.remove_truncated_kernels() == [dead.resolve()] and linking.exists()
+
+    def read_only(*_a, **_k):
+        raise PermissionError("read-only cache")
+
+    monkeypatch.setattr(kernel_cache.tempfile, "NamedTemporaryFile", read_only)
+    monkeypatch.setattr(kernel_cache.time, "time", real_time)
+    five_minutes = _kernel(inductor / "ai" / "cfive.main.so", age_s=300)
+    assert kernel_cache.remove_truncated_kernels() == [] and five_minutes.exists()  # under the 10-minute floor

@@ -307,6 +307,30 @@ def test_the_worker_compares_a_multimodal_targets_language_model_head():
     assert shared_lm_head(torch.nn.Module()) is None
 
 
+def test_a_target_whose_language_model_has_no_head_shares_its_top_level_one():
+    """The V2 runner falls back to the target's top-level lm_head when get_language_model() has none (review 4, N15;
+    0.33's muse_glimmer target): the worker's guard must find that head, or a push would write the policy's."""
+    from spectool.engine.probe import shared_lm_head
+
+    class Headless(torch.nn.Module):  # a language model without an lm_head of its own
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(4)
+
+    class Target(torch.nn.Module):  # the head sits on the target, beside the language model
+        def __init__(self):
+            super().__init__()
+            self.language_model, self.lm_head = Headless(), torch.nn.Linear(4, 8, bias=False)
+
+        def get_language_model(self):
+            return self.language_model
+
+    target = Target()
+    assert shared_lm_head(target) is target.lm_head
+    draft = type("Draft", (), {"lm_head": target.lm_head})()  # vLLM served the draft with the target's head
+    assert draft.lm_head is shared_lm_head(target)  # the worker's guard (worker_ext.spectool_reload_draft) holds it back
+
+
 @pytest.mark.engine
 def test_a_push_never_changes_the_policy_in_the_engine(tiny_policy, random_draft, policy):
     """The push of a refreshed draft that vLLM serves with the policy's lm_head leaves the engine's

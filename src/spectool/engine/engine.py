@@ -139,7 +139,7 @@ class Engine:
         log = route(cfg.log_path)  # before vLLM is imported: its logging reads the stream then
         quiet = log is not None
         self.cfg = cfg
-        remove_truncated_kernels()  # a killed run's zero-byte kernels would fail this start (said on the terminal)
+        remove_truncated_kernels(cfg.extra)  # a killed run's zero-byte kernels would fail this start (said on the terminal)
         with native_stderr_to_log(log):
             cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
             self.llm = self._start(cfg, cpu, quiet)
@@ -436,7 +436,7 @@ def _refused_precision(msg: str) -> bool:
 
 def _start_error_advice(e: Exception, cfg: EngineConfig, cpu: bool, log: str = "") -> str:
     """What to change after a failed engine start (`log`: what the engine log received during the start)."""
-    kernel = cut_short_advice(f"{e}\n{log}")
+    kernel = cut_short_advice(f"{e}\n{log}", cfg.extra)
     if kernel:
         return kernel
     msg = " ".join(str(e).split())[:500]

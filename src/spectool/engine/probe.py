@@ -47,9 +47,14 @@ def float32_reductions() -> Iterator[None]:
 def shared_lm_head(target: torch.nn.Module) -> torch.nn.Module | None:
     """The target's lm_head vLLM compares a draft's with, and serves the draft with when they are equal: a multimodal
     target's language model's (`get_language_model()`, as llm_base_proposer.load_model and the V2 runner take it;
-    a `*ForConditionalGeneration` has no lm_head of its own), else the target's own. None when it has none."""
+    a `*ForConditionalGeneration` has no lm_head of its own), else the target's own; and where that language model
+    has none, the target's top-level lm_head, as the V2 runner falls back to it (v1/worker/gpu/spec_decode/eagle/
+    utils.py:28-33,83-89@0.26, :37-42,98-110@0.33; in 0.33 muse_glimmer.py's target is such a one). None when there
+    is none. The worker compares by identity, so the fallback protects the policy's head on V2 and changes nothing
+    on V1, whose draft never holds that head."""
     language = target.get_language_model() if callable(getattr(target, "get_language_model", None)) else target
-    return getattr(language, "lm_head", None)
+    head = getattr(language, "lm_head", None)
+    return head if head is not None else getattr(target, "lm_head", None)
 
 
 def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:

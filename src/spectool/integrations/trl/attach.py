@@ -57,7 +57,7 @@ def speculative_llm(spec: SpeculationSettings):
                             k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, dtype=spec.dtype,
                             enforce_eager=spec.enforce_eager, max_num_seqs=kwargs.get("max_num_seqs"),
                             extra=budget)  # TRL's batch and token budget, kept under vLLM's own (engine/batch.py)
-        remove_truncated_kernels()  # a killed run's zero-byte kernels would fail this start
+        remove_truncated_kernels(kwargs)  # a killed run's zero-byte kernels would fail this start
         cpu = prepare_environment(ecfg)
         kwargs.update(spectool_kwargs(ecfg, cpu))
         check_exact_verification(kwargs.get("speculative_config"), where="TRL's engine:")
