@@ -98,6 +98,20 @@ def test_each_release_names_its_runner_and_drafter_logits():
     assert drafter_logits_bytes("eagle3", "probabilistic", "float32", cpu) == 0
 
 
+def test_a_moe_or_hybrid_target_on_026_may_be_served_by_either_runner():
+    """0.26 serves mixture-of-experts (but an allow-list) and hybrid targets on V1 (review 3, N5): the prediction
+    says "V1 or V2" there, V2 from 0.33 and for dense targets; the plans keep counting V2's buffers (the safe side)."""
+    from spectool.engine.compat import REQUIRED, runner, select
+
+    moe, hybrid, dense = {"num_experts": 8}, {"layer_types": ["full_attention", "linear_attention"]}, {"model_type": "x"}
+    assert runner(False, "eagle3", "0.26.0", moe) == runner(False, "dflash", "0.32.1", hybrid) == "V1 or V2"
+    assert runner(False, "eagle3", "0.26.0", {"num_local_experts": 8}) == "V1 or V2"  # Mixtral's name
+    assert runner(False, "eagle3", "0.33.0", moe) == runner(False, "eagle3", "0.26.0", dense) == "V2"
+    assert runner(False, "eagle3", "0.26.0", {"layer_types": ["full_attention", "sliding_attention"]}) == "V2"
+    assert runner(False, "peagle", "0.26.0", moe) == runner(True, "eagle3", "0.32.0", moe) == "V1"
+    assert select("0.26.0", False, set(REQUIRED)).runner("mtp", moe) == "V1 or V2"
+
+
 def test_features_are_found_in_the_installed_build_without_importing_it():
     import subprocess
     import sys

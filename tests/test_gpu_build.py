@@ -377,3 +377,15 @@ def test_the_gpu_extra_keeps_transformers_below_what_vllm_033_caps():
     pins = {r.name: r.specifier for r in map(Requirement, extra)}
     assert "transformers" in pins and not pins["transformers"].contains("5.21.0") and not pins["transformers"].contains(
         "5.24.0") and pins["transformers"].contains("5.19.0"), pins
+
+
+def test_a_moe_policy_syncs_through_spectools_reload_on_every_build():
+    """TRL's own sync (a GPU's default) skips vLLM's processing after loading, which on Blackwell swaps FlashInfer's
+    w13 into w31 (review 3, N4): on auto a mixture-of-experts policy takes spectool's reload, on a GPU too; a dense
+    one keeps TRL's there; a setting the user gave wins."""
+    from spectool.engine.compat import spectool_sync  # what integrations/trl/attach.py asks
+
+    moe, mixtral, dense = {"num_experts": 4}, {"num_local_experts": 8}, {"model_type": "llama"}
+    assert spectool_sync("auto", False, moe) and spectool_sync("auto", False, mixtral)
+    assert not spectool_sync("auto", False, dense) and spectool_sync("auto", True, dense)
+    assert not spectool_sync("trl", False, moe) and spectool_sync("spectool", False, dense)

@@ -41,7 +41,7 @@ CLI = Flags()
 class Checked:
     draft: str | None  # the draft folder, checked (None: the policy's MTP layers, or no folder yet)
     note: str | None  # what vLLM does with k beyond the MTP layers, for the caller to say
-    runner: str  # the model runner the build will serve it with: "V1" | "V2"
+    runner: str  # the model runner the build will serve it with: "V1" | "V2" | "V1 or V2" (compat.runner)
 
 
 def check_speculation(model, method: str, draft: str | None, k: int, flags: Flags = CLI) -> Checked:

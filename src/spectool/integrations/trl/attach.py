@@ -19,7 +19,7 @@ from spectool.constants import OWN_MTP as MTP
 from spectool.draft.refresh import CHECKPOINT_STATE, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
 from spectool.engine import colocated
-from spectool.engine.compat import support
+from spectool.engine.compat import spectool_sync, support
 from spectool.engine.engine import (
     EngineConfig,
     check_exact_verification,
@@ -87,7 +87,7 @@ class _Attached:
         if support().cpu_build and fix != "applied":
             raise SpectoolError(f"the CPU rejection-sampler fix is not active in TRL's engine ({fix}): speculative "
                                 "samples would not be the policy's")
-        use_spectool = spec.policy_sync == "spectool" or (spec.policy_sync == "auto" and support().cpu_build)
+        use_spectool = spectool_sync(spec.policy_sync, support().cpu_build, trainer.model.config.to_dict())
         self._trl_sync = self.vg.sync_weights
         self.vg.sync_weights = self._sync_spectool if use_spectool else self._sync_trl
         # both syncs read TRL's walk: it yields the checkpoint layout vLLM loads (MoE experts per expert)

@@ -42,7 +42,8 @@ class SpeculationSettings:
     enforce_eager: bool = False
     """True: no torch.compile in the engine (faster start, slower decode)."""
     policy_sync: str = "auto"
-    """auto (spectool's reload on the CPU build, TRL's own on a GPU) | spectool | trl."""
+    """auto (spectool's reload on the CPU build and for a mixture-of-experts policy, TRL's own otherwise on a GPU) |
+    spectool | trl."""
     logprob_tolerance: float | None = None
     """Max |engine - trainer| logprob after a sync (None: by the engine's dtype, precision.py)."""
 
