@@ -32,6 +32,7 @@ class Plan:
     total_gib: float
     rows: list[tuple[str, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    estimated: str = "activations estimated"  # which rows are estimates ("": none)
 
     def add(self, item: str, nbytes: float) -> None:
         if nbytes:
@@ -47,7 +48,7 @@ class Plan:
 
     def text(self) -> str:
         w = max(len(r) for r, _ in self.rows)
-        lines = [f"{self.title} (GiB; activations estimated):"]
+        lines = [f"{self.title} (GiB{'; ' + self.estimated if self.estimated else ''}):"]
         lines += [f"  {r:<{w}}  {g:7.1f}" for r, g in self.rows]
         lines.append(f"  {'total':<{w}}  {self.used_gib:7.1f} of {self.total_gib:.1f} on this GPU"
                      f" ({'fits' if self.fits else 'does NOT fit'})")
@@ -307,7 +308,7 @@ def rollout_plan(config, *, engine_share: float, total_bytes: int, logits: int, 
     engine's `dtype`; the rest is KV cache. Refused (check_engine_floor) when the share cannot hold them and a
     little KV cache."""
     p = param_count(config)
-    plan = Plan(f"{who} memory plan: {p / 1e9:.2f}B-parameter policy", total_bytes / GIB)
+    plan = Plan(f"{who} memory plan: {p / 1e9:.2f}B-parameter policy", total_bytes / GIB, estimated="")
     plan.add(f"policy weights ({dtype}, in the engine)", ENGINE_DTYPE_BYTES[dtype] * p)
     add_engine_share(plan, engine_share, total_bytes, logits, "--gpu-memory-utilization", bins)
     plan.rows[-1] = ("engine share: KV cache and the rest", plan.rows[-1][1] - ENGINE_DTYPE_BYTES[dtype] * p / GIB)

@@ -13,7 +13,7 @@ picks per build from measurement (docs/results.md, "Draft proposals"; benchmarks
   co-trained DFlash / DSpark recipes propose this way, and the Qwen team's Bebop study kept an MTP
   head's acceptance through RL with it. Measured once (an H200, vLLM 0.26.0, the demo's EAGLE-3 draft at
   T=1, docs/gpu.md): acceptance length 1.36 -> 1.55 at batch 1 and 1.34 -> 1.59 at batch 8; the
-  speedups' difference was inside that run's noise (`benchmarks/gpu_first_run.sh sampling`).
+  speedups' difference was inside that run's noise (`benchmarks/draft_sampling.sh`).
 At T=0 both propose the argmax; the mode only matters at T>0.
 """
 
