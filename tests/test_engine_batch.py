@@ -20,6 +20,15 @@ GPU40 = ("a 40 GiB GPU", 40 * GIB)
 V026, V033 = ("0.26.0", False), ("0.33.0", False)
 
 
+@pytest.fixture(scope="module")
+def qwen3_configs():
+    """The Qwen3 template configs, loaded once: transformers' first AutoConfig load imports its config classes
+    (about 5 s here), a module's cost rather than one test's."""
+    from transformers import AutoConfig
+
+    return {name: AutoConfig.from_pretrained(TEMPLATES / name) for name in ("qwen3-0.6b", "qwen3-8b")}
+
+
 def _kwargs(device, build=V026, **cfg):
     from spectool.engine.batch import Device
     from spectool.engine.engine import EngineConfig, spectool_kwargs
@@ -88,7 +97,7 @@ def test_vllms_zero_token_budget_is_advice_naming_k_and_the_batch_not_the_export
     assert "exported" not in advice
 
 
-def test_rollout_prints_its_plan_with_the_buffers_at_the_batch_the_engine_holds(monkeypatch, capsys):
+def test_rollout_prints_its_plan_with_the_buffers_at_the_batch_the_engine_holds(qwen3_configs, monkeypatch, capsys):
     """rollout on a GPU prints its plan as train-rl and harvest do: the policy in the engine's dtype, the drafter
     logits and output_bin_counts at the engine's max_num_seqs (vLLM's 256 on a 40 GiB GPU, the batch of 1,024
     queued), and refuses a share that cannot hold them with a little KV cache, naming the flag."""
@@ -118,15 +127,13 @@ def test_rollout_prints_its_plan_with_the_buffers_at_the_batch_the_engine_holds(
                              "probabilistic", 1024)
 
 
-def test_every_gpu_plan_counts_output_bin_counts(tmp_path):
+def test_every_gpu_plan_counts_output_bin_counts(qwen3_configs):
     """[max_num_seqs, vocab] int32 in every V2 engine, drafting or not (penalties.py@0.26 and @0.33): 0.58 GiB at
     1,024 sequences of Qwen3's vocabulary; in the train-rl, harvest and TRL plans as a row of the engine's share."""
-    from transformers import AutoConfig
-
     from spectool.memory import harvest_plan, output_bin_counts, train_rl_plan, trl_plan
 
     assert output_bin_counts(1024, 151936) / GIB == pytest.approx(0.58, abs=0.005)
-    config, bins = AutoConfig.from_pretrained(TEMPLATES / "qwen3-0.6b"), output_bin_counts(256, 151936)
+    config, bins = qwen3_configs["qwen3-0.6b"], output_bin_counts(256, 151936)
     row = "engine share: output_bin_counts [max_num_seqs x vocab] int32"
     plans = [train_rl_plan(config, engine_share=0.5, total_bytes=80 * GIB, micro_tokens=100, kl_beta=0.0,
                            autocast_bf16=True, bins=bins),
