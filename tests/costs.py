@@ -218,9 +218,12 @@ class CostsPlugin:
         finally:
             seconds = time.perf_counter() - t
             costs.fixture_depth -= 1
-            name = f"{fixturedef.argname} ({fixturedef.scope}) {fixturedef.baseid or 'tests/conftest.py'}"
-            fc = costs.fixtures.setdefault(name, FixtureCost(file=test.file))  # the file whose test built it
-            fc.seconds += seconds
+            name = f"{fixturedef.argname} ({fixturedef.scope}) {fixturedef.baseid or 'pytest'}"
+            if seconds >= 0.01 or name in costs.fixtures:  # pytest's own (tmp_path_factory...) cost nothing
+                fc = costs.fixtures.setdefault(name, FixtureCost(file=test.file))  # the file whose test built it
+                fc.seconds += seconds
+            else:
+                fc = FixtureCost(file=test.file)
             if costs.fixture_depth == 0:
                 test.shared_fixture_s += seconds
                 here, children = costs.drain()
@@ -342,3 +345,27 @@ def per_file(costs: Costs) -> dict[str, float]:
     for f in costs.fixtures.values():
         files[f.file] = files.get(f.file, 0.0) + f.seconds
     return dict(sorted(files.items(), key=lambda kv: -kv[1]))
+
+
+def allow_entries(record: dict, budget: dict) -> str:
+    """budget.toml [allow] entries for the tests and shared fixtures of a run's JSON over their kind's limit
+    (seconds rounded up; the reason says what they start, to be read and edited by hand)."""
+    limits, out = budget["limits"], []
+    for name, t in record["tests"].items():
+        kind = "e2e" if t["kind"] == "multiproc" else t["kind"]
+        most = limits.get(f"engines_{kind}")
+        if t["outcome"] == "skipped" or (t["seconds"] <= limits[kind] and (most is None or t["own_engines"] <= most)):
+            continue
+        what = f"{t['own_engines']} engine starts" + (f", {t['launchers']} launches" if t["launchers"] else "")
+        engines = f"engines = {t['own_engines']}\n" if most is not None and t["own_engines"] > most else ""
+        out.append(f'[allow."{name}"]\nseconds = {int(t["seconds"]) + 1}\n{engines}reason = "{t["kind"]}: {what}"\n')
+    for name, f in record["fixtures"].items():
+        if f["seconds"] > limits["e2e"]:
+            out.append(f'[allow."fixture: {name}"]\nseconds = {int(f["seconds"]) + 1}\n'
+                       f'reason = "shared fixture: {f["engines"]} engine starts"\n')
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python tests/costs.py .pytest-costs/full.json: allow entries for what ran over
+    root = Path(__file__).resolve().parent
+    print(allow_entries(json.loads(Path(sys.argv[1]).read_text()), tomllib.loads((root / "budget.toml").read_text())))
