@@ -326,7 +326,7 @@ def over_limits(costs: Costs, budget: dict) -> tuple[list[str], float]:
         kind = t.kind if t else "e2e"
         kind = "e2e" if kind == "multiproc" else kind
         if name in allow:
-            limit, why = margin * allow[name]["seconds"] * ratio, f"its record {allow[name]['seconds']:.0f} s x {margin}"
+            limit, why = margin * allow[name]["seconds"] * ratio, f"its record {allow[name]['seconds']:g} s x {margin}"
         else:
             limit, why = limits[kind] * ratio, f"the {kind} limit {limits[kind]} s"
         if s > limit:

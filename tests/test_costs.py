@@ -113,19 +113,19 @@ def test_an_engine_a_shared_fixture_starts_is_the_fixtures_and_needs_the_marker(
 
 
 def test_an_allow_listed_test_fails_once_it_grows_past_its_record(pytester):
-    tests = "import time\ndef test_long():\n    time.sleep(0.6)\n"
+    tests = "import time\ndef test_long():\n    time.sleep(0.3)\n"
     toy(pytester, tests, BUDGET.replace("unit = 2", "unit = 0.1") + '[allow."tests/test_toy.py::test_long"]\n'
-        'seconds = 0.5\nreason = "measured"\n')
-    assert pytester.runpytest("tests").ret == 0  # 0.6 s: within 1.5 x its 0.5 s record
+        'seconds = 0.25\nreason = "measured"\n')
+    assert pytester.runpytest("tests").ret == 0  # 0.3 s: within 1.5 x its 0.25 s record
     toy(pytester, tests, BUDGET.replace("unit = 2", "unit = 0.1") + '[allow."tests/test_toy.py::test_long"]\n'
-        'seconds = 0.3\nreason = "measured"\n')
+        'seconds = 0.15\nreason = "measured"\n')
     r = pytester.runpytest("tests")
     assert r.ret == 1
-    r.stdout.fnmatch_lines(["*test_long: 0.6 s, over its record 0 s x 1.5*"])
+    r.stdout.fnmatch_lines(["*test_long: 0.3 s, over its record 0.15 s x 1.5*"])
     toy(pytester, tests, BUDGET.replace("unit = 2", "unit = 0.1"))
     r = pytester.runpytest("tests")
     assert r.ret == 1
-    r.stdout.fnmatch_lines(["*test_long: 0.6 s, over the unit limit 0.1 s*"])
+    r.stdout.fnmatch_lines(["*test_long: 0.3 s, over the unit limit 0.1 s*"])
 
 
 def test_the_fast_tier_leaves_costly_tests_out_but_never_a_whole_file(pytester):
