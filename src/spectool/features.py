@@ -11,8 +11,9 @@ Held-out evaluation reads a fixed sample of the held-out records (`eval_sample`:
 EVAL_TOKENS tokens), whose features every source holds in memory: bounded, whatever the data's size.
 
 What does grow with the data is the per-record indexes (lengths, the training split, the shuffle groups, where each
-record's features are, one epoch's order): numpy arrays, 40 bytes a record (38 MiB per million records, against
-0.28 GiB as Python lists and dicts: benchmarks/index_memory.py).
+record's features are, one epoch's order): numpy arrays, 50 MiB per million records of 200-8,000 tokens (53 bytes a
+record, the shard paths included), where Python lists and dicts took 244 MiB (benchmarks/index_memory.py,
+docs/drafters.md).
 
 Features carry their identity, so none is reused for records it was not computed from: the stream folder holds
 `manifest.json` (the harvest's identity (`harvest_identity`), its record count, the layer ids, --shard-tokens, the
@@ -70,8 +71,8 @@ def record_lengths(records) -> tuple[np.ndarray, np.ndarray]:
 
 def harvest_identity(run_dir: Path) -> str:
     """What init-draft's features depend on in a harvest run: a sha256 over its records' files byte for byte (which
-    tokens, in which order; about 0.9 GB/s here) and the names and sizes of its --hidden-states shards (whether they
-    are there decides the shuffle groups). A harvest re-run, resumed or grown in its folder has another."""
+    tokens, in which order; 0.63 GiB/s here: docs/drafters.md) and the names and sizes of its --hidden-states shards
+    (whether they are there decides the shuffle groups). A harvest re-run, resumed or grown in its folder has another."""
     h = hashlib.sha256()
     for p in shard_paths(run_dir):
         with open(p, "rb") as f:
@@ -188,11 +189,13 @@ class Streamed:
     goes first). shards: (path, the record indices it holds, in its order)."""
 
     def __init__(self, shards: Sequence[tuple[Path, Sequence[int]]], window: int, pin: bool = False):
-        n = max((int(np.max(idx)) + 1 for _, idx in shards if len(idx)), default=0)
-        self.shard_of = np.full(n, -1, dtype=np.int32)  # [records]: which shard holds record i (-1: none)
-        self.row = np.zeros(n, dtype=np.int32)  # [records]: its position there
-        for s, (_, idx) in enumerate(shards):
-            self.shard_of[np.asarray(idx)], self.row[np.asarray(idx)] = s, np.arange(len(idx))
+        idx = [np.asarray(i, dtype=INDEX) for _, i in shards]
+        sizes = np.array([len(i) for i in idx], dtype=np.int64)
+        members = np.concatenate(idx) if idx else np.zeros(0, INDEX)  # [records held] INDEX
+        self.shard_of = np.full(int(members.max(initial=-1)) + 1, -1, dtype=np.int32)  # [records]: i's shard, -1: none
+        self.row = np.zeros(len(self.shard_of), dtype=np.int32)  # [records]: its position there
+        self.shard_of[members] = np.repeat(np.arange(len(shards), dtype=np.int32), sizes)
+        self.row[members] = np.arange(len(members)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         self.paths = [str(p) for p, _ in shards]
         self.window, self.pin = window, pin
         self.loaded: OrderedDict[int, list[FeatureItem]] = OrderedDict()
