@@ -228,3 +228,42 @@ def test_the_indexes_take_tens_of_bytes_a_record():
     assert sorted(order.tolist()) == train.tolist() and s.shard_of[order[0]] >= 0 and prompt_lens.dtype == np.int64
     print(f"{held / n:.1f} bytes a record")
     assert held / n < 64, f"{held / n:.0f} bytes a record"
+
+
+@pytest.mark.parametrize("source", ["stream", "cache"])
+def test_init_drafts_features_of_a_changed_harvest_are_computed_again(tmp_path, monkeypatch, source, capsys):
+    """init-draft's own feature handling (`_features`) over a harvest re-run in its folder with the same lengths: the
+    stream's manifest and the cache's metadata carry the harvest's identity, so the old features are computed again,
+    not read for the new records (a record's features hold its own tokens). Checked below the resume refusal, as a
+    run that recorded no harvest identity (an older spectool's) would meet it."""
+    import spectool.features as features
+    import spectool.hidden as hidden
+    from spectool.commands.init_draft import InitDraftConfig, _data, _features
+
+    def fake(policy, seqs, layer_ids, **k):
+        return [_item(s) for s in seqs]
+
+    monkeypatch.setattr(features, "feature_items", fake)
+    monkeypatch.setattr(hidden, "feature_items", fake)
+    policy = SimpleNamespace(config=POLICY.config, parameters=lambda: iter([torch.zeros(1)]))
+    model = SimpleNamespace(identity="m", path="m", fingerprint={})
+    harvest = _hand_made_harvest(tmp_path / "h", 8)
+    cfg = InitDraftConfig(out=str(tmp_path / "d"), model="m", data=str(harvest), features=source, shard_tokens=8)
+
+    def ids(data) -> list[list[int]]:
+        feats = _features(cfg, policy, data, LAYERS, tmp_path / "d" / ".train")
+        return [x[0].tolist() for x in feats.train.items(data.train)]
+
+    before = _data(cfg, model)
+    assert ids(before) == [before.seq(i) for i in before.train]
+    capsys.readouterr()
+    from spectool.records import write_shard
+
+    # the harvest re-run in its folder: other tokens, the same lengths (only its identity tells them apart)
+    write_shard(harvest, 0, [dict(prompt_id=f"{i:016x}", sample_idx=0, prompt="p", answer="", prompt_ids=[3, 3],
+                                  response_ids=[6] * (i + 1), logprobs=[0.0] * (i + 1), reward=0.0,
+                                  finish_reason="length", response="") for i in range(8)])
+    after = _data(cfg, model)
+    assert after.identity != before.identity and list(after.train) == list(before.train)
+    assert ids(after) == [after.seq(i) for i in after.train]
+    assert " not used: " in capsys.readouterr().out
