@@ -5,9 +5,9 @@
 The indexes as init-draft holds them through training (features.py): the records' lengths and prompt lengths
 (`record_lengths`), the training split, the shuffle groups (`token_groups`, --shard-tokens 32768), where each
 record's features are (`Streamed`), and one epoch's order (`epoch_order`, what the trainer keeps), measured with
-tracemalloc (numpy's buffers included). Record lengths are drawn uniformly from 200-8000 tokens (the audit's
-audit-2026-11b-sims/index_memory.py; at 32768 tokens a shard that is ~8 records a shard, the default's worst case
-for the per-shard share). The records themselves stay in Arrow (memory-mapped, not counted). Run against an older
+tracemalloc (numpy's buffers included). Record lengths are drawn uniformly from 200-8000 tokens, as the audit's
+audit-2026-11b-sims/index_memory.py drew them (about 7 records a 32768-token shard, so the per-shard share counts).
+The records themselves stay in Arrow (memory-mapped, not counted). Run against an older
 checkout (PYTHONPATH=<that checkout>/src) it measures that version's lists and dicts: the "before" of
 docs/drafters.md.
 """

@@ -209,8 +209,8 @@ def test_a_resumed_init_draft_over_a_changed_harvest_is_refused(tmp_path):
 
 def test_the_indexes_take_tens_of_bytes_a_record():
     """The per-record indexes init-draft holds (lengths, prompt lengths, the training split, the shuffle groups,
-    Streamed's where-is-it, one epoch's order) at 100,000 records: arrays, under 48 bytes a record (Python lists
-    and dicts took about 300: benchmarks/index_memory.py)."""
+    Streamed's where-is-it with a path a shard, one epoch's order) at 100,000 records: arrays, 49 bytes a record
+    here, held under 64 (Python lists and dicts took 255 a record at 1,000,000: benchmarks/index_memory.py)."""
     from spectool.features import Streamed, epoch_order, token_groups
 
     n, g = 100_000, np.random.default_rng(0)
@@ -226,7 +226,6 @@ def test_the_indexes_take_tens_of_bytes_a_record():
     finally:
         tracemalloc.stop()
     assert sorted(order.tolist()) == train.tolist() and s.shard_of[order[0]] >= 0 and prompt_lens.dtype == np.int64
-    print(f"{held / n:.1f} bytes a record")
     assert held / n < 64, f"{held / n:.0f} bytes a record"
 
 
