@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -33,20 +34,35 @@ def _weights(folder) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
+def _list_epoch_order(groups: list[list[int]], seed: int, epoch: int, window: int) -> list[int]:
+    """epoch_order as it was written over Python lists (commit b1d9d6b): a resumed older run draws the same order."""
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)
+    if len(groups) > window:
+        groups = [groups[i] for i in torch.randperm(len(groups), generator=g).tolist()]
+    order: list[int] = []
+    for w in range(0, len(groups), window):
+        members = sorted(i for grp in groups[w : w + window] for i in grp)
+        order += [members[i] for i in torch.randperm(len(members), generator=g).tolist()]
+    return order
+
+
 def test_epoch_order_is_a_seeded_permutation_shuffled_within_windows():
     from spectool.features import epoch_order, token_groups
 
     lengths = [10] * 40
-    groups = token_groups(list(range(40)), lengths, 50)  # 8 groups of 5
-    assert [len(g) for g in groups] == [5] * 8 and sum(groups, []) == list(range(40))
-    a = epoch_order(groups, seed=0, epoch=1, window=2)
-    assert sorted(a) == list(range(40)) and a == epoch_order(groups, 0, 1, 2) and a != epoch_order(groups, 0, 2, 2)
+    groups = token_groups(list(range(40)), np.array(lengths), 50)  # 8 groups of 5
+    assert [len(g) for g in groups] == [5] * 8 and groups.members.tolist() == list(range(40))
+    a = epoch_order(groups, seed=0, epoch=1, window=2).tolist()
+    assert sorted(a) == list(range(40)) and a == epoch_order(groups, 0, 1, 2).tolist()
+    assert a != epoch_order(groups, 0, 2, 2).tolist()
     for w in range(4):  # each window of 10 records holds exactly two whole groups
         window = set(a[10 * w : 10 * (w + 1)])
-        assert sum(set(g) <= window for g in groups) == 2
+        assert sum(set(g.tolist()) <= window for g in groups) == 2
     # one window: the whole-data permutation the first release drew (old runs resume in their own order)
     g = torch.Generator().manual_seed(0 * 1000 + 3)
-    assert epoch_order(groups, 0, 3, window=8) == torch.randperm(40, generator=g).tolist()
+    assert epoch_order(groups, 0, 3, window=8).tolist() == torch.randperm(40, generator=g).tolist()
+    # more groups than the window: the order the list-based epoch_order drew before the indexes became arrays
+    assert epoch_order(groups, 0, 1, 2).tolist() == _list_epoch_order([g.tolist() for g in groups], 0, 1, 2)
 
 
 def test_a_stream_holds_at_most_its_window_of_shards(tiny_policy, fake_harvest, tmp_path):
@@ -59,7 +75,7 @@ def test_a_stream_holds_at_most_its_window_of_shards(tiny_policy, fake_harvest, 
     policy = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32).eval()
     recs = load_records(fake_harvest)
     seqs = [p + r for p, r in zip(recs["prompt_ids"], recs["response_ids"])]
-    groups = token_groups(list(range(len(seqs))), [len(s) for s in seqs], 64)
+    groups = token_groups(list(range(len(seqs))), np.array([len(s) for s in seqs]), 64)
     layers = default_aux_layer_ids(policy.config.num_hidden_layers)
     shards = write_shards(policy, groups, seqs.__getitem__, layers, tmp_path / "f", None)
     assert len(shards) == len(groups) >= 4

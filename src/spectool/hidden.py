@@ -142,11 +142,11 @@ def bytes_per_token(hidden_size: int, n_aux: int = 3) -> int:
     return 8 + (n_aux + 1) * hidden_size * 2
 
 
-def save_features(path: Path, items: list[FeatureItem]) -> int:
+def save_features(path: Path, items: list[FeatureItem], metadata: dict[str, str] | None = None) -> int:
     """The one on-disk format of policy features (harvest --hidden-states shards, init-draft's
     cache): safetensors with ids, aux, last concatenated over sequences, and their lengths; aux
-    and last in float16, or bfloat16 when any item needed it (to_store). Written atomically;
-    returns bytes."""
+    and last in float16, or bfloat16 when any item needed it (to_store); `metadata` in its header
+    (features.write_shards: the records it holds). Written atomically; returns bytes."""
     from safetensors.torch import save  # noqa: PLC0415 (heavy, loaded only on this path)
 
     half = torch.bfloat16 if any(x[1].dtype == torch.bfloat16 or x[2].dtype == torch.bfloat16 for x in items) \
@@ -154,7 +154,7 @@ def save_features(path: Path, items: list[FeatureItem]) -> int:
     blob = save({"ids": torch.cat([x[0] for x in items]).to(torch.int64).contiguous(),
                  "aux": torch.cat([x[1].to(half) for x in items]).contiguous(),
                  "last": torch.cat([x[2].to(half) for x in items]).contiguous(),
-                 "lengths": torch.tensor([len(x[0]) for x in items], dtype=torch.int64)})
+                 "lengths": torch.tensor([len(x[0]) for x in items], dtype=torch.int64)}, metadata=metadata)
     atomic_write_bytes(path, blob)
     return len(blob)
 

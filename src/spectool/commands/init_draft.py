@@ -28,12 +28,14 @@ import contextlib
 import dataclasses
 import gc
 import hashlib
+import json
 import shutil
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from spectool.config import InitDraftConfig
@@ -48,16 +50,20 @@ from spectool.draft.vocab import build_vocab, ids_from_d2t
 from spectool.errors import SpectoolError
 from spectool.features import (
     GIB,
+    Groups,
     InMemory,
     Lazy,
     OnTheFly,
     Streamed,
     epoch_order,
     eval_sample,
+    harvest_identity,
     harvest_shards,
     iter_column,
+    misfit,
     record_lengths,
     resident,
+    save_or_advise,
     token_groups,
     write_shards,
 )
@@ -70,7 +76,8 @@ from spectool.runs import append_jsonl, claim, load_manifest, truncate_jsonl
 from spectool.ui import console
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
-RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features"}  # a rerun may change these and resume
+RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features", "harvest_identity"}  # a rerun may change
+# these and resume (harvest_identity: checked by _check_harvest, which names what changed)
 # (every --features trains the same draft: a stream run short of disk resumes with --features online)
 # the settings runs made before each was added are compared as: a resume goes on with them (an older run within one
 # shuffle window, 131,072 tokens, and within 8,192 tokens a batch, as every earlier demo run was, draws as it drew)
@@ -114,13 +121,35 @@ class InitDraftResult:
                 "T=1 greedy oracle": m["walk_oracle"][-1], "T=1 probabilistic oracle": len(m["top1"]) + 1.0}
 
 
-def _claim_out(cfg: InitDraftConfig) -> None:
+def _claim_out(cfg: InitDraftConfig) -> str | None:
     """Refuse an --out that holds anything but an init-draft run with these settings, before
-    anything is written; then record the settings (a rerun of the same command resumes)."""
+    anything is written; then record the settings (a rerun of the same command resumes), keeping the
+    harvest identity an earlier run recorded, which it returns (None: none yet)."""
+    from spectool.runs import read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
 
-    claim(Path(cfg.out), "mtp-model" if cfg.method == "mtp" else "draft", cfg, saved_as=RUN_CONFIG,
+    saved = Path(cfg.out) / RUN_CONFIG
+    recorded = read_json(saved).get("harvest_identity") if saved.exists() else None
+    claim(Path(cfg.out), "mtp-model" if cfg.method == "mtp" else "draft",
+          {**dataclasses.asdict(cfg), "harvest_identity": recorded}, saved_as=RUN_CONFIG,
           may_change=RESUME_MAY_CHANGE, defaults=OLDER_RUNS,
           hint=f" (--init-from {cfg.out} warm-starts a new draft from it)")
+    return recorded
+
+
+def _check_harvest(cfg: InitDraftConfig, data: _Data, recorded: str | None) -> None:
+    """Refuse a resume over a harvest that changed since the run recorded it (its records re-run, resumed or grown,
+    its --hidden-states shards added or removed: the features and the epoch order would be another run's); a run
+    that recorded none records this one's."""
+    from spectool.runs import atomic_write_json, read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+    if recorded not in (None, data.identity):
+        raise SpectoolError(f"--out {cfg.out} was trained on harvest {data.run_dir} as it was then (identity "
+                            f"{recorded}); it has changed since ({data.identity}: its records or --hidden-states "
+                            f"shards differ). Pick a new --out to train on it as it is now (--init-from {cfg.out} "
+                            "warm-starts from this draft), or restore the harvest to resume")
+    if recorded is None:
+        saved = Path(cfg.out) / RUN_CONFIG
+        atomic_write_json(saved, {**read_json(saved), "harvest_identity": data.identity})
 
 
 def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
@@ -144,15 +173,16 @@ class _Data:
     run_dir: Path
     manifest: dict
     records: object  # datasets.Dataset of harvest records
-    train: list[int]  # record indices
-    heldout: list[int]  # whole prompts never trained on
-    prompt_lens: list[int]
-    lengths: list[int]  # prompt + response tokens per record
+    train: np.ndarray  # [train records] int32 record indices
+    heldout: list[int]  # the evaluated sample of whole prompts never trained on (features.eval_sample: bounded)
+    prompt_lens: np.ndarray  # [records] int64
+    lengths: np.ndarray  # [records] int64 prompt + response tokens
     model_path: str  # the policy's folder
+    identity: str = ""  # features.harvest_identity: a resume over a changed harvest is refused
 
     def seq(self, i: int) -> list[int]:
         """Record i's prompt + response ids (read from the memory-mapped records, one record at a time)."""
-        r = self.records[i]
+        r = self.records[int(i)]
         return r["prompt_ids"] + r["response_ids"]
 
 
@@ -186,10 +216,13 @@ def _setup(cfg: InitDraftConfig):
     if acc.num_processes > 1 and not (Path(cfg.data) / "manifest.json").exists():
         raise SpectoolError(f"--data {cfg.data} is a data source; under accelerate launch pass a harvest run "
                             "instead (spectool harvest --out H ..., then --data H): vLLM runs in one process")
+    recorded = None
     if acc.is_main_process:  # one process claims --out (a refusal ends the launch; the others are stopped)
-        _claim_out(cfg)
+        recorded = _claim_out(cfg)
     acc.wait_for_everyone()
     data = _data(cfg, model)
+    if acc.is_main_process:
+        _check_harvest(cfg, data, recorded)
     # The policy is loaded after the harvest's engine is gone: on a GPU it then has the memory to
     # itself, and features and training run there (accelerate's device).
     policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).eval().requires_grad_(False)
@@ -214,7 +247,7 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
         ids = _layer_ids(cfg, model.fingerprint["num_hidden_layers"])  # what the draft reads (_features)
         if _usable_shards(cfg, harvest_shards(p, ids, read_json(p / MANIFEST), lengths), lengths, say=False):
             return 0
-        return sum(lengths)
+        return int(lengths.sum())
     from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     h = cfg.harvest
@@ -265,14 +298,14 @@ def _data(cfg: InitDraftConfig, model) -> _Data:
     records = load_records(run_dir)
     if len(records) < 4:
         raise SpectoolError(f"harvest run {run_dir} has {len(records)} records; at least 4 are needed")
-    held = [int(hashlib.sha256(p.encode()).hexdigest()[:8], 16) % 1000 < cfg.eval_fraction * 1000
-            for p in records["prompt_id"]]
-    if all(held) or not any(held):  # too few prompts for a hash split: hold out the last record
-        held = [i == len(held) - 1 for i in range(len(held))]
+    held = np.fromiter((int(hashlib.sha256(p.encode()).hexdigest()[:8], 16) % 1000 < cfg.eval_fraction * 1000
+                        for p in iter_column(records, "prompt_id")), dtype=bool, count=len(records))  # [records]
+    if held.all() or not held.any():  # too few prompts for a hash split: hold out the last record
+        held = np.arange(len(held)) == len(held) - 1
     prompt_lens, lengths = record_lengths(records)
-    heldout = eval_sample([i for i, h in enumerate(held) if h], lengths, cfg.seed)  # bounded at any data size
-    return _Data(run_dir, hm, records, [i for i, h in enumerate(held) if not h], heldout, prompt_lens, lengths,
-                 model.path)
+    heldout = eval_sample(np.flatnonzero(held), lengths, cfg.seed)  # bounded at any data size
+    return _Data(run_dir, hm, records, np.flatnonzero(~held).astype(np.int32), heldout, prompt_lens, lengths,
+                 model.path, harvest_identity(run_dir))
 
 
 def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
@@ -310,7 +343,7 @@ def _usable_shards(cfg: InitDraftConfig, shards: list, lengths: list[int], say: 
     """A harvest's --hidden-states shards, when each holds at most --shard-tokens tokens (a GPU harvest's shard of
     1,024 reasoning-length sequences would not: a stream window must stay bounded), else [] (the features are then
     computed here)."""
-    if any(sum(lengths[i] for i in idx) > cfg.shard_tokens for _, idx in shards):
+    if any(lengths[idx].sum() > cfg.shard_tokens for _, idx in shards):
         if say:
             print(f"the harvest's --hidden-states shards hold more than --shard-tokens {cfg.shard_tokens} tokens each; "
                   "init-draft computes its own shards (raise --shard-tokens to read them as they are)")
@@ -323,7 +356,7 @@ class _Features:
     train: object  # features.InMemory | Streamed | OnTheFly: .items(record indices) -> FeatureItems
     heldout: object  # the held-out sample's items, in memory (cache: every record's)
     anywhere: object  # any record's items, for the report's training sample: cache's memory, else the policy
-    groups: list[list[int]]  # the training records' shuffle groups (features.epoch_order)
+    groups: Groups  # the training records' shuffle groups (features.epoch_order)
     disk_bytes: int  # disk the features took in --out (0: online, or a harvest's own shards)
 
 
@@ -334,21 +367,21 @@ def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], f
     once and saved). The held-out sample's features (bounded: features.eval_sample) are read once and kept."""
     from rich.progress import Progress  # noqa: PLC0415 (binds a name this module uses otherwise)
 
-    from spectool.hidden import feature_items, load_features, save_features  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.hidden import feature_items, load_features  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     pin = next(policy.parameters()).device.type == "cuda"  # training batches copy from here to the GPU
     shards = _usable_shards(cfg, harvest_shards(data.run_dir, layer_ids, data.manifest, data.lengths), data.lengths)
-    train = set(data.train)
-    groups = ([[i for i in idx if i in train] for _, idx in shards] if shards
+    groups = (Groups.of(idx for _, idx in shards).keep(data.train) if shards
               else token_groups(data.train, data.lengths, cfg.shard_tokens))
-    groups = [g for g in groups if g]
+    identity = {"harvest": data.identity, "records": len(data.records), "shard_tokens": cfg.shard_tokens,
+                "policy": data.manifest["model_identity"]}  # with the layer ids: what the features were computed from
     online = OnTheFly(policy, data.seq, layer_ids)
     if cfg.features == "online":
         return _Features(online, resident(online, data.heldout), online, groups, 0)
     if cfg.features == "stream":
         disk, harvest = 0, shards
         if not shards:
-            tokens = sum(data.lengths[i] for i in data.train)
+            tokens = int(data.lengths[data.train].sum())
             print(f"policy features: {tokens} tokens in {len(groups)} shards of <= {cfg.shard_tokens} tokens, "
                   f"{tokens * bytes_per_token(policy.config.hidden_size, len(layer_ids)) / GIB:.2f} GiB at "
                   f"{folder / 'features'}; {cfg.shuffle_window} in memory at a time")
@@ -356,24 +389,28 @@ def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], f
                 job = bar.add_task("policy features", total=len(data.train))
                 shards = write_shards(policy, groups, data.seq, layer_ids, folder / "features",
                                       cfg.disk_budget_gb * GIB if cfg.disk_budget_gb is not None else None,
-                                      on_shard=lambda n: bar.advance(job, n))
+                                      on_shard=lambda n: bar.advance(job, n), lengths=data.lengths, identity=identity)
             disk = sum(p.stat().st_size for p, _ in shards)
         heldout = resident(Streamed(harvest, 1) if harvest else online, data.heldout)
         return _Features(Streamed(shards, cfg.shuffle_window, pin), heldout, online, groups, disk)
     cache = folder / "features.safetensors"  # held in memory whole, as the first release held it
+    meta = {"features": json.dumps({**identity, "layer_ids": [int(x) for x in layer_ids]}, sort_keys=True)}
+    if cache.exists() and (why := misfit(cache, meta)):
+        print(f"the features cache {cache} is not used: {why}; computing it again")
+        cache.unlink()
     if cache.exists():
         items = load_features(cache, pin, resident=True)
     elif shards:
         items = [x for p, _ in shards for x in load_features(p, pin, resident=True)]
     else:
-        print(f"policy features: {sum(data.lengths)} tokens, a "
-              f"{sum(data.lengths) * bytes_per_token(policy.config.hidden_size, len(layer_ids)) / GIB:.2f} GiB cache "
+        print(f"policy features: {data.lengths.sum()} tokens, a "
+              f"{data.lengths.sum() * bytes_per_token(policy.config.hidden_size, len(layer_ids)) / GIB:.2f} GiB cache "
               f"at {cache}, loaded whole")
         with Progress() as bar:
             job = bar.add_task("policy hidden states", total=len(data.records))
             items = feature_items(policy, [data.seq(i) for i in range(len(data.records))], layer_ids,
                                   on_batch=lambda n: bar.advance(job, n))
-        save_features(cache, items)
+        save_or_advise(cache, items, meta, "nothing else is written before it")
         items = load_features(cache, pin=True) if pin else items
     whole = InMemory(dict(enumerate(items)))
     return _Features(whole, whole, whole, groups, cache.stat().st_size if cache.exists() else 0)
@@ -443,7 +480,7 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats: _Features
             t0 = time.perf_counter()
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + tr.step)  # a resumed step draws the same anchors
             items = feats.train.items(idx)
-            loss, per_step, padding = _step(cfg, tr, items, [data.prompt_lens[i] for i in idx], W_dv, draw)
+            loss, per_step, padding = _step(cfg, tr, items, data.prompt_lens[idx].tolist(), W_dv, draw)
             seconds += time.perf_counter() - t0
             tokens += sum(len(x[0]) for x in items) * acc.num_processes  # all processes (near-equal shares)
             rec = {"step": tr.step, "epoch": epoch, "loss": loss, "loss_per_step": per_step,
@@ -481,22 +518,22 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     def evaluate(idx: list[int] | None = None, walk: bool = True) -> dict:
         source = feats.heldout if idx is None else feats.anywhere
         idx = data.heldout if idx is None else idx
-        batch = max(1, min(cfg.batch_size, cfg.max_batch_tokens // max(data.lengths[i] for i in idx)))  # bounded too
-        return heldout_metrics(tr.unwrapped, Lazy(source, idx), [data.prompt_lens[i] for i in idx],
+        batch = max(1, min(cfg.batch_size, cfg.max_batch_tokens // int(data.lengths[idx].max())))  # bounded too
+        return heldout_metrics(tr.unwrapped, Lazy(source, idx), data.prompt_lens[idx].tolist(),
                                W, target_on_device, cfg.ttt_steps, batch, acc.device, walk)
 
     # loop
     tokens, seconds, peak = _train(cfg, tr, data, feats, evaluate, W[target_ids])
     # save: held-out and training-sample metrics, the vLLM-loadable folder with its metadata, the manifest
     g = torch.Generator().manual_seed(cfg.seed)
-    train_sample = [data.train[i] for i in torch.randperm(len(data.train), generator=g)[: max(len(data.heldout), 32)]]
+    train_sample = data.train[torch.randperm(len(data.train), generator=g)[: max(len(data.heldout), 32)].numpy()].tolist()
     result = InitDraftResult(
         out=str(out), steps=tr.step, coverage=coverage, heldout=evaluate(), train=evaluate(train_sample),
         train_tokens_per_s=tokens / seconds if seconds else 0.0,
         draft_to_policy_cost=_cost_ratio(policy, tr.unwrapped, feats.anywhere.items(data.train[:1])[0]),
         feature_cache_bytes=feats.disk_bytes, seconds=time.perf_counter() - t_start,
         main_process=acc.is_main_process, family=cfg.method, features=cfg.features,
-        peak_memory_gib=peak, longest_sequence=max(data.lengths[i] for i in data.train),
+        peak_memory_gib=peak, longest_sequence=int(data.lengths[data.train].max()),
     )
     if acc.is_main_process:
         meta = draft_metadata(model, cfg.ttt_steps, coverage=coverage)

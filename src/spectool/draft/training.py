@@ -49,8 +49,9 @@ class DraftTrainer:
         epoch, pos = divmod(self.step, self.steps_per_epoch)
         if self._order is None or self._order[0] != epoch:
             self._order = (epoch, order(self.seed, epoch))
-        idx = self._order[1][pos * self.batch_size : (pos + 1) * self.batch_size]
-        return epoch, idx[self.acc.process_index :: self.acc.num_processes] or idx[:1]
+        idx = self._order[1][pos * self.batch_size : (pos + 1) * self.batch_size]  # a list or an array
+        share = idx[self.acc.process_index :: self.acc.num_processes]
+        return epoch, [int(i) for i in (share if len(share) else idx[:1])]
 
     def backward(self, loss: torch.Tensor) -> None:
         """One micro-batch's share of the step's gradient (accumulated until `finish`)."""
