@@ -98,11 +98,15 @@ def test_gpu_batch_budget_follows_free_memory(monkeypatch):
 
     gib = 1024**3
     cfg = AutoConfig.from_pretrained(templates_dir() / "qwen3-8b")
-    policy = SimpleNamespace(config=cfg, parameters=lambda: iter([SimpleNamespace(device=torch.device("cuda", 0))]))
+    cuda_param = SimpleNamespace(device=torch.device("cuda", 0), element_size=lambda: 4)  # a float32 policy
+    policy = SimpleNamespace(config=cfg, parameters=lambda: iter([cuda_param]))
     per_token = 4 * (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 4 * cfg.hidden_size)  # 3 aux + last
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (40 * gib, 80 * gib))
     assert batch_tokens(policy, 3) == int(0.5 * 40 * gib / per_token)  # about 90k tokens: 180 records of 500
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (gib // 4, 80 * gib))
     assert batch_tokens(policy, 3) == 512  # nearly full: the floor, one short sequence at a time
+    half = SimpleNamespace(device=torch.device("cuda", 0), element_size=lambda: 2)  # served in bfloat16: twice the tokens
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (20 * gib, 80 * gib))
+    assert batch_tokens(SimpleNamespace(config=cfg, parameters=lambda: iter([half])), 3) == int(0.5 * 20 * gib / (per_token // 2))
     cpu = SimpleNamespace(config=cfg, parameters=lambda: iter([torch.zeros(1)]))
     assert batch_tokens(cpu, 3) == CPU_BATCH_TOKENS

@@ -158,8 +158,9 @@ class InitDraftConfig:
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     """GPU only: the harvest engine's share of GPU memory (it stops before training)."""
     dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
-    capability 8.0) | float32 | bfloat16 | float16."""
+    """The policy's precision, in the harvest's engine and in the forward that computes the draft's features: auto
+    (float32 on the CPU build; on a GPU bfloat16, and below compute capability 8.0 a float16 engine with float32
+    features) | float32 | bfloat16 | float16 (float32 features). --method mtp computes its features in float32."""
     disk_budget_gb: float | None = None
     """Most disk (GiB) the policy features may take (--features stream or cache); init-draft refuses to start above
     it, and stream checks again before each shard it writes. Default: the free space where --out lives. A harvest's

@@ -99,8 +99,9 @@ def eval_sample(heldout: Sequence[int], lengths: np.ndarray, seed: int) -> list[
 
 
 def resident(source, idx: list[int]) -> InMemory:
-    """The items of `idx` read once from `source` and held in memory (copies: no shard stays mapped for them)."""
-    return InMemory({i: tuple(t.clone() for t in x) for i, x in zip(idx, source.items(idx))})
+    """The items of `idx` read once from `source` and held in host memory (copies: no shard stays mapped for them,
+    and features an online source computed on the GPU do not stay there)."""
+    return InMemory({i: tuple(t.to("cpu", copy=True) for t in x) for i, x in zip(idx, source.items(idx))})
 
 
 def iter_column(records, column: str, batch: int = 4096):
@@ -234,7 +235,8 @@ class OnTheFly:
         self.policy, self.seq, self.layer_ids = policy, seq, layer_ids
 
     def items(self, idx: Sequence[int]) -> list[FeatureItem]:
-        return feature_items(self.policy, [self.seq(int(i)) for i in idx], self.layer_ids)
+        """On the policy's device: the training step reads them there (no GPU -> host -> GPU copy per batch)."""
+        return feature_items(self.policy, [self.seq(int(i)) for i in idx], self.layer_ids, on_device=True)
 
 
 class Lazy(Sequence):

@@ -83,20 +83,28 @@ def policy_features(
 
 
 FeatureItem = tuple  # (ids [T] int64, aux [T, n_aux * H], last [T, H]) float16 or bfloat16 (to_store), host tensors
+# (aux and last on the policy's device for feature_items(on_device=True))
 CPU_BATCH_TOKENS = 2048  # padded tokens per policy forward on a CPU (about 4 records of the demo)
+
+
+MIN_BATCH_TOKENS, MAX_BATCH_TOKENS = 512, 1 << 17  # a GPU feature forward's padded tokens, at least and at most
+
+
+def forward_token_bytes(config, n_aux: int, value_bytes: int) -> int:
+    """What one token holds during a no-grad feature forward: the kept aux layers and last, plus one layer's
+    transient MLP and attention activations, `value_bytes` each (the policy's dtype)."""
+    return value_bytes * ((n_aux + 1) * config.hidden_size + 3 * config.intermediate_size + 4 * config.hidden_size)
 
 
 def batch_tokens(policy, n_aux: int) -> int:
     """Padded tokens per feature forward: on a GPU, half the free memory over what one token holds
-    during a no-grad forward (the kept aux layers and last, plus one layer's transient MLP and
-    attention activations, float32); CPU_BATCH_TOKENS elsewhere."""
-    dev = next(policy.parameters()).device
-    if dev.type != "cuda":
+    (forward_token_bytes, in the policy's dtype); CPU_BATCH_TOKENS elsewhere."""
+    param = next(policy.parameters())
+    if param.device.type != "cuda":
         return CPU_BATCH_TOKENS
-    c = policy.config
-    per_token = 4 * ((n_aux + 1) * c.hidden_size + 3 * c.intermediate_size + 4 * c.hidden_size)
-    free, _ = torch.cuda.mem_get_info(dev)
-    return max(512, min(1 << 17, int(0.5 * free / per_token)))
+    per_token = forward_token_bytes(policy.config, n_aux, param.element_size())
+    free, _ = torch.cuda.mem_get_info(param.device)
+    return max(MIN_BATCH_TOKENS, min(MAX_BATCH_TOKENS, int(0.5 * free / per_token)))
 
 
 def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -113,11 +121,12 @@ def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 def feature_items(policy, seqs: list[list[int]], layer_ids: list[int], on_batch=None,
-                  max_tokens: int | None = None) -> list[FeatureItem]:
+                  max_tokens: int | None = None, on_device: bool = False) -> list[FeatureItem]:
     """The policy's features of each token sequence, computed on the policy's device in
     right-padded batches of similar length within a padded-token budget (batch_tokens; padding
     never changes the earlier positions of a causal model); `on_batch(n)` is called after each
-    batch of n sequences (progress)."""
+    batch of n sequences (progress). `on_device`: aux and last stay where they were computed (init-draft's
+    `--features online` trains on them there: no copy to the host and back per batch)."""
     dev = next(policy.parameters()).device
     budget = max_tokens or batch_tokens(policy, len(layer_ids))
     items: list = [None] * len(seqs)
@@ -128,7 +137,9 @@ def feature_items(policy, seqs: list[list[int]], layer_ids: list[int], on_batch=
         for j, i in enumerate(idx):
             ids[j, : len(seqs[i])], mask[j, : len(seqs[i])] = torch.tensor(seqs[i]), 1
         a, h = policy_features(policy, ids.to(dev), layer_ids, mask.to(dev))  # [B, T, n_aux * H], [B, T, H]
-        a, h = to_store(a).cpu(), to_store(h).cpu()
+        a, h = to_store(a), to_store(h)
+        if not on_device:
+            a, h = a.cpu(), h.cpu()
         for j, i in enumerate(idx):
             n = len(seqs[i])
             items[i] = (ids[j, :n].clone(), a[j, :n].clone(), h[j, :n].clone())

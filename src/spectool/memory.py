@@ -17,6 +17,7 @@ from pathlib import Path
 
 from spectool.draft.mtp import PREFIX
 from spectool.errors import SpectoolError
+from spectool.hidden import MAX_BATCH_TOKENS, MIN_BATCH_TOKENS, forward_token_bytes
 
 GIB = 1024**3
 ACTIVATION_SHARE = 0.10  # of the GPU kept free for a no-grad forward's activations and the allocator
@@ -313,3 +314,155 @@ def rollout_plan(config, *, engine_share: float, total_bytes: int, logits: int, 
     add_engine_share(plan, engine_share, total_bytes, logits, "--gpu-memory-utilization", bins)
     plan.rows[-1] = ("engine share: KV cache and the rest", plan.rows[-1][1] - ENGINE_DTYPE_BYTES[dtype] * p / GIB)
     return plan
+
+
+# init-draft: the policy serves features, then (or meanwhile, --features online) the draft trains on the same GPU.
+# The kept-copy counts are what autograd holds per unroll step in draft/ttt.py + draft/loss.py + model.chain_attention
+# (float32). The attention count is fitted to one real step on this CPU at 1, 3 and 5 unroll steps (measured 3.1, 6.6
+# and 9.2 copies of one step's scores: about 1.5 a step and 2 more); the rest checked against it
+# (benchmarks/init_draft_memory.py; docs/gpu.md "init-draft's memory plan").
+DRAFT_LOGIT_COPIES = 4  # per unroll step: the draft's logits, its log-softmax, the target softmax and exp(log q) (TV)
+DRAFT_LOGIT_TRANSIENT = 3  # of one step: the target logits, their shifted copy, a gradient in backward
+DRAFT_ATTENTION_COPIES = 1.5  # per unroll step and layer: the kept softmax, and what the allocator holds beside it
+DRAFT_ATTENTION_TRANSIENT = 2  # of one step and layer: the raw and masked scores beside the softmax
+RESERVE_SHARE = 0.05  # of the GPU: CUDA context, cuBLAS workspaces, allocator fragmentation (a choice, not measured)
+
+
+@dataclass
+class DraftShape:
+    """What init-draft trains, in numbers: parameters (trainable; frozen float32 copies such as EAGLE-3's token
+    embedding), the draft's width and heads, its vocabulary, layers, unroll steps and the share of anchors a step
+    runs past the first step (--anchor-fraction)."""
+
+    trainable: int
+    frozen: int
+    hidden: int
+    intermediate: int
+    heads: int
+    vocab: int
+    layers: int
+    steps: int
+    anchor_fraction: float = 1.0
+    reads_policy_embedding: bool = False  # MTP: the draft reads the policy's embedding and lm_head (no copies)
+
+
+def step_tokens(max_batch_tokens: int, batch_size: int, longest: int) -> int:
+    """Padded tokens of a step's largest micro-batch (init_draft._step): the whole batch when it fits
+    --max-batch-tokens, else micro-batches within it, a record longer than it alone."""
+    return min(batch_size * longest, max(max_batch_tokens, longest))
+
+
+def draft_step_rows(plan: Plan, d: DraftShape, n_aux: int, target_hidden: int, tokens: int, longest: int,
+                    max_batch_tokens: int) -> None:
+    """One training step of the draft over `tokens` padded tokens (sequences of at most `longest`): its features
+    widened to float32, the hidden activations of every unroll step and layer (11 H + 3 I float32 values a token,
+    as activation_bytes), the logits over its vocabulary and the attention scores (chain_attention materialises
+    them: heads x queries x keys, float32). Steps after the first run at the sampled anchors only."""
+    steps = 1 + (d.steps - 1) * d.anchor_fraction  # unroll steps, counted at full width
+    plan.add(f"step features (float32, {tokens} tokens)", 4 * tokens * (n_aux + 1) * target_hidden)
+    plan.add(f"draft activations ({d.steps} unroll steps x {d.layers} layer(s))",
+             4 * tokens * steps * d.layers * (11 * d.hidden + 3 * d.intermediate))
+    plan.add(f"draft logits ({d.vocab} vocab, --max-batch-tokens {max_batch_tokens})",
+             4 * tokens * d.vocab * (DRAFT_LOGIT_COPIES * steps * d.anchor_fraction + DRAFT_LOGIT_TRANSIENT))
+    one = 4 * d.heads * tokens * longest  # one step's scores in one layer
+    plan.add(f"attention scores (longest record {longest} tokens: {one / GIB:.2f} GiB a unroll step)",
+             one * (DRAFT_ATTENTION_COPIES * steps * d.layers + DRAFT_ATTENTION_TRANSIENT))
+
+
+def init_draft_plans(config, d: DraftShape, *, total_bytes: int, policy_dtype: str, features: str,
+                     max_batch_tokens: int, batch_size: int, longest: int, group_tokens: int,
+                     n_aux: int = 3) -> list[Plan]:
+    """init-draft on one GPU, after its harvest's engine has stopped. `online`: one plan, the policy resident beside
+    the training draft (features computed per batch, kept on the device). `stream` / `cache`: two phases, the
+    policy's feature pass (then the policy is freed but for its output embedding) and the training.
+    Feature forwards take up to half of what is free (hidden.batch_tokens), at most `group_tokens` at a time (a
+    stream shard; online: a step's records); `longest`: the longest record's tokens (after a harvest: exact;
+    before: the longest prompt + --max-tokens)."""
+    p, v, h = param_count(config), config.vocab_size, config.hidden_size
+    wb = ENGINE_DTYPE_BYTES[policy_dtype]
+    total = total_bytes / GIB
+    tokens = step_tokens(max_batch_tokens, batch_size, longest)
+    tied = getattr(config, "tie_word_embeddings", False)
+
+    def base(title: str) -> Plan:
+        plan = Plan(f"init-draft memory plan, {title}: {p / 1e9:.2f}B-parameter policy", total)
+        plan.add(f"reserve: CUDA context, fragmentation ({RESERVE_SHARE:.0%} of the GPU)", RESERVE_SHARE * total_bytes)
+        return plan
+
+    def forward_row(plan: Plan, tokens_cap: int) -> None:
+        per = forward_token_bytes(config, n_aux, wb)
+        free = total_bytes - plan.used_gib * GIB
+        n = min(tokens_cap, MAX_BATCH_TOKENS, max(int(0.5 * free / per), MIN_BATCH_TOKENS))  # hidden.batch_tokens
+        plan.add(f"feature forward ({n} tokens; it takes up to half of what is free)", n * per)
+
+    def draft_rows(plan: Plan) -> None:
+        plan.add("draft weights + gradients (float32)", 8 * d.trainable)
+        plan.add("draft AdamW moments (float32)", DRAFT_ADAMW_BYTES * d.trainable)
+        plan.add("draft's frozen token embedding (float32)", 4 * d.frozen)
+
+    if features == "online":
+        plan = base("--features online")
+        plan.add(f"policy weights ({policy_dtype}, resident: --features online)", wb * p)
+        draft_rows(plan)
+        plan.add("a batch's features on the device (half precision)", 2 * batch_size * longest * (n_aux + 1) * h)
+        draft_step_rows(plan, d, n_aux, h, tokens, longest, max_batch_tokens)
+        forward_row(plan, batch_size * longest)  # before the step; freed by then, counted beside it (an upper bound)
+        return [plan]
+    feat = base(f"--features {features}, the feature pass")
+    feat.add(f"policy weights ({policy_dtype})", wb * p)
+    forward_row(feat, group_tokens)
+    train = base(f"--features {features}, training (the policy freed)")
+    head = (1 if tied or not d.reads_policy_embedding else 2) * v * h
+    plan_head = "embedding and lm_head" if head > v * h else "output embedding (the targets)"
+    train.add(f"the policy's {plan_head} ({policy_dtype}, kept)", wb * head)
+    draft_rows(train)
+    draft_step_rows(train, d, n_aux, h, tokens, longest, max_batch_tokens)
+    return [feat, train]
+
+
+def largest_fitting(fits, below: int, step: int = 256) -> int:
+    """The largest multiple of `step` under `below` for which `fits(n)` holds (monotone: fewer fit no worse); 0 if none."""
+    lo, hi = 0, (below - 1) // step
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid * step) else (lo, mid - 1)
+    return lo * step
+
+
+def check_init_draft(plans: list[Plan], config, replan, *, policy_dtype: str, features: str, max_batch_tokens: int,
+                     dtype_flag: bool = True) -> None:
+    """Refuse init-draft plans that cannot fit, before anything is harvested, naming the settings that would:
+    `--dtype bfloat16` (a float32 policy's features), `--features stream` (online keeps the policy beside the
+    training), `--max-batch-tokens N` (the largest that fits), alone or together. `replan(**settings)` builds the
+    plans again with `policy_dtype`, `features` or `max_batch_tokens` changed; `dtype_flag`: --dtype sets the
+    policy's dtype (not for --method mtp)."""
+    if all(p.fits for p in plans):
+        return
+    dtypes = [policy_dtype] + (["bfloat16"] if policy_dtype == "float32" and dtype_flag else [])
+    sources = [features] + (["stream"] if features == "online" else [])
+    fixes, found = [], []
+    for dt, src in ((dt, src) for dt in dtypes for src in sources):
+        def fits(n: int = max_batch_tokens, dt=dt, src=src) -> bool:
+            return all(p.fits for p in replan(policy_dtype=dt, features=src, max_batch_tokens=n))
+        flags = ([f"--dtype {dt}"] if dt != policy_dtype else []) + ([f"--features {src}"] if src != features else [])
+        if any(set(f) <= set(flags) for f in found):
+            continue  # a fix with fewer changes already works
+        if flags and fits():
+            fixes.append(" with ".join(flags))
+            found.append(flags)
+        elif n := largest_fitting(fits, max_batch_tokens):
+            fixes.append(" with ".join([*flags, f"--max-batch-tokens {n} or less"]))
+    weights = min(ENGINE_DTYPE_BYTES[d] for d in dtypes) * param_count(config) / GIB
+    if fixes:
+        advice = "use " + "; or ".join(fixes)
+    elif weights + RESERVE_SHARE * plans[0].total_gib > plans[0].total_gib:
+        advice = (f"the policy's weights alone take {weights:.1f} GiB in {min(dtypes, key=ENGINE_DTYPE_BYTES.get)}: "
+                  "use a GPU with more memory")
+    else:
+        advice = ("no --dtype, --features or --max-batch-tokens fits it: the draft's attention and logits over the "
+                  "longest record are what remain; lower --ttt-steps or --anchor-fraction, harvest shorter records "
+                  "(--max-tokens), or use a GPU with more memory")
+    bad = next(p for p in plans if not p.fits)
+    text = "\n".join(p.text() for p in plans)
+    raise SpectoolError(f"{text}\ninit-draft cannot fit {bad.title.split(': ')[0].split(', ', 1)[1]} on this GPU: "
+                        f"{advice}")

@@ -6,9 +6,12 @@ them, trunk frozen (draft/mtp.py). Every family trains through the same unroll c
 Workflow (`run`, phase by phase):
  1. data: a harvest run dir, or a data source that is harvested first (the draft must learn the
     policy's outputs, not reference answers);
- 2. the frozen policy (transformers, fp32) supplies aux hidden states and target distributions,
-    streamed from bounded shards on disk (written once; a resume keeps them), computed per batch (`--features
-    online`), or held whole (`cache`): features.py;
+ 2. the frozen policy (transformers; bfloat16 on a GPU as the engine samples, float32 on a CPU: `policy_dtype`)
+    supplies aux hidden states and target distributions, streamed from bounded shards on disk (written once; a
+    resume keeps them), computed per batch and kept on the device (`--features online`), or held whole (`cache`):
+    features.py; once they are written (stream, cache) the policy is freed but for its output embedding. On a GPU
+    a memory plan for all of it is printed, and refused where it cannot fit, before anything is harvested
+    (`check_memory`, memory.init_draft_plans);
  3. the draft vocabulary = most frequent response tokens (coverage printed); embedding and lm_head
     rows from the policy, or warm start from --init-from;
  4. training-time-test unroll over `ttt_steps` positions (>= the largest k you will run), the
@@ -205,6 +208,8 @@ def _setup(cfg: InitDraftConfig):
         if warm.config.num_hidden_layers != cfg.draft_layers:
             raise SpectoolError(f"--init-from {cfg.init_from} has {warm.config.num_hidden_layers} decoder layer(s); "
                                 f"pass --draft-layers {warm.config.num_hidden_layers} (a warm start keeps its depth)")
+    if torch.cuda.is_available():  # before anything is harvested (hours on real data)
+        check_memory(cfg, model, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     # Under `accelerate launch`, the main process harvests and caches features; the others wait.
     _check_disk_budget(cfg, model)  # before --out is claimed or anything is harvested
     acc = Accelerator(cpu=not torch.cuda.is_available())
@@ -225,7 +230,8 @@ def _setup(cfg: InitDraftConfig):
         _check_harvest(cfg, data, recorded)
     # The policy is loaded after the harvest's engine is gone: on a GPU it then has the memory to
     # itself, and features and training run there (accelerate's device).
-    policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).eval().requires_grad_(False)
+    policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=getattr(torch, policy_dtype(cfg)))
+    policy = policy.eval().requires_grad_(False)
     policy.to(acc.device)
     if acc.is_main_process:
         (Path(cfg.out) / ".train").mkdir(parents=True, exist_ok=True)
@@ -248,12 +254,73 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
         if _usable_shards(cfg, harvest_shards(p, ids, read_json(p / MANIFEST), lengths), lengths, say=False):
             return 0
         return int(lengths.sum())
+    tasks, longest_prompt = _source_prompts(cfg, model)
+    return tasks * cfg.harvest.samples * (longest_prompt + cfg.harvest.max_tokens)
+
+
+def _source_prompts(cfg: InitDraftConfig, model) -> tuple[int, int]:
+    """(prompts, the longest prompt's tokens) of the data source --data harvests."""
     from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     h = cfg.harvest
     tok = AutoTokenizer.from_pretrained(model.path)
     tasks = load_source(cfg.data, seed=h.seed).tasks("train", h.n_prompts)
-    return len(tasks) * h.samples * (max(len(encode_prompt(tok, t.prompt)) for t in tasks) + h.max_tokens)
+    return len(tasks), max(len(encode_prompt(tok, t.prompt)) for t in tasks)
+
+
+def _longest_record(cfg: InitDraftConfig, model) -> int:
+    """Tokens of the longest training record: a harvest run's exact figure; for a data source still to be harvested
+    the most it can produce (the longest prompt + --max-tokens)."""
+    from spectool.runs import MANIFEST  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+    p = Path(cfg.data)
+    if (p / MANIFEST).exists():
+        return int(record_lengths(load_records(p))[1].max())
+    return _source_prompts(cfg, model)[1] + cfg.harvest.max_tokens
+
+
+def policy_dtype(cfg: InitDraftConfig) -> str:
+    """The dtype the policy computes the draft's features in: bfloat16 where the engine serves it (the engine
+    sampled the records in bfloat16 and the served draft reads its bfloat16 hidden states; the features are stored
+    in half precision either way), else float32 (a float16 engine's included: precision.trainer_dtype); float32
+    for --method mtp, whose layers read the policy's lm_head at every unroll step (a bfloat16 head would be
+    widened each time)."""
+    from spectool.precision import engine_dtype, trainer_dtype  # noqa: PLC0415 (reads the device)
+
+    return "float32" if cfg.method == "mtp" else trainer_dtype(engine_dtype(cfg.dtype))
+
+
+def check_memory(cfg: InitDraftConfig, model, total_bytes: int) -> list:
+    """Print init-draft's one-GPU memory plans (memory.init_draft_plans: the policy in `policy_dtype`, the draft's
+    weights, gradients and AdamW, a step's logits and attention at --max-batch-tokens, the feature forward) and
+    refuse, naming --dtype, --features or --max-batch-tokens, what cannot fit on a GPU of `total_bytes`."""
+    import os  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+    from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
+
+    from spectool.draft.checkpoint import draft_shape  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.draft.mtp_folder import read_config  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.memory import check_init_draft, init_draft_plans  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+    config = AutoConfig.from_pretrained(model.path).get_text_config()
+    anchors = cfg.anchor_fraction if cfg.anchor_fraction is not None else FAMILIES[cfg.method].anchor_fraction
+    shape = draft_shape(config, cfg.method, cfg.draft_vocab_size, cfg.draft_layers, cfg.ttt_steps, anchors,
+                        read_config(Path(model.path)) if cfg.method == "mtp" else None)
+    longest, n_aux = _longest_record(cfg, model), len(_layer_ids(cfg, config.num_hidden_layers))
+    dtype = policy_dtype(cfg)
+
+    def replan(policy_dtype: str = dtype, features: str = cfg.features, max_batch_tokens: int = cfg.max_batch_tokens):
+        group = max(cfg.shard_tokens, longest) if features == "stream" else 1 << 40  # cache: every record at once
+        return init_draft_plans(config, shape, total_bytes=total_bytes, policy_dtype=policy_dtype, features=features,
+                                max_batch_tokens=max_batch_tokens, batch_size=cfg.batch_size, longest=longest,
+                                group_tokens=group, n_aux=n_aux)
+
+    plans = replan()
+    check_init_draft(plans, config, replan, policy_dtype=dtype, features=cfg.features, max_batch_tokens=cfg.max_batch_tokens,
+                     dtype_flag=cfg.method != "mtp")
+    if os.environ.get("RANK", "0") == "0":  # one print under accelerate launch
+        print("\n".join(p.text() for p in plans))
+    return plans
 
 
 def _layer_ids(cfg: InitDraftConfig, num_layers: int) -> list[int]:
@@ -355,7 +422,8 @@ def _usable_shards(cfg: InitDraftConfig, shards: list, lengths: list[int], say: 
 class _Features:
     train: object  # features.InMemory | Streamed | OnTheFly: .items(record indices) -> FeatureItems
     heldout: object  # the held-out sample's items, in memory (cache: every record's)
-    anywhere: object  # any record's items, for the report's training sample: cache's memory, else the policy
+    anywhere: object  # any training record's items, for the report's sample: cache's memory, stream's shards, online's
+    # policy
     groups: Groups  # the training records' shuffle groups (features.epoch_order)
     disk_bytes: int  # disk the features took in --out (0: online, or a harvest's own shards)
 
@@ -392,7 +460,8 @@ def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], f
                                       on_shard=lambda n: bar.advance(job, n), lengths=data.lengths, identity=identity)
             disk = sum(p.stat().st_size for p, _ in shards)
         heldout = resident(Streamed(harvest, 1) if harvest else online, data.heldout)
-        return _Features(Streamed(shards, cfg.shuffle_window, pin), heldout, online, groups, disk)
+        # the report's training sample reads the shards too: the policy is freed once they are written (run)
+        return _Features(Streamed(shards, cfg.shuffle_window, pin), heldout, Streamed(shards, 1), groups, disk)
     cache = folder / "features.safetensors"  # held in memory whole, as the first release held it
     meta = {"features": json.dumps({**identity, "layer_ids": [int(x) for x in layer_ids]}, sort_keys=True)}
     if cache.exists() and (why := misfit(cache, meta)):
@@ -510,10 +579,15 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     draft, target_ids, coverage = _initial_draft(cfg, policy, data, acc.is_main_process)
     with acc.main_process_first():
         feats = _features(cfg, policy, data, draft.config.aux_layer_ids, out / ".train")
-    W = policy.get_output_embeddings().weight  # [V, H]
+    W = policy.get_output_embeddings().weight  # [V, H] in the policy's dtype: the targets
     target_on_device = target_ids.to(acc.device)  # [Vd]
     tr = DraftTrainer(acc, draft, len(data.train), out / ".train", batch_size=cfg.batch_size, epochs=cfg.epochs,
                       lr=cfg.lr, warmup_steps=cfg.warmup_steps, seed=cfg.seed, max_steps=cfg.max_steps)
+    # the forward cost ratio needs the policy; the draft's forward costs the same trained or not
+    cost = _cost_ratio(policy, tr.unwrapped, feats.anywhere.items(data.train[:1])[0])
+    if cfg.features != "online":  # features written: from here on only W (and an MTP draft's embedding) is read
+        del policy
+        _release(acc.device)
 
     def evaluate(idx: list[int] | None = None, walk: bool = True) -> dict:
         source = feats.heldout if idx is None else feats.anywhere
@@ -523,14 +597,14 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
                                W, target_on_device, cfg.ttt_steps, batch, acc.device, walk)
 
     # loop
-    tokens, seconds, peak = _train(cfg, tr, data, feats, evaluate, W[target_ids])
+    tokens, seconds, peak = _train(cfg, tr, data, feats, evaluate, W[target_ids].float())  # [Vd, H] float32
     # save: held-out and training-sample metrics, the vLLM-loadable folder with its metadata, the manifest
     g = torch.Generator().manual_seed(cfg.seed)
     train_sample = data.train[torch.randperm(len(data.train), generator=g)[: max(len(data.heldout), 32)].numpy()].tolist()
     result = InitDraftResult(
         out=str(out), steps=tr.step, coverage=coverage, heldout=evaluate(), train=evaluate(train_sample),
         train_tokens_per_s=tokens / seconds if seconds else 0.0,
-        draft_to_policy_cost=_cost_ratio(policy, tr.unwrapped, feats.anywhere.items(data.train[:1])[0]),
+        draft_to_policy_cost=cost,
         feature_cache_bytes=feats.disk_bytes, seconds=time.perf_counter() - t_start,
         main_process=acc.is_main_process, family=cfg.method, features=cfg.features,
         peak_memory_gib=peak, longest_sequence=int(data.lengths[data.train].max()),
@@ -548,6 +622,13 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             eval_records=len(data.heldout), ttt_steps=cfg.ttt_steps, result=result,
             acceptance_lengths={"heldout": result.acceptance_lengths(), "train": result.acceptance_lengths("train")}))
     return result
+
+
+def _release(device: torch.device) -> None:
+    """Return what was freed to the device (the policy's weights) before training allocates."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _coverage(responses: Iterable[list[int]], target_ids) -> float:

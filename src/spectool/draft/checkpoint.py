@@ -76,6 +76,33 @@ def new_draft(policy, target_ids: torch.Tensor, aux_layer_ids: list[int], num_la
     return draft
 
 
+def draft_shape(policy_config, family: str, draft_vocab_size: int, num_layers: int, steps: int,
+                anchor_fraction: float, mtp_config: dict | None = None):
+    """What a fresh draft of `family` for a policy of `policy_config` (a transformers config object; no weights)
+    trains, for the memory plan (memory.DraftShape): the draft is built on the meta device and its parameters
+    counted (trainable, and the frozen float32 token embedding EAGLE-3, P-EAGLE and DFlash copy); `mtp_config`: the
+    model folder's config.json, whose MTP layers are counted instead."""
+    from spectool.draft.mtp import MtpConfig, MtpDraft  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.memory import DraftShape  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+    vocab = min(draft_vocab_size, policy_config.vocab_size)
+    with torch.device("meta"):
+        if family == "mtp":
+            c = MtpConfig.from_model_config(mtp_config)
+            draft, vocab, num_layers = MtpDraft(c), c.vocab_size, c.mtp_layers
+        else:
+            aux = default_aux_layer_ids(policy_config.num_hidden_layers)
+            cfg = (DFlashConfig.from_policy(policy_config, vocab, aux, 0, num_layers) if family == "dflash" else
+                   dataclasses.replace(DraftConfig.from_policy(policy_config, vocab, aux), num_hidden_layers=num_layers,
+                                       family=family, ptd_token_id=0 if family == "peagle" else None))
+            draft = draft_class(cfg)(cfg)
+    trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in draft.parameters() if not p.requires_grad)
+    c = draft.config
+    return DraftShape(trainable, frozen, c.hidden_size, c.intermediate_size, c.num_attention_heads, vocab, num_layers,
+                      steps, anchor_fraction, reads_policy_embedding=family == "mtp")
+
+
 def remap_vocab(draft: Eagle3Draft, target_ids: torch.Tensor, policy) -> tuple[Eagle3Draft, int]:
     """The same draft over a new draft vocabulary `target_ids` [Vd'] (sorted target ids).
 

@@ -91,7 +91,8 @@ def heldout_metrics(draft, items, prompt_lens: list[int], W: torch.Tensor, targe
     for b in range(0, len(items), batch_size):
         ids, aux, last, P, L = collate_features(items[b : b + batch_size], prompt_lens[b : b + batch_size], device)
         s = first_anchor(P, ttt_steps)
-        logits, target = draft.unroll(aux, ids, ttt_steps, s), last[:, s:] @ W.T  # steps x [B, T-s, Vd]; [B, T-s, V]
+        # the targets in the policy's dtype, as its lm_head computes them (a bfloat16 W is not widened: [V, H])
+        logits, target = draft.unroll(aux, ids, ttt_steps, s), last[:, s:].to(W.dtype) @ W.T  # steps x [B, T-s, Vd]; [B, T-s, V]
         m = acceptance_metrics(logits, target, target_ids, P - s, L - s)
         for k in METRICS:
             sums[k] = [acc + (0 if math.isnan(v) else v) * c for acc, v, c in zip(sums[k], m[k], m["count"])]
