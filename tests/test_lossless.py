@@ -79,6 +79,27 @@ def test_small_counts_get_an_exact_p_value():
     assert t.p == pytest.approx(fisher, rel=0.15)
 
 
+def test_sequential_permutations_stop_once_p_is_resolved(monkeypatch):
+    """The token test's permutations stop at the first look where p is resolved against the level it is read at
+    (issue 55, M4): a test far in the tail after ~19 / level relabellings, not the 200 / level a full run takes; a test
+    near the level runs longer and still tells the exact (Fisher) p-value 5.4e-4 from levels either side of it."""
+    import spectool.stats as stats
+
+    drawn = []
+    real = stats._relabelled_hits
+    monkeypatch.setattr(stats, "_relabelled_hits", lambda cells, stat, rng, m: drawn.append(m) or real(cells, stat, rng, m))
+    level = 0.01 / (2 + 64 * 6)  # verify's per-test level at 64 prompts x 6 positions
+    far = token_test(0, 1, [1] * 40 + [2] * 10, [1] * 10 + [2] * 40, permutations=math.ceil(200 / level), level=level)
+    assert far.law_p < 1e-8 and far.p < level
+    assert 15 / level < sum(drawn) < 25 / level, sum(drawn) * level  # vs 200 / level
+    near = [1] * 19 + [2] * 6, [1] * 6 + [2] * 19  # exact p 5.4e-4 (test_small_counts_get_an_exact_p_value)
+    assert token_test(0, 1, *near, permutations=200_000, level=1e-3).p < 1e-3
+    assert token_test(0, 1, *near, permutations=200_000, level=3.8e-4).p >= 3.8e-4
+    drawn.clear()
+    assert token_test(0, 1, [1] * 30 + [2] * 20, [1] * 20 + [2] * 30, permutations=10**6, level=1e-3).p >= 1e-3
+    assert drawn == []  # chi-square law p 0.046: no permutations
+
+
 def test_a_score_with_no_spread_is_not_a_pass():
     # the audit's case: a lossy sampler whose scores are all equal had se 0, z 0 and p 1
     assert score_test([0.25] * 64).p == 0.0
