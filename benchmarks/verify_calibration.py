@@ -326,7 +326,7 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.01, help="report, simulate: verify's family-wise level")
     ap.add_argument("--sim-reps", type=int, default=300, help="simulate: runs per cell")
     ap.add_argument("--sim-samples", type=int, default=100, help="simulate: completions per run")
-    ap.add_argument("--edge-samples", type=int, nargs="+", default=[700, 1350],
+    ap.add_argument("--edge-samples", type=int, nargs="+", default=[700, 1000, 1350],
                     help="edge: completions per run, one cell each")
     a = ap.parse_args()
     if a.what == "sample":

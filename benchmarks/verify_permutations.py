@@ -4,13 +4,15 @@ per prompt and arm (verify's defaults but 64 prompts), each prompt its own simul
 mean p(top) 0.10) and the control top-p 0.9. A test whose chi-square law p is below 0.01 gets a permutation p-value;
 at verify's per-test level alpha / (2 + prompts x positions) that took permutations_for(level) relabellings each.
 
-    PYTHONPATH=src nice -n 19 .venv/bin/python benchmarks/verify_permutations.py --mode sequential  # all tests
+    PYTHONPATH=src nice -n 19 .venv/bin/python benchmarks/verify_permutations.py --mode verify
+    PYTHONPATH=src nice -n 19 .venv/bin/python benchmarks/verify_permutations.py --mode sequential
     PYTHONPATH=src nice -n 19 .venv/bin/python benchmarks/verify_permutations.py --mode fixed --tests 3
 
 `fixed` runs every relabelling (the rule before issue 55) on the first `--tests` tests that need permutations and
 extrapolates to all of them; it calls only stats.token_test(..., permutations=N), so it also runs on the code before
-(PYTHONPATH at an older checkout's src). `sequential` runs verify's own token tests (commands/verify.token_tests:
-stopped once p is resolved against the level).
+(PYTHONPATH at an older checkout's src). `sequential` resolves every test, each stopped once its p is resolved against
+the level. `verify` runs verify's own token tests (commands/verify.token_tests: sequential, and the arm's tests
+resolved, smallest chi-square p first, only until one rejects).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import time
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=("fixed", "sequential"), required=True)
+    ap.add_argument("--mode", choices=("fixed", "sequential", "verify"), required=True)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--positions", type=int, default=6)
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--control", default="truncated", help="a spectool.simulated sampler")
+    ap.add_argument("--scale", type=float, default=1.0, help="the chains' logit scale (spectool.simulated)")
     ap.add_argument("--alpha", type=float, default=0.01)
     ap.add_argument("--tests", type=int, default=3, help="fixed: tests timed (then extrapolated)")
     a = ap.parse_args()
@@ -40,7 +43,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     plain, control = [], []
     for p in range(a.prompts):
-        chain = markov_policy(1.0, seed=100 + p)
+        chain = markov_policy(a.scale, seed=100 + p)
         plain.append(sample_policy(chain, a.samples, a.positions, "exact", g)[2])
         control.append(sample_policy(chain, a.samples, a.positions, a.control, g)[2])
     level = a.alpha / (2 + a.prompts * a.positions)
@@ -58,14 +61,18 @@ def main() -> None:
         each = (time.perf_counter() - t0) / max(len(timed), 1)
         print(f"fixed: {each:.2f} s per test ({rejected} of {len(timed)} timed rejected); all {len(need)}: "
               f"~{each * len(need):.0f} s ({each * len(need) / 60:.1f} min, extrapolated)")
+    elif a.mode == "sequential":
+        tests = [token_test(p, j + 1, x, y, permutations=permutations, level=level) for p, j, x, y in pairs]
+        spent = time.perf_counter() - t0
+        print(f"sequential: all {len(tests)} tests in {spent:.1f} s ({spent / max(len(need), 1):.2f} s per test that "
+              f"needed permutations); {sum(t.p < level for t in tests)} rejected")
     else:
         from spectool.commands.verify import token_tests
 
         tests = token_tests(control, plain, a.positions, level)
         spent = time.perf_counter() - t0
-        print(f"sequential: all {len(tests)} tests in {spent:.1f} s ({spent / max(len(need), 1):.2f} s per test that "
-              f"needed permutations); {sum(t.p < level for t in tests)} rejected")
-
+        print(f"verify.token_tests: {len(tests)} tests in {spent:.1f} s; {sum(t.p < level for t in tests)} rejected, "
+              f"{sum(not t.resolved for t in tests)} left unresolved")
 
 if __name__ == "__main__":
     main()

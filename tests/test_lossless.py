@@ -100,6 +100,20 @@ def test_sequential_permutations_stop_once_p_is_resolved(monkeypatch):
     assert drawn == []  # chi-square law p 0.046: no permutations
 
 
+def test_an_arms_token_tests_stop_at_the_first_rejection():
+    """verify.token_tests resolves the permutation p-values smallest chi-square p first and stops at the first that
+    rejects: the arm is rejected whatever the others say, and they are left unresolved, never counted as rejections."""
+    lossy = [[[1]] * 40 + [[2]] * 10, [[1]] * 45 + [[2]] * 5, [[1]] * 38 + [[2]] * 12]  # [prompt][response] 1 token
+    plain = [[[1]] * 10 + [[2]] * 40] * 3
+    tests = token_tests(lossy, plain, 1, 1e-4)
+    assert [t.resolved for t in tests] == [False, True, False]  # prompt 1 (45 of 50 against 10) is the strongest
+    assert tests[1].p < 1e-4 and tests[0].p == tests[2].p == 1.0 and tests[0].law_p < 1e-8
+    arm = ArmResult("control", "", 150, policy_test(torch.zeros(0, 1)), 0.0, 0.0, float("nan"), tests)
+    assert "1 token-distribution tests" in arm.rejected(1e-4)[0] and "2 more" in arm.rejected(1e-4)[0]
+    same = token_tests(plain, plain, 1, 1e-4)
+    assert all(t.resolved and t.p == 1.0 for t in same)  # nothing to permute: every test resolved by the law
+
+
 def test_a_score_with_no_spread_is_not_a_pass():
     # the audit's case: a lossy sampler whose scores are all equal had se 0, z 0 and p 1
     assert score_test([0.25] * 64).p == 0.0
@@ -160,7 +174,7 @@ def _verdicts(scale: float, n: int, reps: int, seed: int = 2, positions: int = 6
         plain, per = _arm("plain", chain, n, positions, "exact", g)
         arms = {s: _arm(s, chain, n, positions, "exact" if s == "exact" else s, g, per)[0] for s in out}
         control = _arm("control", chain, n, positions, "truncated", g, per)[0]
-        control.control = "truncated"  # verify then also asks for >= 80% power against top-p 0.9, computed
+        control.control = "truncated"  # verify then also asks for >= 99.4% power against top-p 0.9, computed
         for s, a in arms.items():
             out[s].append(verdict([plain, a, control], 0.05, LOGPROB)[0])
     return out

@@ -362,10 +362,11 @@ class TokenTest:
     cells: int
     statistic: float
     df: int
-    p: float  # the chi-square law's, or the permutations' where the law's is below 0.01
+    p: float  # the chi-square law's, or the permutations' where the law's is below 0.01 (1.0 where left unresolved)
     tv: float  # observed total variation between the two empirical distributions (merged cells)
     pooled: list[float]  # pooled cell frequencies (the null's best estimate), for power analysis
     law_p: float = 1.0  # the chi-square law's p-value (unresolved by permutations: evidence of power, not the level)
+    resolved: bool = True  # False: the law's p is below 0.01 and no permutations were run (p 1.0, never a rejection)
 
 
 RESOLUTION = 0.01  # a token test's permutation p-value is resolved to this share of the level it is read at
@@ -379,11 +380,14 @@ def token_test(prompt: int, position: int, a: list[int], b: list[int], min_cell:
     any counts: the chi-square law's tail is too thin at small counts, e.g. 19 of 25 against 6 of 25 gets p 2.4e-4
     from it and 5.4e-4 from the permutations, Fisher's exact test's value; a verdict tests at ~4e-4).
     level None: all `permutations` relabellings (a point estimate). level given (the level the caller reads p at):
-    sequential, at most `permutations`, stopped once p is resolved against the level (_permutation_p)."""
+    sequential, at most `permutations`, stopped once p is resolved against the level (_sequential_permutation_p).
+    permutations 0: none are run; a test that would need them is left unresolved (p 1.0, resolved False)."""
     cells = _merged_table(a, b, min_cell)
     stat, df, law_p = chi2_homogeneity(cells)
-    p = law_p
-    if law_p < 0.01:
+    p, resolved = law_p, True
+    if law_p < 0.01 and permutations == 0:
+        p, resolved = 1.0, False
+    elif law_p < 0.01:
         seed = prompt * 1009 + position
         p = (_permutation_p(cells, stat, permutations, seed) if level is None
              else _sequential_permutation_p(cells, stat, permutations, seed, level))
@@ -391,7 +395,7 @@ def token_test(prompt: int, position: int, a: list[int], b: list[int], min_cell:
     tv = 0.5 * sum(abs(x / na - y / nb) for x, y in cells)
     n = max(len(a) + len(b), 1)
     pooled = [(x + y) / n for x, y in cells]
-    return TokenTest(prompt, position, len(a), len(b), len(cells), stat, df, p, tv, pooled, law_p)
+    return TokenTest(prompt, position, len(a), len(b), len(cells), stat, df, p, tv, pooled, law_p, resolved)
 
 
 def _relabelled_hits(cells: list[tuple[int, int]], stat: float, rng, m: int) -> int:

@@ -92,8 +92,10 @@ class ArmResult:
         bad = [t for t in self.token_tests if t.p < alpha_each]
         if bad:
             worst = min(bad, key=lambda t: t.p)
+            more = sum(not t.resolved for t in self.token_tests)
             out.append(f"{len(bad)} token-distribution tests (worst: prompt {worst.prompt} position "
-                       f"{worst.position}, TV {worst.tv:.3f}, p={worst.p:.1e})")
+                       f"{worst.position}, TV {worst.tv:.3f}, p={worst.p:.1e})"
+                       + (f"; {more} more with chi-square p < 0.01 left unresolved" if more else ""))
         return out
 
 
@@ -164,14 +166,18 @@ def score_tokens(policy, prompt: list[int], responses: list[list[int]], temperat
 def token_tests(mine: list[list[list[int]]], plain: list[list[list[int]]], positions: int,
                 alpha_each: float) -> list[TokenTest]:
     """mine, plain: [prompt][response] token lists of an arm and of plain decoding. Per prompt and position j, the j-th
-    tokens of the two arms' completions against each other (stats.token_test, its permutations sequential: stopped
-    once p is resolved against alpha_each, at most permutations_for(alpha_each))."""
-    out = []
-    for p, (a_rs, b_rs) in enumerate(zip(mine, plain)):
-        for j in range(positions):
-            a = [r[j] for r in a_rs if len(r) > j]
-            b = [r[j] for r in b_rs if len(r) > j]
-            out.append(token_test(p, j + 1, a, b, permutations=permutations_for(alpha_each), level=alpha_each))
+    tokens of the two arms' completions against each other (stats.token_test). The chi-square law's p first; then,
+    smallest law p first, the permutation p-values of the tests that need them (sequential: each stopped once p is
+    resolved against alpha_each, at most permutations_for(alpha_each)) until one test rejects. The arm is then
+    rejected whatever the others say (the family rejects when any test does), so they are left unresolved
+    (TokenTest.resolved False, never counted as a rejection): a lossy arm costs one resolved test, not hundreds."""
+    pairs = [(p, j + 1, [r[j] for r in a_rs if len(r) > j], [r[j] for r in b_rs if len(r) > j])
+             for p, (a_rs, b_rs) in enumerate(zip(mine, plain)) for j in range(positions)]
+    out = [token_test(*pair, permutations=0) for pair in pairs]  # the law's p; permutations where needed, below
+    for i in sorted((i for i, t in enumerate(out) if not t.resolved), key=lambda i: out[i].law_p):
+        out[i] = token_test(*pairs[i], permutations=permutations_for(alpha_each), level=alpha_each)
+        if out[i].p < alpha_each:
+            break
     return out
 
 
@@ -390,8 +396,10 @@ def render(r: VerifyResult) -> None:
         "top token drawn / policy's p(top)": [f"{a.policy.top_share:.4f} / {a.policy.mean_top:.4f}" for a in r.arms],
         "likelihood-ratio test p": [f"{a.policy.p:.1e}" for a in r.arms],
         "most supported": [a.policy.best for a in r.arms],
-        "token tests rejecting": [f"{sum(x.p < r.alpha_each for x in a.token_tests)}/{len(a.token_tests)}"
-                                  if a.token_tests else "-" for a in r.arms],
+        "token tests rejecting (+ unresolved)": [
+            f"{sum(x.p < r.alpha_each for x in a.token_tests)}/{len(a.token_tests)}"
+            + (f" (+{u})" if (u := sum(not x.resolved for x in a.token_tests)) else "") if a.token_tests else "-"
+            for a in r.arms],
         "|engine - policy| logprob max / mean": [f"{a.logprob_max_abs_diff:.1e} / {a.logprob_mean_abs_diff:.1e}"
                                                  for a in r.arms],
         "mean acceptance length": [f"{a.mean_acceptance_length:.2f}" if not math.isnan(a.mean_acceptance_length)
