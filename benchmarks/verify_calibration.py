@@ -7,10 +7,13 @@ from high entropy to a near-deterministic policy, with Clopper-Pearson 95% inter
     flock /tmp/heavy.lock .venv/bin/python benchmarks/verify_calibration.py sample --cell sharp8
     .venv/bin/python benchmarks/verify_calibration.py report          # the table, from the scored pools (no engine)
     .venv/bin/python benchmarks/verify_calibration.py simulate        # the same verdicts on simulated policies
+    .venv/bin/python benchmarks/verify_calibration.py edge            # the computed-power rule at its edge (simulated)
 
 `simulate` runs the same verdict (verify.verdict on stats.policy_test and token_test) on a simulated policy, a Markov
 chain over 64 tokens whose next-token logits depend on the last token, scaled from high entropy to near-deterministic,
 with hundreds of repetitions: the false-alarm rate with a tight interval, which the engine's dozen cannot give.
+`edge` runs the 10%-hotter sampler as the speculative arm with `--control temperature` (an independent sample of it)
+at sizes around the computed-power bar, where LOSSLESS is wrong every time it is said (issue 55, M3).
 
 Cells: t1 (the embedded SmolLM2 at T=1), t03 (the same at T=0.3), sharp8 (a copy whose untied lm_head is 8x the
 embedding, at T=1: a late-RL policy, near-deterministic). Prompts: four short raw-text openings (a short prompt keeps
@@ -29,8 +32,8 @@ disjoint slices of independent draws (every completion has its own random stream
 verify runs of S samples per prompt, and a rate over them is a binomial proportion (Clopper-Pearson 95%). For each
 lossy sampler L, in repetition i:
  - exact sampling with `--control L`: verify.verdict(plain_i, speculative_i, L_i). NOT LOSSLESS is a false alarm
-   (it does not depend on the control); LOSSLESS needs L_i rejected (and, for top-p 0.9 and the temperature error,
-   80% power against it computed at these positions);
+   (it does not depend on the control); LOSSLESS needs L_i rejected with power shown (for top-p 0.9 and the
+   temperature error: the power against it computed at these positions >= verify.POWER, 99.4%);
  - L itself with `--control L`: verify.verdict(plain_i, L_i in the speculative arm's place, L_(i+1)): NOT LOSSLESS is
    the power; LOSSLESS would be wrong (power shown on the control's slice, not on this one).
 The plain slice is shared by these verdicts: each sees what a real run would, so each rate is unbiased; the rates of
@@ -133,7 +136,7 @@ def _slice(arm: dict, i: int) -> tuple[dict, list]:
 def report(a) -> None:
     import torch
 
-    from spectool.commands.verify import _arm_result, logprob_rule, verdict
+    from spectool.commands.verify import arm_result, logprob_rule, verdict
     from spectool.config import VerifyConfig
     from spectool.engine.arms import LOSSY_CONTROLS
     from spectool.stats import binomial_interval
@@ -157,7 +160,7 @@ def report(a) -> None:
                 part, scored = _slice(pools[name], i)
                 plain_part = None if against is None else _slice(pools["plain"], against)[0]
                 scored_arms[name, i, against] = (
-                    _arm_result(label, LOSSY_CONTROLS.get(name, name), part, scored, plain_part, positions,
+                    arm_result(label, LOSSY_CONTROLS.get(name, name), part, scored, plain_part, positions,
                                 a.alpha / (2 + len(part["responses"]) * positions)), part)
             r, part = scored_arms[name, i, against]
             return dataclasses.replace(r, name=label, control=name if label == "lossy control" else ""), part
@@ -205,10 +208,11 @@ def simulate(a) -> None:
     """verify's verdict on simulated policies, many repetitions (no engine; minutes on one core)."""
     import torch
 
-    from spectool.commands.verify import ArmResult, permutations_for, verdict
-    from spectool.simulated import markov_policy, sample_policy
-    from spectool.stats import binomial_interval, policy_test, token_terms, token_test
+    from spectool.commands.verify import ArmResult, token_tests, verdict
+    from spectool.simulated import markov_policy, policy_terms, sample_policy
+    from spectool.stats import binomial_interval, policy_test
 
+    torch.set_num_threads(1)  # small ops: one thread is faster, and ~100x faster on a loaded machine
     t0 = time.perf_counter()
     rule = ("max", "logprob_max_abs_diff", 1e-3)
     print(f"simulated policy, 1 prompt x {a.sim_samples} completions x {a.positions} positions per run, "
@@ -221,12 +225,11 @@ def simulate(a) -> None:
         g = torch.Generator().manual_seed(2)
 
         def arm(sampler: str, plain_per=None):
-            lg, tok, per = sample_policy(chain, a.sim_samples, a.positions, sampler, g)
-            r = ArmResult(sampler, sampler, len(tok), policy_test(token_terms(lg, tok, 1.0)), 0.0, 0.0, float("nan"))
+            per = sample_policy(chain, a.sim_samples, a.positions, sampler, g)[2]
+            r = ArmResult(sampler, sampler, a.sim_samples * a.positions, policy_test(policy_terms(chain, per)), 0.0,
+                          0.0, float("nan"))
             if plain_per is not None:
-                r.token_tests = [token_test(0, j + 1, [x[j] for x in per], [x[j] for x in plain_per],
-                                            permutations=permutations_for(a.alpha / (2 + a.positions)))
-                                 for j in range(a.positions)]
+                r.token_tests = token_tests([per], [plain_per], a.positions, a.alpha / (2 + a.positions))
             return r, per
 
         exact, lossy, tops, false_alarms = {s: [] for s in LOSSY[:3]}, {s: [] for s in LOSSY[:3]}, [], 0
@@ -251,9 +254,65 @@ def simulate(a) -> None:
     print(f"wall time {time.perf_counter() - t0:.0f} s")
 
 
+def edge(a) -> None:
+    """The computed-power rule at its hardest (issue 55, M3): the 10%-hotter sampler as the speculative arm,
+    `--control temperature` an independent sample of it, on the simulated chain at scale 1 (mean p(top) 0.10), at
+    sizes from the old rule's edge (computed power ~0.85) to the new rule's (~0.994). Every LOSSLESS is wrong; the old
+    rule's verdict (power >= 0.8) on the same runs, for comparison."""
+    import torch
+
+    from spectool.commands import verify
+    from spectool.simulated import markov_policy, policy_terms, sample_policy
+    from spectool.stats import ALTERNATIVES, binomial_interval, policy_test
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    rule, hotter = ("max", "logprob_max_abs_diff", 1e-3), ALTERNATIVES.index(("temperature", 1.1))
+    alpha_each = a.alpha / (2 + a.positions)
+    print(f"simulated chain scale 1, 1 prompt x N completions x {a.positions} positions, {a.sim_reps} runs a cell, "
+          f"family-wise level {a.alpha}; the 1.1 T sampler as the speculative arm, --control temperature")
+    print("| completions N | computed power vs 1.1 T (median, 10-90%) | NOT LOSSLESS | LOSSLESS (wrong) | "
+          "INCONCLUSIVE | the old rule (power >= 0.8): LOSSLESS (wrong) |")
+    print("|---|---|---|---|---|---|")
+    chain = markov_policy(1.0)
+    for n in a.edge_samples:
+        g = torch.Generator().manual_seed(7)
+
+        def arm(sampler: str, plain_per=None):
+            per = sample_policy(chain, n, a.positions, sampler, g)[2]
+            r = verify.ArmResult(sampler, sampler, n * a.positions, policy_test(policy_terms(chain, per)), 0.0, 0.0,
+                                 float("nan"))
+            if plain_per is not None:
+                r.token_tests = verify.token_tests([per], [plain_per], a.positions, alpha_each)
+            return r, per
+
+        said, old, powers = [], [], []
+        for _ in range(a.sim_reps):
+            plain, per = arm("exact")
+            under_test, control = arm("temperature", per)[0], arm("temperature", per)[0]
+            control.control = "temperature"
+            said.append(verify.verdict([plain, under_test, control], a.alpha, rule)[0])
+            powers.append(under_test.policy.power(alpha_each)[hotter])
+            power, verify.POWER = verify.POWER, 0.8  # the rule before issue 55, on the same runs
+            try:
+                old.append(verify.verdict([plain, under_test, control], a.alpha, rule)[0])
+            finally:
+                verify.POWER = power
+        powers.sort()
+        k = said.count("LOSSLESS")
+        lo, hi = binomial_interval(k, len(said))
+        ko = old.count("LOSSLESS")
+        olo, ohi = binomial_interval(ko, len(old))
+        print(f"| {n} | {powers[len(powers) // 2]:.3f} ({powers[len(powers) // 10]:.3f}-"
+              f"{powers[9 * len(powers) // 10]:.3f}) | {said.count('NOT LOSSLESS')} | {k}/{len(said)} "
+              f"[{lo:.3f}, {hi:.3f}] | {said.count('INCONCLUSIVE')} | {ko}/{len(old)} [{olo:.3f}, {ohi:.3f}] |",
+              flush=True)
+    print(f"wall time {time.perf_counter() - t0:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("sample", "report", "simulate"))
+    ap.add_argument("what", choices=("sample", "report", "simulate", "edge"))
     ap.add_argument("--cell", choices=tuple(CELLS), help="sample: the cell to draw")
     ap.add_argument("--draft", help="sample: an EAGLE-3 draft folder of SmolLM2 (default: the policy drafts itself)")
     ap.add_argument("--out", default="runs/verify-cal")
@@ -267,6 +326,8 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.01, help="report, simulate: verify's family-wise level")
     ap.add_argument("--sim-reps", type=int, default=300, help="simulate: runs per cell")
     ap.add_argument("--sim-samples", type=int, default=100, help="simulate: completions per run")
+    ap.add_argument("--edge-samples", type=int, nargs="+", default=[700, 1000, 1350],
+                    help="edge: completions per run, one cell each")
     a = ap.parse_args()
     if a.what == "sample":
         if not a.cell:
@@ -274,6 +335,8 @@ def main() -> None:
         sample(a)
     elif a.what == "report":
         report(a)
+    elif a.what == "edge":
+        edge(a)
     else:
         simulate(a)
 

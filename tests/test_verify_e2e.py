@@ -65,7 +65,8 @@ def test_verify_on_a_near_deterministic_policy(tiny_policy, tmp_path):
     """The late-RL case: the tiny policy with its lm_head x100 (mean p(top) ~0.97), the policy drafting itself (its
     argmax proposed and accepted ~97% of the time: the acceptance path runs most). Plain and speculative decoding
     pass (a sharpened policy once made verify call plain decoding itself NOT LOSSLESS: z = +1287 on a standard error
-    of 0), and top-p 0.9 is rejected with >= 80% power computed at these positions: LOSSLESS, power shown. The
+    of 0), and top-p 0.9 is rejected with power computed at these positions (>= 99.4%: a truncation's evidence is
+    fixed by the positions, so its power is 0 or 1): LOSSLESS, power shown. The
     off-by-one control needs real text to bite (this random policy repeats its argmax, so reading the next position
     often accepts the same token: p 0.06 at these 1,200 tokens); on SmolLM2 it is rejected in every run of
     benchmarks/verify_calibration.py, and tests/test_lossless.py checks its kernel on hand-made tensors."""

@@ -298,7 +298,7 @@ def export(cfg: ExportConfig) -> None:
 
 @settings_command("verify")
 def verify(cfg: VerifyConfig) -> None:
-    """Prove on the real engine that speculative sampling equals the policy's own sampling."""
+    """Test on the real engine that speculative sampling equals the policy's own sampling (to a stated resolution)."""
     from spectool.commands.verify import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     r = run(cfg, progress=lambda m: typer.echo(m, err=True))

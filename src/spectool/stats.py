@@ -272,8 +272,16 @@ class PolicyTest:
 def mixture_p(log_evidence: list[float]) -> float:
     """1 / (mean over alternatives of the likelihood ratio), capped at 1. Under exact sampling each likelihood ratio
     is a nonnegative martingale of mean 1 over the tokens, so is their mean, and P(mean >= 1/a) <= a (Ville's
-    inequality): at any entropy, sample size or dependence between positions."""
+    inequality): at any entropy, sample size or dependence between positions.
+
+    Non-finite evidence fails closed: a NaN (a NaN logit in the scoring) gives a NaN p-value, which the verdict
+    reads as a failed test, never as a pass (Python's `max` would skip a NaN that is not first and let the others
+    decide); +inf (a token the policy gives probability 0) gives p 0."""
+    if any(math.isnan(e) for e in log_evidence):
+        return math.nan
     top = max(log_evidence)
+    if top == math.inf:
+        return 0.0
     if top == -math.inf:
         return 1.0
     log_mean = top + math.log(sum(math.exp(e - top) for e in log_evidence) / len(log_evidence))
@@ -354,46 +362,93 @@ class TokenTest:
     cells: int
     statistic: float
     df: int
-    p: float  # the chi-square law's, or the permutations' where the law's is below 0.01
+    p: float  # the chi-square law's, or the permutations' where the law's is below 0.01 (1.0 where left unresolved)
     tv: float  # observed total variation between the two empirical distributions (merged cells)
     pooled: list[float]  # pooled cell frequencies (the null's best estimate), for power analysis
     law_p: float = 1.0  # the chi-square law's p-value (unresolved by permutations: evidence of power, not the level)
+    resolved: bool = True  # False: the law's p is below 0.01 and no permutations were run (p 1.0, never a rejection)
+
+
+RESOLUTION = 0.01  # a token test's permutation p-value is resolved to this share of the level it is read at
+FIRST_LOOK, GROWTH = 1000, 1.25  # the sequential permutations' looks: 1,000 relabellings, then 25% more at each
 
 
 def token_test(prompt: int, position: int, a: list[int], b: list[int], min_cell: int = 10,
-               permutations: int = 20000) -> TokenTest:
+               permutations: int = 20000, level: float | None = None) -> TokenTest:
     """Homogeneity of the j-th sampled token of one prompt, arm a vs arm b: Pearson's chi-square statistic, its p-value
-    from the chi-square law, or, where that is small (< 0.01), from `permutations` random relabellings of the pooled
-    draws (valid for any counts: the chi-square law's tail is too thin at small counts, e.g. 19 of 25 against 6 of 25
-    gets p 2.4e-4 from it and 5.4e-4 from the permutations, Fisher's exact test's value; a verdict tests at ~4e-4, so
-    the caller asks for enough permutations to resolve its level)."""
+    from the chi-square law, or, where that is small (< 0.01), from random relabellings of the pooled draws (valid for
+    any counts: the chi-square law's tail is too thin at small counts, e.g. 19 of 25 against 6 of 25 gets p 2.4e-4
+    from it and 5.4e-4 from the permutations, Fisher's exact test's value; a verdict tests at ~4e-4).
+    level None: all `permutations` relabellings (a point estimate). level given (the level the caller reads p at):
+    sequential, at most `permutations`, stopped once p is resolved against the level (_sequential_permutation_p).
+    permutations 0: none are run; a test that would need them is left unresolved (p 1.0, resolved False)."""
     cells = _merged_table(a, b, min_cell)
     stat, df, law_p = chi2_homogeneity(cells)
-    p = law_p if law_p >= 0.01 else _permutation_p(cells, stat, permutations, seed=prompt * 1009 + position)
+    p, resolved = law_p, True
+    if law_p < 0.01 and permutations == 0:
+        p, resolved = 1.0, False
+    elif law_p < 0.01:
+        seed = prompt * 1009 + position
+        p = (_permutation_p(cells, stat, permutations, seed) if level is None
+             else _sequential_permutation_p(cells, stat, permutations, seed, level))
     na, nb = max(len(a), 1), max(len(b), 1)
     tv = 0.5 * sum(abs(x / na - y / nb) for x, y in cells)
     n = max(len(a) + len(b), 1)
     pooled = [(x + y) / n for x, y in cells]
-    return TokenTest(prompt, position, len(a), len(b), len(cells), stat, df, p, tv, pooled, law_p)
+    return TokenTest(prompt, position, len(a), len(b), len(cells), stat, df, p, tv, pooled, law_p, resolved)
 
 
-def _permutation_p(cells: list[tuple[int, int]], stat: float, permutations: int, seed: int) -> float:
-    """P(chi-square statistic >= stat) over random splits of the pooled draws into the two arms' sizes (the
-    conditional null of homogeneity: arm a's counts are multivariate hypergeometric), (1 + hits) / (1 + permutations):
-    a valid p-value for any number of draws."""
+def _relabelled_hits(cells: list[tuple[int, int]], stat: float, rng, m: int) -> int:
+    """Of m random splits of the pooled draws into the two arms' sizes (the conditional null of homogeneity: arm a's
+    counts are multivariate hypergeometric), how many reach the chi-square statistic `stat`."""
     import numpy as np  # noqa: PLC0415 (loaded with torch; only on this path)
 
     totals = np.array([x + y for x, y in cells], dtype=np.int64)
     na, n = sum(c[0] for c in cells), int(totals.sum())
-    exp_a, exp_b = totals * na / n, totals * (n - na) / n
-    rng, hits, done = np.random.default_rng(seed), 0, 0
-    while done < permutations:
-        m = min(100_000, permutations - done)
-        ca = rng.multivariate_hypergeometric(totals, na, size=m).astype(np.float64)  # [m, cells]
-        s = ((ca - exp_a) ** 2 / exp_a + (totals - ca - exp_b) ** 2 / exp_b).sum(-1)
-        hits += int((s >= stat * (1 - 1e-12)).sum())
-        done += m
+    exp_a = totals * na / n
+    weight = 1 / exp_a + 1 / (totals - exp_a)  # arm b's deviation is minus arm a's: the statistic is d^2 . weight
+    hits = 0
+    for at in range(0, m, 100_000):
+        d = rng.multivariate_hypergeometric(totals, na, size=min(100_000, m - at)) - exp_a  # [m', cells]
+        hits += int(((d * d) @ weight >= stat * (1 - 1e-12)).sum())
+    return hits
+
+
+def _permutation_p(cells: list[tuple[int, int]], stat: float, permutations: int, seed: int) -> float:
+    """P(chi-square statistic >= stat) over `permutations` random relabellings, (1 + hits) / (1 + permutations): a
+    valid p-value for any number of draws."""
+    import numpy as np  # noqa: PLC0415 (loaded with torch; only on this path)
+
+    hits = _relabelled_hits(cells, stat, np.random.default_rng(seed), permutations)
     return (1 + hits) / (1 + permutations)
+
+
+def _sequential_permutation_p(cells: list[tuple[int, int]], stat: float, permutations: int, seed: int,
+                              level: float) -> float:
+    """The permutation p-value, sequential (Monte Carlo with a bounded resampling risk, after Gandy 2009): relabellings
+    are drawn at looks of FIRST_LOOK, then GROWTH times more, up to `permutations`, and stop at the first look where
+    the p-value is resolved against `level`. Returns U + risk, where U is the Clopper-Pearson upper bound on pi (the
+    share of all relabellings reaching stat, the exact permutation p-value) at risk / looks, risk = level *
+    RESOLUTION. Valid at any stop: U < pi at some look with probability at most `risk` (a union over the looks), so
+    P(U + risk <= a) <= P(pi <= a - risk) + risk <= a under homogeneity. Resolved: U + risk < level (rejects), or
+    the lower bound on pi above level (cannot reject). A test far in the tail stops after ~ln(looks / risk) / level
+    relabellings (~19 / level), against 2 / (level * RESOLUTION) = 200 / level run in full."""
+    import numpy as np  # noqa: PLC0415 (loaded with torch; only on this path)
+
+    looks = [min(FIRST_LOOK, permutations)]
+    while looks[-1] < permutations:
+        looks.append(min(permutations, math.ceil(looks[-1] * GROWTH)))
+    risk = level * RESOLUTION
+    each = risk / len(looks)  # every look's bound may fail with this probability: a union over them
+    rng, hits, done = np.random.default_rng(seed), 0, 0
+    for n in looks:
+        hits += _relabelled_hits(cells, stat, rng, n - done)
+        done = n
+        below = binomial_cdf(hits, n, level - risk) < each  # U < level - risk: p = U + risk < level
+        above = 1.0 - binomial_cdf(hits - 1, n, level) < each  # the lower bound on pi is above level
+        if below or above:
+            break
+    return min(1.0, binomial_bound(hits, done, each, upper=True) + risk)
 
 
 def detectable_tv(
@@ -438,29 +493,36 @@ def detectable_tv(
     return hi
 
 
+def binomial_cdf(x: int, n: int, p: float) -> float:
+    """P(Binomial(n, p) <= x) = I_(1-p)(n - x, x + 1), any n."""
+    if x < 0:
+        return 0.0
+    return 1.0 if x >= n else _betainc(n - x, x + 1, 1.0 - p)
+
+
+def binomial_bound(k: int, n: int, risk: float, upper: bool) -> float:
+    """One-sided Clopper-Pearson bound on a rate seen k times in n: the upper bound is below the rate with probability
+    at most `risk`, and so is the lower bound above it (bisection: the cdf falls as p rises)."""
+    if n == 0 or (upper and k == n) or (not upper and k == 0):
+        return 1.0 if upper else 0.0
+    x, target = (k, risk) if upper else (k - 1, 1 - risk)  # upper: P(X <= k) = risk; lower: P(X >= k) = risk
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if binomial_cdf(x, n, mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """Clopper-Pearson (exact) interval for a rate of k in n: what a calibration's false-alarm rate and power are
     reported with."""
     if n == 0:
         return 0.0, 1.0
     tail = (1 - level) / 2
-
-    def cdf(x: int, p: float) -> float:  # P(Binomial(n, p) <= x) = I_(1-p)(n - x, x + 1), any n
-        return 1.0 if x >= n else _betainc(n - x, x + 1, 1.0 - p)
-
-    def solve(x: int, target: float) -> float:  # the p where P(X <= x) = target (decreasing in p)
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if cdf(x, mid) > target:
-                lo = mid
-            else:
-                hi = mid
-        return (lo + hi) / 2
-
-    lower = 0.0 if k == 0 else solve(k - 1, 1 - tail)  # P(X >= k) = tail
-    upper = 1.0 if k == n else solve(k, tail)  # P(X <= k) = tail
-    return lower, upper
+    return binomial_bound(k, n, tail, upper=False), binomial_bound(k, n, tail, upper=True)
 
 
 # --- sweep-k: an arm against plain decoding, beyond the noise between engine runs -----------------
