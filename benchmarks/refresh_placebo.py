@@ -15,7 +15,7 @@ a refresh is cheap next to a step's generation) to this CPU's:
   recorded frozen runs showed 0.29-0.37), beside the rule as it read the noise before issue 55.
 Power of rules 1-2 (a draft going stale: acceptance falling a fixed amount a step after the first refresh),
 simulated with independent and correlated steps, now and before issue 55: what reading the correlation costs.
-The bound (stats.py): at most REFRESH_ALPHA per refresh cycle, at any cost.
+The bound (stats/refresh.py): at most REFRESH_ALPHA per refresh cycle, at any cost.
 Power: the live `auto` run of the drift setting (a real refresh at step `every`), replayed with each cost (the
 per-step agreement's seconds scaled as the refresh's: the same trainer-side compute); and simulated from what it
 measured: the prompts' [new, previous] gain pairs resampled, its acceptance and generation seconds. How often
@@ -40,9 +40,10 @@ import sys
 import time
 from pathlib import Path
 
-from spectool import stats
 from spectool.draft.refresh_policy import RefreshPolicy
-from spectool.stats import NOISE_WINDOW, REFRESH_ALPHA, binomial_interval, step_noise
+from spectool.stats import refresh as stats  # the ledger refresh_policy reads (step_noise is swapped in it below)
+from spectool.stats.distributions import binomial_interval
+from spectool.stats.refresh import NOISE_WINDOW, REFRESH_ALPHA, step_noise
 
 COSTS = (2.0, 5.0, 8.0, 12.0, 15.0)
 

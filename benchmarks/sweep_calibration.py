@@ -6,8 +6,8 @@ how often it finds one that is (power), at its default budget.
            draft at --k), each run's rows appended to POOL/pool.jsonl as it ends (a killed collection resumes).
            Every run of a label decodes the same prompts with the same seed, so two runs differ by the machine alone.
   analyse: sweeps made of consecutive runs of the pool, as sweep-k would have measured them (rounds of engines in
-           time order, the order reversed every other round), decided by sweep-k's own `stats.sweep_speedups` and
-           `stats.recommend`:
+           time order, the order reversed every other round), decided by sweep-k's own `sweep_k.sweep_speedups` and
+           `sweep_k.recommend`:
            - A/A: every engine of the sweep a run of ONE label (plain against plain; the draft against itself),
              ARMS arms beside the baseline; a false alarm = any arm recommended at that batch size;
            - power: the baseline a plain run, the arm a draft run of the same round (pattern plain,draft):
@@ -19,8 +19,8 @@ how often it finds one that is (power), at its default budget.
            sweep-k had before (one run per arm, plain decoding first and last, a 95% bootstrap over waves).
 
   simulate: no engines. Sweeps drawn from the design's own model (a machine state shared by a round's engines, each
-           engine run with its own noise, log sd per engine as given), decided by `stats.block_speedups` and
-           `stats.recommend`, beside the rule before issue 55 (one residual mean square pooled over the arms x rounds
+           engine run with its own noise, log sd per engine as given), decided by `stats.sweep.block_speedups` and
+           `sweep_k.recommend`, beside the rule before issue 55 (one residual mean square pooled over the arms x rounds
            table, every arm the same standard error) on the same sweeps. A/A cells where plain decoding and the arms
            differ in noise (as this CPU's engines do) and where one arm is noisy, and power cells; each rate with its
            95% Clopper-Pearson interval (the sweeps are independent).
@@ -43,8 +43,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from spectool.commands.sweep_k import recommend, sweep_speedups  # noqa: E402, I001
 from spectool.constants import DEFAULT_DATA  # noqa: E402
-from spectool.stats import ArmSpeedup, binomial_interval, block_speedups, recommend, student_t_quantile, sweep_speedups  # noqa: E402, I001
+from spectool.stats.distributions import binomial_interval, student_t_quantile  # noqa: E402, I001
+from spectool.stats.sweep import ArmSpeedup, block_speedups  # noqa: E402, I001
 
 
 def collect(a: argparse.Namespace) -> None:
@@ -249,7 +251,7 @@ def simulated_log_rates(rng: random.Random, speedups: list[float], sds: list[flo
 
 
 def _recommends(fits: list[ArmSpeedup], min_gain: float) -> int:
-    """The arm sweep-k's `stats.recommend` picks on these fits (1-based), 0: none."""
+    """The arm sweep-k's `sweep_k.recommend` picks on these fits (1-based), 0: none."""
     rows = [{"method": "none", "k": 0, "batch": 1, "speedup": 1.0}]
     for i, f in enumerate(fits):
         rows.append({"method": "eagle3", "k": i + 1, "batch": 1, "speedup": f.speedup}

@@ -139,7 +139,7 @@ def report(a) -> None:
     from spectool.commands.verify import arm_result, logprob_rule, verdict
     from spectool.config import VerifyConfig
     from spectool.engine.arms import LOSSY_CONTROLS
-    from spectool.stats import binomial_interval
+    from spectool.stats.distributions import binomial_interval
 
     rule = logprob_rule(VerifyConfig(alpha=a.alpha))
     rows, wall = [], 0.0
@@ -210,7 +210,8 @@ def simulate(a) -> None:
 
     from spectool.commands.verify import ArmResult, token_tests, verdict
     from spectool.simulated import markov_policy, policy_terms, sample_policy
-    from spectool.stats import binomial_interval, policy_test
+    from spectool.stats.distributions import binomial_interval
+    from spectool.stats.lossless import policy_test
 
     torch.set_num_threads(1)  # small ops: one thread is faster, and ~100x faster on a loaded machine
     t0 = time.perf_counter()
@@ -263,7 +264,8 @@ def edge(a) -> None:
 
     from spectool.commands import verify
     from spectool.simulated import markov_policy, policy_terms, sample_policy
-    from spectool.stats import ALTERNATIVES, binomial_interval, policy_test
+    from spectool.stats.distributions import binomial_interval
+    from spectool.stats.lossless import ALTERNATIVES, policy_test
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()

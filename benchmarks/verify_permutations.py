@@ -9,7 +9,7 @@ at verify's per-test level alpha / (2 + prompts x positions) that took permutati
     PYTHONPATH=src nice -n 19 .venv/bin/python benchmarks/verify_permutations.py --mode fixed --tests 3
 
 `fixed` runs every relabelling (the rule before issue 55) on the first `--tests` tests that need permutations and
-extrapolates to all of them; it calls only stats.token_test(..., permutations=N), so it also runs on the code before
+extrapolates to all of them; it calls only stats.lossless.token_test(..., permutations=N), so it also runs on the code before
 (PYTHONPATH at an older checkout's src). `sequential` resolves every test, each stopped once its p is resolved against
 the level. `verify` runs verify's own token tests (commands/verify.token_tests: sequential, and the arm's tests
 resolved, smallest chi-square p first, only until one rejects).
@@ -38,7 +38,7 @@ def main() -> None:
     import torch
 
     from spectool.simulated import markov_policy, sample_policy
-    from spectool.stats import token_test
+    from spectool.stats.lossless import token_test
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)

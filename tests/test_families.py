@@ -189,7 +189,7 @@ def test_sweep_schedule_follows_the_family_that_gains_most():
     cfg = SweepConfig(out="x", methods=["eagle3", "peagle", "dflash"], batch_sizes=[1, 8], min_gain=0.03)
     family, rec = schedule_family(rows, cfg)
     assert family == "dflash" and rec[1]["k"] == 7 and rec[8]["k"] == 3
-    from spectool.stats import recommend
+    from spectool.commands.sweep_k import recommend
 
     overall = recommend(rows, [1, 8], 0.03)  # per batch size, across families
     assert overall[1]["method"] == "dflash" and overall[8]["method"] == "eagle3"

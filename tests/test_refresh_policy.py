@@ -9,7 +9,7 @@ import random
 import pytest
 
 from spectool.draft.refresh_policy import RefreshPolicy
-from spectool.stats import REFRESH_ALPHA
+from spectool.stats.refresh import REFRESH_ALPHA
 
 
 def test_online_refreshes_on_its_cadence():
@@ -79,12 +79,13 @@ def test_staleness_books_about_nothing_for_a_draft_that_holds_its_level():
 
 
 def test_the_refresh_statistics():
-    """stats.py's auto-refresh section on hand-made numbers: Student t quantiles (tables), the looks' shares of the
+    """stats/refresh.py on hand-made numbers: Student t quantiles (tables), the looks' shares of the
     budget, the line, the ratio of two drafts' gains and what a refresh saved."""
-    from spectool import stats
+    from spectool.stats import refresh as stats
+    from spectool.stats.distributions import student_t_quantile
 
     for p, df, want in ((0.025, 1, 12.706), (0.025, 5, 2.571), (0.05, 30, 1.697), (0.0005, 3, 12.924)):
-        assert stats.student_t_quantile(1 - p, df) == pytest.approx(want, abs=1e-3)
+        assert student_t_quantile(1 - p, df) == pytest.approx(want, abs=1e-3)
     assert sum(stats.look_alpha(0.05, m) for m in range(1, 10_000)) == pytest.approx(0.05, rel=1e-3)
     line = stats.fit_line([2.0, 1.9, 1.8, 1.7], sd=0.1)
     assert (line.level, line.slope) == pytest.approx((2.0, -0.1)) and line.se == pytest.approx(0.1 / 5**0.5)
@@ -208,7 +209,7 @@ def _placebo(rng: random.Random, cost: float, steps: int = 16, every: int = 2, s
 
 
 def test_the_placebo_fire_rate_is_bounded():
-    """The bound (stats.py): a draft that only shows noise refreshes again with probability at most REFRESH_ALPHA
+    """The bound (stats/refresh.py): a draft that only shows noise refreshes again with probability at most REFRESH_ALPHA
     per cycle, whatever a refresh costs; at cost 0 every rule only needs its bound to cross 0, the hardest case.
     300 simulated runs per cost: each fired at most REFRESH_ALPHA (with the binomial's slack). The rule before
     issue 49 bought a second refresh on the recorded frozen draft whenever a refresh cost 12 s or less."""

@@ -5,10 +5,11 @@ import math
 import pytest
 
 from spectool.cli import parse_int_list
+from spectool.commands.sweep_k import recommend, sweep_speedups
 from spectool.config import SweepConfig
 from spectool.costmodel import ceiling, k_schedule
 from spectool.errors import SpectoolError
-from spectool.stats import block_speedups, paired_log_rates, recommend, sweep_speedups
+from spectool.stats.sweep import block_speedups, paired_log_rates
 
 
 def row(method, k, batch, speedup, margin=0.01):
@@ -181,7 +182,7 @@ def test_each_arm_gets_the_noise_of_its_own_differences_from_plain_decoding():
     """The bound by hand: arm a's differences d[r] = y[a][r] - y[plain][r], mean and sd(d) / sqrt(R) on R - 1 df,
     Student's t at one-sided level 5% / arms (Bonferroni). A noisy arm widens its own bound only; the pooled rule
     before issue 55 gave every arm one standard error."""
-    from spectool.stats import student_t_quantile
+    from spectool.stats.distributions import student_t_quantile
 
     one = block_speedups([[0.0, 0.3], [0.1, 0.35], [-0.05, 0.3]])[0]  # d = 0.3, 0.25, 0.35: mean 0.3, sd 0.05
     assert one.df == 2 and one.arms == 1 and one.se == pytest.approx(0.05 / math.sqrt(3))

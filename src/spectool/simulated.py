@@ -46,7 +46,7 @@ def policy_terms(chain: torch.Tensor, per: list[list[int]], temperature: float =
     """stats.token_terms of sample_policy's completions `per` ([n][positions] token lists) under the chain: each of its
     vocab + 1 rows worked out once, so scoring costs a gather, not a softmax per token. Returns [n * positions, ...]
     (completion-major; the tests sum over tokens, so the order is theirs to ignore)."""
-    from spectool.stats import token_terms  # noqa: PLC0415 (stats imports torch lazily; so does this module's caller)
+    from spectool.stats.lossless import token_terms  # noqa: PLC0415 (it imports torch lazily; so does this module's caller)
 
     vocab = chain.shape[1]
     rows = torch.tensor([prev for r in per for prev in [vocab] + r[:-1]], dtype=torch.int64)

@@ -8,11 +8,11 @@ Workflow:
     `min_seconds` of timing per batch size, wave i on the same prompts and seed in every engine of a round;
     acceptance comes from the engine's own counters;
  2. speedup over plain decoding, paired by round and wave, with a lower bound that counts the noise between
-    runs and every arm compared (stats.sweep_speedups: a randomized block design, Student's t, Bonferroni);
+    runs and every arm compared (sweep_speedups: stats.sweep's randomized block design, Student's t, Bonferroni);
     ceiling = the speedup 100% acceptance would give = speedup * (k + 1) / mean acceptance length (a verify
     step costs the same whatever is accepted, so tokens/s scales with tokens per step);
  3. per batch size, the recommendation: the fastest (method, k) whose lower bound clears 1 + `min_gain`
-    (stats.recommend: at most 5% false recommendations per batch size), else no speculation, with the reason;
+    (recommend: at most 5% false recommendations per batch size), else no speculation, with the reason;
     plus the schedule `rollout --k auto` uses;
  4. rows.jsonl (appended per engine run, each row with the time it was measured: a killed sweep resumes; a larger
     --repeats adds rounds; a round that holds some engines but not all, stopped inside or given another arm since,
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import sys
 import time
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from spectool import subproc
 from spectool.config import SweepConfig
-from spectool.costmodel import k_schedule, output_lengths
+from spectool.costmodel import ceiling, k_schedule, output_lengths
 from spectool.data import load_source
 from spectool.draft.checkpoint import dummy_draft_config
 from spectool.draft.families import check_served
@@ -45,7 +46,7 @@ from spectool.plots import pyplot, save
 from spectool.prompts import encode_prompt
 from spectool.runs import atomic_write_bytes
 from spectool.schedule import write_schedule
-from spectool.stats import recommend, sweep_speedups
+from spectool.stats.sweep import SWEEP_ALPHA, block_speedups, paired_log_rates
 from spectool.ui import console
 
 ROWS = "rows.jsonl"
@@ -412,3 +413,100 @@ def render(result: dict, out: str) -> None:
         c.print(f"schedule for rollout --k auto: {result['schedule_method']} drafts, k per batch size "
                 f"{result['schedule']}", highlight=False)
     c.print(f"table, plots and rows in {out}", highlight=False)
+
+
+# --- the sweep's rows and their English, decided by stats.sweep (block_speedups) ---------------------
+
+
+def sweep_speedups(rows: list[dict], alpha: float = SWEEP_ALPHA) -> list[dict]:
+    """A sweep's measured rows (one per engine run: method, k, batch, run = its round, waves) -> one row per
+    (method, k, batch size), its rounds pooled for tokens/s and acceptance (what forecast fits), plain decoding's
+    carrying `drift` (its last round's tokens/s over its first). On every speculative row: `speedup` over plain
+    decoding from the complete rounds (`block_speedups`), `speedup_lo`/`speedup_hi` where two or more rounds
+    measured the noise between runs, `rounds`, and `ceiling`. Sorted by batch size, plain first."""
+    out = []
+    for b in sorted({r["batch"] for r in rows}):
+        at = [r for r in rows if r["batch"] == b]
+        plain = sorted((r for r in at if r["method"] == "none"), key=lambda r: r.get("run", 0))
+        arms = sorted({(r["method"], r["k"]) for r in at if r["method"] != "none"})
+        runs = {(r["method"], r["k"], r.get("run", 0)): r for r in at}
+        if plain:
+            out.append({**_pooled(plain), "speedup": 1.0, "ceiling": 1.0})
+        complete = sorted(r.get("run", 0) for r in plain
+                          if all((m, k, r.get("run", 0)) in runs for m, k in arms))
+        waves = all("waves" in runs[(m, k, n)] for m, k in [("none", 0), *arms] for n in complete)
+        fits = block_speedups([paired_log_rates([runs[(m, k, n)]["waves"] for m, k in [("none", 0), *arms]])
+                               for n in complete], alpha) if complete and waves and arms else None
+        for i, (m, k) in enumerate(arms):
+            row = _pooled(sorted((r for r in at if (r["method"], r["k"]) == (m, k)), key=lambda r: r.get("run", 0)))
+            row.pop("drift", None)
+            if fits:
+                row["speedup"], row["rounds"] = fits[i].speedup, fits[i].rounds
+                if not math.isnan(fits[i].lo):
+                    row["speedup_lo"], row["speedup_hi"] = fits[i].lo, fits[i].hi
+            else:
+                row["speedup"] = row["tokens_per_s"] / out[-1]["tokens_per_s"] if plain else float("nan")
+                row["rounds"] = 0
+            row["ceiling"] = ceiling(row["speedup"], k, row["mean_acceptance_length"])
+            out.append(row)
+    return out
+
+
+def _pooled(runs: list[dict]) -> dict:
+    """One engine's runs (its rounds) at one batch size as one row: tokens, seconds and waves summed, acceptance
+    averaged over the rounds; `drift`: the last round's tokens/s over the first's; `measured_from`/`_to`: the first
+    and last run's time."""
+    row = dict(runs[0])
+    row.pop("run", None)
+    times = sorted(r["measured_at"] for r in runs if "measured_at" in r)  # ISO 8601 UTC: sorts as text
+    row.pop("measured_at", None)
+    if times:
+        row["measured_from"], row["measured_to"] = times[0], times[-1]
+    row["tokens"], row["seconds"] = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
+    row["tokens_per_s"], row["sequences"] = row["tokens"] / row["seconds"], sum(r["sequences"] for r in runs)
+    if all("waves" in r for r in runs):
+        row["waves"] = [w for r in runs for w in r["waves"]]
+    lengths = [r["mean_acceptance_length"] for r in runs if r.get("mean_acceptance_length") is not None]
+    row["mean_acceptance_length"] = sum(lengths) / len(lengths) if lengths else None
+    pos = [r["per_position"] for r in runs if r.get("per_position")]
+    row["per_position"] = [sum(p[j] for p in pos) / len(pos) for j in range(min(map(len, pos)))] if pos else []
+    if len(runs) > 1:
+        row["drift"] = runs[-1]["tokens_per_s"] / runs[0]["tokens_per_s"]
+    return row
+
+
+def recommend(rows: list[dict], batch_sizes: list[int], min_gain: float, method: str | None = None) -> dict[int, dict]:
+    """Per batch size: the fastest speculative row (optionally of one method) whose lower bound (`speedup_lo`:
+    every arm of the sweep at that batch size counted, `sweep_speedups`) clears 1 + min_gain. Else
+    {"method": "none", "k": 0, "speedup": 1.0, "why": the best row and why not}. A row without a bound (one
+    round: the noise between engine runs unmeasured) is never recommended."""
+    rec = {}
+    for b in batch_sizes:
+        cands = [r for r in rows if r["batch"] == b and r["method"] != "none" and (method is None or r["method"] == method)]
+        sure = [r for r in cands if r.get("speedup_lo", 0.0) >= 1 + min_gain]
+        best = max(sure, key=lambda r: r["speedup"], default=None)
+        if best is not None:
+            rec[b] = {"method": best["method"], "k": best["k"], "speedup": best["speedup"],
+                      "interval": [best["speedup_lo"], best["speedup_hi"]]}
+        else:
+            rec[b] = {"method": "none", "k": 0, "speedup": 1.0, "why": _why_none(cands, min_gain)}
+    return rec
+
+
+def _why_none(cands: list[dict], min_gain: float) -> str:
+    top = max(cands, key=lambda r: r["speedup"], default=None)
+    if top is None:
+        return "nothing speculative was measured"
+    what = f"{top['method']} k={top['k']} measured {top['speedup']:.2f}x"
+    if "speedup_lo" not in top and top.get("rounds", 0) >= 2:
+        return what + (f": its speedup was the same in all {top['rounds']} rounds (a standard error of 0), which "
+                       "measures no noise between engine runs, so no gain can be told from it (rows copied from one run?)")
+    if "speedup_lo" not in top:
+        return what + (": one round per engine measures no noise between engine runs, so no gain can be told from "
+                       "it (--repeats 2 or more)")
+    what += f" [{top['speedup_lo']:.2f}, {top['speedup_hi']:.2f}]"
+    if top["speedup_hi"] < 1:
+        return what + ": slower than plain decoding"
+    if top["speedup"] < 1 + min_gain:
+        return what + f": not {min_gain:.0%} faster than plain decoding"
+    return what + f": its lower bound is below {1 + min_gain:.2f}x, so the gain is within the noise between runs"

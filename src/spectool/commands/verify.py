@@ -8,7 +8,7 @@ Workflow:
  2. score every sampled token with a transformers forward of the policy (float64 over its fp32 logits): what the
     tests need of the policy's own distribution at that position (stats.token_terms), and its raw logprob to compare
     with the engine's;
- 3. tests (stats.py): engine logprobs == policy logprobs within `logprob_tol`; per arm, a likelihood-ratio test of its
+ 3. tests (stats/lossless.py): engine logprobs == policy logprobs within `logprob_tol`; per arm, a likelihood-ratio test of its
     tokens against the policy's own distributions, mixed over temperature errors and truncations (valid at any
     entropy: Ville's inequality); chi-square homogeneity of the j-th token per prompt, speculative vs plain (its
     p-value from sequential permutations where the chi-square law's is small); Bonferroni over the family (plain's
@@ -39,15 +39,14 @@ from spectool.models import draft_model_path, resolve_model
 from spectool.precision import LOGPROB_TOLERANCE, engine_dtype
 from spectool.prompts import encode_prompt
 from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
-from spectool.stats import (
+from spectool.stats.distributions import normal_cdf, normal_quantile
+from spectool.stats.lossless import (
     ALTERNATIVES,
     GREEDY,
     RESOLUTION,
     PolicyTest,
     TokenTest,
     detectable_tv,
-    normal_cdf,
-    normal_quantile,
     policy_test,
     token_terms,
     token_test,

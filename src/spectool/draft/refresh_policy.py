@@ -19,7 +19,7 @@ there, and its slope (< 0: the draft is going stale).
    previous draft, so the refresh saved g * (a / b - 1). When that reaches the refresh's cost plus the agreement
    measured every step since (auto's price for knowing it), the draft is still catching up with the policy (a
    draft from another task, a policy moving fast), and another refresh is bought.
-The bounds come from stats.py ("the auto refresh"): one step's acceptance noise is estimated from the run's own
+The bounds come from stats/refresh.py ("the auto refresh"): one step's acceptance noise is estimated from the run's own
 successive steps, rule 3's from the prompts it measured, and the looks at one cycle share a false-refresh budget
 REFRESH_ALPHA, so a draft whose acceptance is only noise, or a refresh that bought nothing, refreshes again with
 probability at most REFRESH_ALPHA per cycle (benchmarks/refresh_placebo.py measures it).
@@ -33,9 +33,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from spectool import stats
 from spectool.constants import DEFAULT_LOSS, LOSSES
 from spectool.errors import check
+from spectool.stats import refresh as ledger
+from spectool.stats.distributions import student_t_quantile
 
 REFRESH_MODES = ("frozen", "online", "auto")
 # the drop rule reads a gain (acceptance length - 1) of at least this: below it a step's acceptance is
@@ -98,7 +99,7 @@ class RefreshPolicy:
     mode: str  # "frozen" (never: watched for decay) | "online" (every `every` steps) | "auto"
     every: int = 5
     drop: float = 0.25
-    alpha: float = stats.REFRESH_ALPHA  # auto's false-refresh budget per refresh cycle (stats.py)
+    alpha: float = ledger.REFRESH_ALPHA  # auto's false-refresh budget per refresh cycle (stats/refresh.py)
     steps: list[list[float]] = field(default_factory=list)  # [acceptance, generation s] of each step since the
     # last refresh (or the start) that drafted: the first is the fresh draft's
     segments: list[list[float]] = field(default_factory=lambda: [[]])  # acceptance per step, one list per draft
@@ -133,7 +134,7 @@ class RefreshPolicy:
         if acceptance_length is None:
             return staleness
         self.steps.append([acceptance_length, gen_s])
-        self.segments[-1] = [*self.segments[-1], acceptance_length][-(stats.NOISE_WINDOW + 1):]
+        self.segments[-1] = [*self.segments[-1], acceptance_length][-(ledger.NOISE_WINDOW + 1):]
         self.now = acceptance_length
         self.recent = [*self.recent, acceptance_length][-DECAY_WINDOW:]
         if len(self.recent) == DECAY_WINDOW:
@@ -141,22 +142,22 @@ class RefreshPolicy:
             self.best = level if self.best is None else max(self.best, level)
         return staleness
 
-    def books(self) -> stats.Ledger:
-        """The cycle's ledger now: each rule's measurement and its bound at this look (stats.py)."""
-        books, noise = stats.Ledger(self.cost_s, self.watch_s), stats.step_noise(self.segments)
-        p = stats.look_alpha(self.alpha / 3, max(self.since, 1))  # each rule's share of this look's budget
+    def books(self) -> ledger.Ledger:
+        """The cycle's ledger now: each rule's measurement and its bound at this look (stats/refresh.py)."""
+        books, noise = ledger.Ledger(self.cost_s, self.watch_s), ledger.step_noise(self.segments)
+        p = ledger.look_alpha(self.alpha / 3, max(self.since, 1))  # each rule's share of this look's budget
         if noise is not None and len(self.steps) >= MIN_LINE:
             sd, df, rho = noise
-            t, line = stats.student_t_quantile(1 - p, df), stats.fit_line([a for a, _ in self.steps], sd, rho)
+            t, line = student_t_quantile(1 - p, df), ledger.fit_line([a for a, _ in self.steps], sd, rho)
             books.level, books.slope = line.level, line.slope
             if line.level - 1 >= MIN_GAIN:
-                books.fell, books.fell_low = stats.acceptance_fall(line, len(self.steps) - 1, t)
-            books.lost_s, books.lost_low = stats.staleness_loss(line, [g for _, g in self.steps], t)
+                books.fell, books.fell_low = ledger.acceptance_fall(line, len(self.steps) - 1, t)
+            books.lost_s, books.lost_low = ledger.staleness_loss(line, [g for _, g in self.steps], t)
         new, previous = [x[0] for x in self.gain], [x[1] for x in self.gain]
         if len(new) >= 2 and sum(new) > 0 and self.steps:
-            ratio, se, n = stats.ratio_of_gains(new, previous)
-            books.ratio, books.ratio_high = ratio, ratio + stats.student_t_quantile(1 - p, n - 1) * se
-            books.saved_low = stats.saved_by_refresh([(a, g) for a, g in self.steps], books.ratio_high)
+            ratio, se, n = ledger.ratio_of_gains(new, previous)
+            books.ratio, books.ratio_high = ratio, ratio + student_t_quantile(1 - p, n - 1) * se
+            books.saved_low = ledger.saved_by_refresh([(a, g) for a, g in self.steps], books.ratio_high)
         return books
 
     def due(self, step: int) -> bool:
@@ -191,7 +192,7 @@ class RefreshPolicy:
     def refreshed(self, cost_s: float) -> None:
         self.cost_s, self.now, self.since, self.watch_s = cost_s, None, 0, 0.0
         self.steps, self.gain = [], []
-        self.segments = [*self.segments, []][-stats.NOISE_WINDOW:]
+        self.segments = [*self.segments, []][-ledger.NOISE_WINDOW:]
 
     def decayed(self, key: str = "draft_refresh.mode") -> str | None:
         """A frozen draft's watch, once per run: the warning when its acceptance gain over plain decoding
