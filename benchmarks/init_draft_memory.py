@@ -11,22 +11,17 @@ On a GPU it measures torch.cuda.max_memory_allocated; on a CPU the peak resident
 from __future__ import annotations
 
 import json
-import os
-import resource
 import subprocess
 import sys
 
 import torch
 
+from memory_plan import growth_bytes  # benchmarks/ is on the path of a script run from it
+
 # (records, tokens each, prompt tokens, draft vocab, unroll steps, anchor fraction, loss)
 GRID = [(1, 1024, 64, 2048, 5, 1.0, "mix"), (1, 2048, 64, 2048, 5, 1.0, "mix"), (4, 512, 64, 8192, 5, 1.0, "mix"),
         (1, 2048, 64, 2048, 5, 0.25, "mix"), (2, 1024, 64, 4096, 3, 1.0, "ce")]
 H, INTER, HEADS, KV, TARGET_H, V = 256, 768, 8, 2, 256, 8192
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def one(records: int, T: int, P: int, vocab: int, steps: int, fraction: float, loss: str) -> dict:
@@ -44,15 +39,13 @@ def one(records: int, T: int, P: int, vocab: int, steps: int, fraction: float, l
     items = [(torch.randint(0, V, (T,)), torch.randn(T, 3 * TARGET_H).half(), torch.randn(T, TARGET_H).half())
              for _ in range(records)]
     W = torch.randn(vocab, TARGET_H, device=dev) * 0.05
-    if gpu:
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        base = _rss()
-    out, _ = ttt_step_loss(draft, items, [P] * records, W, steps, 0.8, dev, loss, fraction, torch.Generator().manual_seed(0))
-    out.backward()
-    peak = torch.cuda.max_memory_allocated() if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def step() -> None:
+        out, _ = ttt_step_loss(draft, items, [P] * records, W, steps, 0.8, dev, loss, fraction,
+                               torch.Generator().manual_seed(0))
+        out.backward()
+
+    grown = growth_bytes(step)
     trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     d = DraftShape(trainable, 0, H, INTER, HEADS, vocab, 1, steps, fraction)
     plan = Plan("step", 1e9)
@@ -62,7 +55,7 @@ def one(records: int, T: int, P: int, vocab: int, steps: int, fraction: float, l
     rows = {k.split(" (")[0]: round(v, 4) for k, v in plan.rows}
     return {"records": records, "T": T, "vocab": vocab, "steps": steps, "anchor_fraction": fraction, "loss": loss,
             "device": dev.type, "plan_gib": round(plan.used_gib, 4), "rows": rows,
-            "measured_gib": round((peak - base) / GIB, 4), "measured_over_plan": round((peak - base) / GIB / plan.used_gib, 2)}
+            "measured_gib": round(grown / GIB, 4), "measured_over_plan": round(grown / GIB / plan.used_gib, 2)}
 
 
 def main() -> None:

@@ -27,6 +27,21 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def growth_bytes(step) -> int:
+    """What running `step()` adds at its peak: CUDA's allocator on a GPU, the process's peak RSS over its RSS before
+    here (run each point in a fresh process: the RSS peak is the process's). Also benchmarks/init_draft_memory.py's."""
+    gpu = torch.cuda.is_available()
+    if gpu:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        base = _rss()
+    step()
+    peak = torch.cuda.max_memory_allocated() if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak - base
+
+
 def one(model: str, micro: int, T: int) -> dict:
     """Predicted and measured growth of one update of `micro` sequences of T tokens (half prompt)."""
     from transformers import AutoConfig
@@ -43,21 +58,14 @@ def one(model: str, micro: int, T: int) -> dict:
     rolls = [Rollout(torch.randint(0, V, (T // 2,), generator=g).tolist(),
                      torch.randint(0, V, (T - T // 2,), generator=g).tolist(), [-1.0] * (T - T // 2), 1.0, 1.0 - 2 * (i % 2))
              for i in range(micro)]
-    if gpu:
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        base = _rss()
-    trainer.update(rolls)
-    peak = torch.cuda.max_memory_allocated() if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    grown = growth_bytes(lambda: trainer.update(rolls))
     plan = train_rl_plan(AutoConfig.from_pretrained(path), engine_share=0.0, total_bytes=80 * GIB,
                          micro_tokens=micro * T, kl_beta=0.0, autocast_bf16=gpu)
     rows = dict(plan.rows)
     predicted = plan.used_gib - rows["policy weights (float32)"]  # the weights are in the baseline
     act = next(v for k, v in rows.items() if k.startswith("activations"))
     return {"micro": micro, "T": T, "device": "cuda" if gpu else "cpu", "predicted_gib": predicted,
-            "predicted_activations_gib": act, "measured_gib": (peak - base) / GIB}
+            "predicted_activations_gib": act, "measured_gib": grown / GIB}
 
 
 def main() -> None:
