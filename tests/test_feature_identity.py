@@ -181,15 +181,15 @@ def test_a_resumed_init_draft_over_a_changed_harvest_is_refused(tmp_path):
     """init_draft.json records the harvest's identity; a rerun of the same command over the harvest grown in its
     folder is refused (and stays refused: the claim keeps the recorded identity), over the harvest as it was it
     resumes. The steps of init-draft's setup that decide it, without a policy."""
-    from spectool.commands.init_draft import InitDraftConfig, _check_harvest, _claim_out, _data
+    from spectool.commands.init_draft import InitDraftConfig, check_harvest, claim_out, training_data
 
     harvest, out = _hand_made_harvest(tmp_path / "h", 8), tmp_path / "d"
     cfg = InitDraftConfig(out=str(out), model="m", data=str(harvest))
     model = SimpleNamespace(identity="m", path="m", fingerprint={})
 
     def setup():  # what _setup does on the main process, in its order
-        recorded = _claim_out(cfg)
-        _check_harvest(cfg, _data(cfg, model), recorded)
+        recorded = claim_out(cfg)
+        check_harvest(cfg, training_data(cfg, model), recorded)
 
     setup()
     first = json.loads((out / "init_draft.json").read_text())["harvest_identity"]
@@ -231,13 +231,13 @@ def test_the_indexes_take_tens_of_bytes_a_record():
 
 @pytest.mark.parametrize("source", ["stream", "cache"])
 def test_init_drafts_features_of_a_changed_harvest_are_computed_again(tmp_path, monkeypatch, source, capsys):
-    """init-draft's own feature handling (`_features`) over a harvest re-run in its folder with the same lengths: the
+    """init-draft's own feature handling (`training_features`) over a harvest re-run in its folder with the same lengths: the
     stream's manifest and the cache's metadata carry the harvest's identity, so the old features are computed again,
     not read for the new records (a record's features hold its own tokens). Checked below the resume refusal, as a
     run that recorded no harvest identity (an older spectool's) would meet it."""
     import spectool.features as features
     import spectool.hidden as hidden
-    from spectool.commands.init_draft import InitDraftConfig, _data, _features
+    from spectool.commands.init_draft import InitDraftConfig, training_data, training_features
 
     def fake(policy, seqs, layer_ids, **k):
         return [_item(s) for s in seqs]
@@ -250,10 +250,10 @@ def test_init_drafts_features_of_a_changed_harvest_are_computed_again(tmp_path, 
     cfg = InitDraftConfig(out=str(tmp_path / "d"), model="m", data=str(harvest), features=source, shard_tokens=8)
 
     def ids(data) -> list[list[int]]:
-        feats = _features(cfg, policy, data, LAYERS, tmp_path / "d" / ".train")
+        feats = training_features(cfg, policy, data, LAYERS, tmp_path / "d" / ".train")
         return [x[0].tolist() for x in feats.train.items(data.train)]
 
-    before = _data(cfg, model)
+    before = training_data(cfg, model)
     assert ids(before) == [before.seq(i) for i in before.train]
     capsys.readouterr()
     from spectool.records import write_shard
@@ -262,7 +262,7 @@ def test_init_drafts_features_of_a_changed_harvest_are_computed_again(tmp_path, 
     write_shard(harvest, 0, [dict(prompt_id=f"{i:016x}", sample_idx=0, prompt="p", answer="", prompt_ids=[3, 3],
                                   response_ids=[6] * (i + 1), logprobs=[0.0] * (i + 1), reward=0.0,
                                   finish_reason="length", response="") for i in range(8)])
-    after = _data(cfg, model)
+    after = training_data(cfg, model)
     assert after.identity != before.identity and list(after.train) == list(before.train)
     assert ids(after) == [after.seq(i) for i in after.train]
     assert " not used: " in capsys.readouterr().out

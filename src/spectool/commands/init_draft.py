@@ -80,7 +80,7 @@ from spectool.ui import console
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
 RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features", "harvest_identity"}  # a rerun may change
-# these and resume (harvest_identity: checked by _check_harvest, which names what changed)
+# these and resume (harvest_identity: checked by check_harvest, which names what changed)
 # (every --features trains the same draft: a stream run short of disk resumes with --features online)
 # the settings runs made before each was added are compared as: a resume goes on with them (an older run within one
 # shuffle window, 131,072 tokens, and within 8,192 tokens a batch, as every earlier demo run was, draws as it drew)
@@ -124,7 +124,7 @@ class InitDraftResult:
                 "T=1 greedy oracle": m["walk_oracle"][-1], "T=1 probabilistic oracle": len(m["top1"]) + 1.0}
 
 
-def _claim_out(cfg: InitDraftConfig) -> str | None:
+def claim_out(cfg: InitDraftConfig) -> str | None:
     """Refuse an --out that holds anything but an init-draft run with these settings, before
     anything is written; then record the settings (a rerun of the same command resumes), keeping the
     harvest identity an earlier run recorded, which it returns (None: none yet)."""
@@ -139,7 +139,7 @@ def _claim_out(cfg: InitDraftConfig) -> str | None:
     return recorded
 
 
-def _check_harvest(cfg: InitDraftConfig, data: _Data, recorded: str | None) -> None:
+def check_harvest(cfg: InitDraftConfig, data: _Data, recorded: str | None) -> None:
     """Refuse a resume over a harvest that changed since the run recorded it (its records re-run, resumed or grown,
     its --hidden-states shards added or removed: the features and the epoch order would be another run's); a run
     that recorded none records this one's."""
@@ -223,11 +223,11 @@ def _setup(cfg: InitDraftConfig):
                             "instead (spectool harvest --out H ..., then --data H): vLLM runs in one process")
     recorded = None
     if acc.is_main_process:  # one process claims --out (a refusal ends the launch; the others are stopped)
-        recorded = _claim_out(cfg)
+        recorded = claim_out(cfg)
     acc.wait_for_everyone()
-    data = _data(cfg, model)
+    data = training_data(cfg, model)
     if acc.is_main_process:
-        _check_harvest(cfg, data, recorded)
+        check_harvest(cfg, data, recorded)
     # The policy is loaded after the harvest's engine is gone: on a GPU it then has the memory to
     # itself, and features and training run there (accelerate's device).
     policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=getattr(torch, policy_dtype(cfg)))
@@ -250,7 +250,7 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
     p = Path(cfg.data)
     if (p / MANIFEST).exists():
         lengths = record_lengths(load_records(p))[1]
-        ids = _layer_ids(cfg, model.fingerprint["num_hidden_layers"])  # what the draft reads (_features)
+        ids = _layer_ids(cfg, model.fingerprint["num_hidden_layers"])  # what the draft reads (training_features)
         if _usable_shards(cfg, harvest_shards(p, ids, read_json(p / MANIFEST), lengths), lengths, say=False):
             return 0
         return int(lengths.sum())
@@ -353,7 +353,7 @@ def _check_disk_budget(cfg: InitDraftConfig, model) -> None:
             "--disk-budget-gb")
 
 
-def _data(cfg: InitDraftConfig, model) -> _Data:
+def training_data(cfg: InitDraftConfig, model) -> _Data:
     """The harvest's records, split by prompt (deterministic hash): held-out prompts never train."""
 
     run_dir = _harvest_if_needed(cfg)
@@ -428,7 +428,7 @@ class _Features:
     disk_bytes: int  # disk the features took in --out (0: online, or a harvest's own shards)
 
 
-def _features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], folder: Path) -> _Features:
+def training_features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list[int], folder: Path) -> _Features:
     """The policy's features per --features (features.py): `stream` from the harvest's --hidden-states shards
     when they hold these layers, else from shards written here (resumable, the disk budget checked per shard);
     `online` from the policy per batch; `cache` from one file loaded whole (the harvest's shards, or computed
@@ -578,7 +578,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     model, acc, data, policy = _setup(cfg)
     draft, target_ids, coverage = _initial_draft(cfg, policy, data, acc.is_main_process)
     with acc.main_process_first():
-        feats = _features(cfg, policy, data, draft.config.aux_layer_ids, out / ".train")
+        feats = training_features(cfg, policy, data, draft.config.aux_layer_ids, out / ".train")
     W = policy.get_output_embeddings().weight  # [V, H] in the policy's dtype: the targets
     target_on_device = target_ids.to(acc.device)  # [Vd]
     tr = DraftTrainer(acc, draft, len(data.train), out / ".train", batch_size=cfg.batch_size, epochs=cfg.epochs,
