@@ -9,7 +9,7 @@ from high entropy to a near-deterministic policy, with Clopper-Pearson 95% inter
     .venv/bin/python benchmarks/verify_calibration.py simulate        # the same verdicts on simulated policies
     .venv/bin/python benchmarks/verify_calibration.py edge            # the computed-power rule at its edge (simulated)
 
-`simulate` runs the same verdict (verify.verdict on stats.policy_test and token_test) on a simulated policy, a Markov
+`simulate` runs the same verdict (verify.verdict on stats.lossless.policy_test and token_test) on a simulated policy, a Markov
 chain over 64 tokens whose next-token logits depend on the last token, scaled from high entropy to near-deterministic,
 with hundreds of repetitions: the false-alarm rate with a tight interval, which the engine's dozen cannot give.
 `edge` runs the 10%-hotter sampler as the speculative arm with `--control temperature` (an independent sample of it)

@@ -176,7 +176,7 @@ def test_a_resumed_dflash_run_refreshes_past_the_checkpoint_it_resumed_from(tiny
 
     _, folder = _draft(tiny_policy, tmp_path_factory, "dflash")
     out = tmp_path / "rl"
-    args = _args(tiny_policy, folder, sums_with_answer(tmp_path, "8"), out, steps=4, extra=[
+    args = _args(tiny_policy, folder, sums_with_answer(tmp_path, "8"), out, steps=5, extra=[
         "speculation.method=dflash", "draft_refresh.every=1", "checkpoint_every=1", "rollout.eval_every=0"])
     proc = subprocess.Popen([sys.executable, "-m", "spectool.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=os.environ.copy(), start_new_session=True)
@@ -194,9 +194,9 @@ def test_a_resumed_dflash_run_refreshes_past_the_checkpoint_it_resumed_from(tiny
     m = _metrics(out)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["resumed_from"] in (2, 3) and manifest["draft"] == str(folder)
-    assert [r["step"] for r in m] == [1, 2, 3, 4]
+    assert [r["step"] for r in m] == [1, 2, 3, 4, 5]
     # every step refreshed and pushed, checked in the engine: after the resume, pushes past the deletion of the
     # checkpoint the run resumed from
     assert all(r["draft_check_excess"] <= 1 and r["logprob_check_max_diff"] < 1e-3 for r in m)
-    assert [c.name for c in sorted((out / "checkpoints").iterdir())] == ["step-000004"]
+    assert [c.name for c in sorted((out / "checkpoints").iterdir())] == ["step-000005"]
     assert (folder / "mask_embedding.pt").exists()  # the folder the engine started from is the run's own

@@ -212,7 +212,7 @@ def rl_step_speedup(rollout_speedup: float, generation_share: float) -> dict:
     return {"sync": sync, "async_vs_sync_plain": 1.0 / async_spec, "async_vs_async_plain": async_plain / async_spec}
 
 
-# --- sweep-k's recommendation (pure: tested on hand-made numbers) ------------------------------
+# --- the acceptance ceiling of a sweep's row (pure: tested on hand-made numbers) ----------------------
 
 
 def ceiling(speedup: float, k: int, mean_acceptance_length: float) -> float:

@@ -43,7 +43,7 @@ def sample_policy(chain: torch.Tensor, n: int, positions: int, sampler: str, g: 
 
 
 def policy_terms(chain: torch.Tensor, per: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
-    """stats.token_terms of sample_policy's completions `per` ([n][positions] token lists) under the chain: each of its
+    """stats.lossless.token_terms of sample_policy's completions `per` ([n][positions] token lists) under the chain: each of its
     vocab + 1 rows worked out once, so scoring costs a gather, not a softmax per token. Returns [n * positions, ...]
     (completion-major; the tests sum over tokens, so the order is theirs to ignore)."""
     from spectool.stats.lossless import token_terms  # noqa: PLC0415 (it imports torch lazily; so does this module's caller)

@@ -6,7 +6,7 @@ Workflow:
     is wrong on purpose (engine/arms.LOSSY_CONTROLS: the CPU build's unpatched rejection sampler, an acceptance rule
     off by one, top-p 0.9, a 10% temperature error);
  2. score every sampled token with a transformers forward of the policy (float64 over its fp32 logits): what the
-    tests need of the policy's own distribution at that position (stats.token_terms), and its raw logprob to compare
+    tests need of the policy's own distribution at that position (stats.lossless.token_terms), and its raw logprob to compare
     with the engine's;
  3. tests (stats/lossless.py): engine logprobs == policy logprobs within `logprob_tol`; per arm, a likelihood-ratio test of its
     tokens against the policy's own distributions, mixed over temperature errors and truncations (valid at any
@@ -117,7 +117,7 @@ class VerifyResult:
 
 
 def score_tokens(policy, prompt: list[int], responses: list[list[int]], temperature: float, batch: int = 32):
-    """Per response: (stats.token_terms rows [len(r), F] of its tokens at temperature T, the policy's raw logprobs).
+    """Per response: (stats.lossless.token_terms rows [len(r), F] of its tokens at temperature T, the policy's raw logprobs).
 
     prompt: [P] ids; responses: [N] lists of <= R ids. The prompt is run once and its KV cache shared by every
     response; a position many responses share (the first; a concentrated policy's common prefixes) is worked out once.
@@ -165,7 +165,7 @@ def score_tokens(policy, prompt: list[int], responses: list[list[int]], temperat
 def token_tests(mine: list[list[list[int]]], plain: list[list[list[int]]], positions: int,
                 alpha_each: float) -> list[TokenTest]:
     """mine, plain: [prompt][response] token lists of an arm and of plain decoding. Per prompt and position j, the j-th
-    tokens of the two arms' completions against each other (stats.token_test). The chi-square law's p first; then,
+    tokens of the two arms' completions against each other (stats.lossless.token_test). The chi-square law's p first; then,
     smallest law p first, the permutation p-values of the tests that need them (sequential: each stopped once p is
     resolved against alpha_each, at most permutations_for(alpha_each)) until one test rejects. The arm is then
     rejected whatever the others say (the family rejects when any test does), so they are left unresolved
@@ -288,7 +288,7 @@ def power_shown_below(alpha_each: float) -> float:
 
 def permutations_for(alpha_each: float) -> int:
     """The most relabellings a token test draws: enough to resolve p = alpha_each * RESOLUTION run in full (the
-    sequential test stops long before where p is clearly on one side of the level, stats._sequential_permutation_p)."""
+    sequential test stops long before where p is clearly on one side of the level, stats.lossless._sequential_permutation_p)."""
     return math.ceil(2 / (alpha_each * RESOLUTION))
 
 

@@ -22,7 +22,7 @@ LOSSY_CONTROLS = {
     "truncated": "top-p 0.9",
     "temperature": "sampled at 1.1 x the temperature",
 }
-# the likelihood-ratio test's alternative (stats.ALTERNATIVES) that is exactly this sampler, where there is one: verify
+# the likelihood-ratio test's alternative (stats.lossless.ALTERNATIVES) that is exactly this sampler, where there is one: verify
 # then asks for the power against it computed at the speculative arm's positions, not only a rejection in one run
 CONTROL_ALTERNATIVE = {"truncated": ("top-p", 0.9), "temperature": ("temperature", 1.1)}
 KERNEL_CONTROLS = {"unpatched": {"SPECTOOL_UNPATCHED_CPU_SAMPLER": "1"}, "offbyone": {"SPECTOOL_LOSSY_SAMPLER": "offbyone"}}
