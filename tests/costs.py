@@ -50,6 +50,7 @@ class Spent:
     engines_children: int = 0  # in child processes: CLI runs, arms, ranks
     own_engines: int = 0  # started by the test itself, not by a shared fixture
     launchers: int = 0
+    bf16: bool = False  # marked bf16: computes in bfloat16 (slower on a CPU without AVX512-BF16 or AMX)
     outcome: str = "passed"
 
     @property
@@ -195,7 +196,7 @@ class CostsPlugin:
     def pytest_runtest_setup(self, item):
         costs = self.costs
         costs.current = item.nodeid
-        costs.tests[item.nodeid] = Spent(file=item.path.name, kind=kind_of(item))
+        costs.tests[item.nodeid] = Spent(file=item.path.name, kind=kind_of(item), bf16=bool(item.get_closest_marker("bf16")))
         costs.launched = 0
         costs.drain()  # anything before this test (another's late teardown) is not this test's
 
@@ -315,8 +316,22 @@ def host_ratio(measured: dict[str, float], allow: dict[str, dict]) -> float:
     return max(1.0, statistics.median(ratios)) if len(ratios) >= 3 else 1.0
 
 
+def bf16_native() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX): elsewhere bfloat16 runs several times slower
+    than float32 (ENVIRONMENT.md), and a test marked bf16 gets `bf16_slowdown` x its limit. SPECTOOL_TEST_BF16_NATIVE
+    (0/1) overrides the reading."""
+    if os.environ.get("SPECTOOL_TEST_BF16_NATIVE") in ("0", "1"):
+        return os.environ["SPECTOOL_TEST_BF16_NATIVE"] == "1"
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return True
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def over_limits(costs: Costs, budget: dict) -> tuple[list[str], float]:
     limits, allow, margin = budget["limits"], budget.get("allow", {}), budget["budget"]["margin"]
+    slow_bf16 = 1.0 if bf16_native() else limits.get("bf16_slowdown", 1.0)
     ran = {n: t for n, t in costs.tests.items() if t.outcome != "skipped"}
     seconds = {n: t.seconds for n, t in ran.items()} | {f"fixture: {n}": f.seconds for n, f in costs.fixtures.items()}
     ratio = host_ratio(seconds, allow)
@@ -329,6 +344,8 @@ def over_limits(costs: Costs, budget: dict) -> tuple[list[str], float]:
             limit, why = margin * allow[name]["seconds"] * ratio, f"its record {allow[name]['seconds']:g} s x {margin}"
         else:
             limit, why = limits[kind] * ratio, f"the {kind} limit {limits[kind]} s"
+        if t is not None and t.bf16 and slow_bf16 > 1:
+            limit, why = limit * slow_bf16, f"{why} x {slow_bf16:g} (bfloat16 on a CPU without AVX512-BF16 or AMX)"
         if s > limit:
             out.append(f"{name}: {s:.1f} s, over {why}" + (f" x host {ratio:.2f}" if ratio > 1 else ""))
         if t is not None and kind in ("engine", "e2e"):

@@ -10,7 +10,7 @@ import torch
 
 from conftest import transformers_logprobs
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.bf16]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ engines_e2e = 2
 
 def toy(pytester, tests: str, budget: str = BUDGET):
     pytester.makeconftest('pytest_plugins = ["costs"]\n')
-    pytester.makeini("[pytest]\nmarkers =\n  engine: e\n  e2e: e\n  multiproc: m\n  fast: f\n")
+    pytester.makeini("[pytest]\nmarkers =\n  engine: e\n  e2e: e\n  multiproc: m\n  fast: f\n  bf16: b\n")
     (pytester.path / "tests").mkdir(exist_ok=True)
     (pytester.path / "tests" / "budget.toml").write_text(budget)
     (pytester.path / "tests" / "test_toy.py").write_text(textwrap.dedent(tests))
@@ -126,6 +126,15 @@ def test_an_allow_listed_test_fails_once_it_grows_past_its_record(pytester):
     r = pytester.runpytest("tests")
     assert r.ret == 1
     r.stdout.fnmatch_lines(["*test_long: 0.3 s, over the unit limit 0.1 s*"])
+
+
+def test_a_bfloat16_test_gets_more_time_on_a_cpu_without_bfloat16_units(pytester, monkeypatch):
+    toy(pytester, "import pytest, time\n@pytest.mark.bf16\ndef test_bf16():\n    time.sleep(0.3)\n",
+        BUDGET.replace("unit = 2", "unit = 0.1\nbf16_slowdown = 4"))
+    monkeypatch.setenv("SPECTOOL_TEST_BF16_NATIVE", "1")
+    assert pytester.runpytest("tests").ret == 1  # 0.3 s: over the 0.1 s limit where bfloat16 is native
+    monkeypatch.setenv("SPECTOOL_TEST_BF16_NATIVE", "0")
+    assert pytester.runpytest("tests").ret == 0  # within 4 x 0.1 s where it is not
 
 
 def test_the_fast_tier_leaves_costly_tests_out_but_never_a_whole_file(pytester):

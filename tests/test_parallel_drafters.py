@@ -115,7 +115,7 @@ def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_hs, tmp
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.bf16)])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, drafts, tiny_policy, tmp_path):
     """The online refresher's push: new weights into the running drafter (P-EAGLE's masked-slot
