@@ -53,6 +53,12 @@ class Spent:
     bf16: bool = False  # marked bf16: computes in bfloat16 (slower on a CPU without AVX512-BF16 or AMX)
     outcome: str = "passed"
 
+    def count(self, here: int, children: int, own: bool = True) -> None:
+        """Engine starts seen during this test (own: started by it, not by a shared fixture it built)."""
+        self.engines_here += here
+        self.engines_children += children
+        self.own_engines += (here + children) if own else 0
+
     @property
     def seconds(self) -> float:  # what the per-test rule reads
         return self.setup_s + self.call_s
@@ -208,10 +214,7 @@ class CostsPlugin:
             return
         test = costs.tests[costs.current]
         if costs.fixture_depth == 0:  # what the test's setup started before this fixture is the test's own
-            here, children = costs.drain()
-            test.engines_here += here
-            test.engines_children += children
-            test.own_engines += here + children
+            test.count(*costs.drain())
         costs.fixture_depth += 1
         t = time.perf_counter()
         try:
@@ -229,18 +232,14 @@ class CostsPlugin:
                 test.shared_fixture_s += seconds
                 here, children = costs.drain()
                 fc.engines += here + children
-                test.engines_here += here  # the test that builds it asks for what it starts: its marker says so
-                test.engines_children += children
+                test.count(here, children, own=False)  # the test that builds it asks for what it starts: its marker says so
 
     def pytest_runtest_logreport(self, report):
         costs = self.costs
         test = costs.tests.get(report.nodeid)
         if test is None:
             return
-        here, children = costs.drain()
-        test.engines_here += here
-        test.engines_children += children
-        test.own_engines += here + children
+        test.count(*costs.drain())
         if report.when == "setup":
             test.setup_s = max(0.0, report.duration - test.shared_fixture_s)
         elif report.when == "call":
