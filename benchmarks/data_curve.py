@@ -9,8 +9,13 @@ the engine: `spectool rollout --split eval` (held-out prompts, never harvested) 
 probabilistic proposals, k=3, reading vLLM's own acceptance counters. Per arm: training wall time, init-draft's
 peak RSS (the process's own, from wait4) and the disk its run folder took.
 
+Every arm is trained at each of --seeds (init-draft --seed: the draft's initial weights, the order of the records,
+the anchors drawn), and every draft measured on the engine with the same rollout seed: a cell's spread over the
+training seeds holds both the training's luck and the engine's sampling. Per cell the mean over the seeds and its 95%
+Student-t interval on seeds-1 degrees of freedom; two arms differ only where their intervals do not overlap.
+
     .venv/bin/python benchmarks/data_curve.py --out runs/curve                       # 750x3 750x12 3000x3 6000x3
-    .venv/bin/python benchmarks/data_curve.py --out runs/curve --arms 750x3 --samples 8  # one small arm
+    .venv/bin/python benchmarks/data_curve.py --out runs/curve --arms 750x3 --seeds 0 --samples 8  # one small arm
 
 Resumable: a finished harvest, arm or cell is reused; an interrupted harvest or init-draft resumes.
 """
@@ -27,6 +32,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from spectool.stats.distributions import student_t_quantile  # noqa: E402
+
 SPECTOOL = [sys.executable, "-m", "spectool.cli"]
 RECORDS_PER_PROMPT = 4
 CHUNK_PROMPTS = 16  # harvesting.CPU_CHUNK_PROMPTS: one shard on the CPU build
@@ -88,43 +97,71 @@ def cell(draft: Path, sampling: str, a) -> dict:
     return {"acceptance_length": 1 + acc["num_accepted_tokens"] / max(acc["num_drafts"], 1), "drafts": acc["num_drafts"]}
 
 
+def train(out: Path, n: int, epochs: int, seed: int) -> dict:
+    """One arm at one training seed, trained once (a finished draft is reused); its row without the engine cells."""
+    draft = out / f"{n}x{epochs}-s{seed}"
+    if not (draft / "manifest.json").exists():
+        data = subset(harvest(out, n), n, out / f"harvest-{n}")
+        m = run_measured(["init-draft", "--data", str(data), "--out", str(draft), "--epochs", str(epochs),
+                          "--seed", str(seed)], out / f"{draft.name}.log")
+        m["disk_gib"] = du(draft) / 1024**3
+        (out / f"{draft.name}.json").write_text(json.dumps(m))
+    m = json.loads((out / f"{draft.name}.json").read_text())
+    man = json.loads((draft / "manifest.json").read_text())
+    return {"arm": f"{n}x{epochs}", "seed": seed, "draft": str(draft), "records": man["records"],
+            "train_records": man["train_records"], "epochs": epochs, "steps": man["result"]["steps"], **m,
+            "offline_heldout": man["acceptance_lengths"]["heldout"]}
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """The mean of one cell's values over the training seeds and its 95% Student-t interval (seeds-1 df)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan"), float("nan")
+    half = student_t_quantile(0.975, n - 1) * (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
+    return mean, mean - half, mean + half
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/curve")
     ap.add_argument("--arms", default="750x3,750x12,3000x3,6000x3", help="RECORDSxEPOCHS, comma-separated")
+    ap.add_argument("--seeds", default="0,1", help="init-draft training seeds per arm, comma-separated")
     ap.add_argument("--n-prompts", type=int, default=32, help="held-out prompts (the eval split holds 13)")
     ap.add_argument("--samples", type=int, default=16, help="completions per held-out prompt")
     a = ap.parse_args()
     out = Path(a.out)
     arms = [tuple(map(int, x.split("x"))) for x in a.arms.split(",")]
-    rows = []
+    seeds = [int(x) for x in a.seeds.split(",")]
+    rows = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else []
     for n, epochs in arms:  # the harvest grows as the arms need it (a harvest resumes with more prompts)
-        draft = out / f"{n}x{epochs}"
-        if not (draft / "manifest.json").exists():
-            data = subset(harvest(out, n), n, out / f"harvest-{n}")
-            m = run_measured(["init-draft", "--data", str(data), "--out", str(draft), "--epochs", str(epochs)],
-                             out / f"{draft.name}.log")
-            m["disk_gib"] = du(draft) / 1024**3
-            (out / f"{draft.name}.json").write_text(json.dumps(m))
-        m = json.loads((out / f"{draft.name}.json").read_text())
-        man = json.loads((draft / "manifest.json").read_text())
-        row = {"arm": draft.name, "records": man["records"], "train_records": man["train_records"], "epochs": epochs,
-               "steps": man["result"]["steps"], **m,
-               "offline_heldout": man["acceptance_lengths"]["heldout"]}
-        for mode, sampling in MODES:
-            row[mode] = cell(draft, sampling, a)
-        rows.append(row)
-        (out / "summary.json").write_text(json.dumps(rows, indent=2))
-        print(f"{row['arm']}: {row['records']} records x {epochs} epochs, {row['steps']} steps, "
-              f"{m['seconds']:.0f} s, peak RSS {m['peak_rss_gib']:.2f} GiB, disk {m['disk_gib']:.2f} GiB; engine AL k=3 "
-              + ", ".join(f"{mode} {row[mode]['acceptance_length']:.2f}" for mode, _ in MODES), flush=True)
-    print(f"\nengine-measured acceptance length at k=3, T=1, held-out prompts (goal {GOAL} probabilistic)")
-    print(f"{'arm':>8} {'records':>8} {'epochs':>6} {'steps':>6} {'train s':>8} {'RSS GiB':>8} {'disk GiB':>8} "
-          f"{'greedy':>7} {'probabilistic':>13}")
-    for r in rows:
-        print(f"{r['arm']:>8} {r['records']:>8} {r['epochs']:>6} {r['steps']:>6} {r['seconds']:>8.0f} "
-              f"{r['peak_rss_gib']:>8.2f} {r['disk_gib']:>8.2f} {r['T=1 greedy']['acceptance_length']:>7.2f} "
-              f"{r['T=1 probabilistic']['acceptance_length']:>13.2f}")
+        for seed in seeds:
+            row = train(out, n, epochs, seed)
+            for mode, sampling in MODES:
+                row[mode] = cell(Path(row["draft"]), sampling, a)
+            rows = [r for r in rows if (r["arm"], r.get("seed", 0)) != (row["arm"], seed)] + [row]
+            (out / "summary.json").write_text(json.dumps(rows, indent=2))
+            print(f"{row['arm']} seed {seed}: {row['records']} records x {epochs} epochs, {row['steps']} steps, "
+                  f"{row['seconds']:.0f} s, peak RSS {row['peak_rss_gib']:.2f} GiB, disk {row['disk_gib']:.2f} GiB; "
+                  "engine AL k=3 " + ", ".join(f"{mode} {row[mode]['acceptance_length']:.2f}" for mode, _ in MODES),
+                  flush=True)
+    print(f"\nengine-measured acceptance length at k=3, T=1, held-out prompts (goal {GOAL} probabilistic); per cell the "
+          f"mean over the training seeds [95% t interval]")
+    print("| arm | seeds | records | epochs | steps | train s | peak RSS GiB | " + " | ".join(m for m, _ in MODES)
+          + " | offline held-out T=1 probabilistic AL |")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(MODES) + "---|")
+    for name in dict.fromkeys(r["arm"] for r in rows):
+        rs = [r for r in rows if r["arm"] == name and r.get("seed", 0) in seeds]
+        cells = []
+        for mode, _ in MODES:
+            vals = [r[mode]["acceptance_length"] for r in rs]
+            mean, lo, hi = interval(vals)
+            cells.append(f"{mean:.2f} [{lo:.2f}, {hi:.2f}] ({', '.join(f'{v:.2f}' for v in vals)})")
+        offline = ", ".join(f"{r['offline_heldout']['T=1 probabilistic']:.2f}" for r in rs)
+        walls = ", ".join(f"{r['seconds']:.0f}" for r in rs)
+        print(f"| {name} | {len(rs)} | {rs[0]['records']} | {rs[0]['epochs']} | {rs[0]['steps']} | {walls} | "
+              f"{max(r['peak_rss_gib'] for r in rs):.2f} | " + " | ".join(cells) + f" | {offline} |")
     hs = out / "harvest.json"
     if hs.exists():
         print(f"harvest: {json.loads(hs.read_text())['seconds']:.0f} s")

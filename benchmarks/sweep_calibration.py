@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from spectool.commands.sweep_k import recommend, sweep_speedups  # noqa: E402, I001
 from spectool.constants import DEFAULT_DATA  # noqa: E402
 from spectool.stats.distributions import binomial_interval, student_t_quantile  # noqa: E402, I001
-from spectool.stats.sweep import ArmSpeedup, block_speedups  # noqa: E402, I001
+from spectool.stats.sweep import ArmSpeedup, block_speedups, paired_log_rates  # noqa: E402, I001
 
 
 def collect(a: argparse.Namespace) -> None:
@@ -213,13 +213,108 @@ def analyse(a: argparse.Namespace) -> None:
                     drawn = [_decide(d, b) for d in draws]
                     before = [_old_rule(_old_sweep([p1, d1, p2], 1), b) for (p1, d1), (p2, _) in olds]
                     if drawn:
-                        print(f"| power: draft vs plain | {arms} | {rounds} | {b} | {_rate(apart)} | {_rate(every)} | "
+                        what = ("power: draft vs plain" if arms == 1
+                                else f"power: the one draft as {arms} arms (not a sweep over k)")
+                        print(f"| {what} | {arms} | {rounds} | {b} | {_rate(apart)} | {_rate(every)} | "
                               f"{_rate(drawn)} | {_rate(before) if before else '-'} |")
                         out["cells"].append({"test": "power", "arms": arms, "rounds": rounds, "batch": b,
                                              "hits": sum(apart), "n": len(apart), "hits_all": sum(every),
                                              "n_all": len(every), "hits_drawn": sum(drawn), "n_drawn": len(drawn),
                                              "hits_old_rule": sum(before), "n_old_rule": len(before)})
+    out["bootstrap"] = unequal_noise(pool, by_label, batches, a)
     (Path(a.pool) / "calibration.json").write_text(json.dumps(out, indent=1))
+
+
+# A/A cells over the pool's labels, (name, the roles of a sweep's engines given its arms: plain decoding's role first).
+# "draft": the draft's runs with its gain over plain decoding removed (`_null`), so every role is as fast as plain
+# decoding and each label keeps the run-to-run noise it really has on this machine.
+POOL_AA = [
+    ("plain everywhere (equal noise)", lambda m: ["plain"] * (m + 1)),
+    ("the draft everywhere (equal noise)", lambda m: ["draft"] * (m + 1)),
+    ("plain's runs as plain, the draft's as the arms", lambda m: ["plain"] + ["draft"] * m),
+    ("the draft's runs as plain, plain's as the arms", lambda m: ["draft"] + ["plain"] * m),
+    ("plain's runs as plain, one arm the draft's, the others plain's", lambda m: ["plain", "draft"] + ["plain"] * (m - 1)),
+]
+
+
+def _slowed(row: dict, factor: float) -> dict:
+    """One engine run's row at one batch size, `factor` times slower (every timed wave's seconds scaled)."""
+    return {**row, "seconds": row["seconds"] * factor, "tokens_per_s": row["tokens_per_s"] / factor,
+            "waves": [[t, s * factor] for t, s in row["waves"]]}
+
+
+def _null(runs: list[dict], plains: list[dict], batches: list[int]) -> list[dict]:
+    """`runs` with their gain over `plains` removed (the null-centred bootstrap): at each batch size every run slowed
+    by the ratio of the two labels' geometric-mean tokens/s, so in this pool the label is exactly as fast as plain
+    decoding and keeps its own spread between runs."""
+    def log_mean(rs: list[dict], b: int) -> float:
+        return sum(math.log(next(x["tokens_per_s"] for x in r["rows"] if x["batch"] == b)) for r in rs) / len(rs)
+
+    factor = {b: math.exp(log_mean(runs, b) - log_mean(plains, b)) for b in batches}
+    return [{**r, "rows": [_slowed(x, factor[x["batch"]]) for x in r["rows"]]} for r in runs]
+
+
+def _drawn_sweep(rng: random.Random, pools: dict[str, list[dict]], roles: list[str], rounds: int) -> list[dict]:
+    """Sweep rows of `rounds` rounds, engine e of every round a run of label roles[e] drawn from `pools` (no run
+    twice in one sweep; engine 0 plain decoding's role, the others arms k = 1..)."""
+    drawn = {lab: rng.sample(pools[lab], roles.count(lab) * rounds) for lab in set(roles)}
+    rows = []
+    for r in range(rounds):
+        for e, lab in enumerate(roles):
+            method, k = ("none", 0) if e == 0 else ("eagle3", e)
+            rows += [{**x, "method": method, "k": k, "run": r} for x in drawn[lab].pop()["rows"]]
+    return rows
+
+
+def _decide_pooled(rows: list[dict], batch: int) -> bool:
+    """Whether the rule before issue 55 (`pooled_rule`: one standard error for every arm) recommends an arm."""
+    at = [x for x in rows if x["batch"] == batch]
+    engines = sorted({(x["method"], x["k"]) for x in at}, key=lambda e: (e[0] != "none", e[1]))
+    waves = {(x["method"], x["k"], x["run"]): x["waves"] for x in at}
+    y = [paired_log_rates([waves[(*e, r)] for e in engines]) for r in sorted({x["run"] for x in at})]
+    return _recommends(pooled_rule(y), MIN_GAIN) > 0
+
+
+def unequal_noise(pool: list[dict], by_label: dict[str, list[dict]], batches: list[int], a: argparse.Namespace) -> list:
+    """The A/A cells of POOL_AA on the engine pool, each false-alarm rate from --resample sweeps drawn from the pool
+    and its 95% interval from a bootstrap over runs: --boots pools, each label's runs drawn with replacement (the
+    draft's gain removed within each), --boot-sweeps sweeps from each. Beside it the pooled rule on the same sweeps."""
+    if not {"plain", "draft"} <= set(by_label):
+        return []
+    rng = random.Random(a.seed)
+    print(f"\n## A/A on the engine pool with each label's own noise ({a.resample} sweeps a cell drawn from the pool; "
+          f"95% interval: bootstrap over runs, {a.boots} pools x {a.boot_sweeps} sweeps; a false alarm = any arm "
+          f"recommended at --min-gain {MIN_GAIN})")
+    print("| engines' runs | arms | rounds | batch | now [bootstrap 95%] | the pooled rule (before issue 55) |")
+    print("|---|---|---|---|---|---|")
+    cells = []
+    for name, roles_of in POOL_AA:
+        for arms, rounds in a.cells:
+            roles = roles_of(arms)
+            if arms == 1 and "one arm" in name:
+                continue
+            pools = {"plain": by_label["plain"], "draft": _null(by_label["draft"], by_label["plain"], batches)}
+            if any(roles.count(lab) * rounds > len(pools[lab]) for lab in set(roles)):
+                continue
+            sweeps = [_drawn_sweep(rng, pools, roles, rounds) for _ in range(a.resample)]
+            boots = []
+            for _ in range(a.boots):
+                raw = {lab: rng.choices(by_label[lab], k=len(by_label[lab])) for lab in ("plain", "draft")}
+                bp = {"plain": raw["plain"], "draft": _null(raw["draft"], raw["plain"], batches)}
+                boots.append([_drawn_sweep(rng, bp, roles, rounds) for _ in range(a.boot_sweeps)])
+            for b in batches:
+                hits = [_decide(s, b) for s in sweeps]
+                old = [_decide_pooled(s, b) for s in sweeps]
+                rates = sorted(sum(_decide(s, b) for s in bs) / len(bs) for bs in boots)
+                lo, hi = rates[int(0.025 * (len(rates) - 1))], rates[math.ceil(0.975 * (len(rates) - 1))]
+                print(f"| {name} | {arms} | {rounds} | {b} | {sum(hits) / len(hits):.1%} [{lo:.1%}, {hi:.1%}] | "
+                      f"{sum(old) / len(old):.1%} |", flush=True)
+                cells.append({"test": name, "arms": arms, "rounds": rounds, "batch": b, "hits": sum(hits),
+                              "n": len(hits), "boot_lo": lo, "boot_hi": hi, "hits_pooled_rule": sum(old)})
+    worst = max(cells, key=lambda c: c["boot_hi"])
+    print(f"worst cell: {worst['test']}, {worst['arms']} arms, {worst['rounds']} rounds, batch {worst['batch']}: "
+          f"{worst['hits'] / worst['n']:.1%}, bootstrap upper limit {worst['boot_hi']:.1%} (the bound: 5%)")
+    return cells
 
 
 def pooled_rule(log_rates: list[list[float]], alpha: float = 0.05) -> list[ArmSpeedup]:
@@ -347,6 +442,11 @@ def main() -> None:
     n.add_argument("--rounds", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3])
     n.add_argument("--arms", type=lambda s: [int(x) for x in s.split(",")], default=[1, 3])
     n.add_argument("--resample", type=int, default=400, help="random sweeps drawn from the pool per cell")
+    n.add_argument("--boots", type=int, default=200, help="bootstrap pools (runs drawn with replacement) per cell")
+    n.add_argument("--boot-sweeps", type=int, default=100, help="sweeps drawn from each bootstrap pool")
+    n.add_argument("--cells", type=lambda s: [tuple(map(int, x.split("x"))) for x in s.split(",")],
+                   default=[(1, 3), (3, 3), (1, 4)], help="ARMSxROUNDS of the unequal-noise A/A table")
+    n.add_argument("--seed", type=int, default=0)
     m = sub.add_parser("simulate")
     m.add_argument("--sweeps", type=int, default=4000, help="simulated sweeps per cell")
     m.add_argument("--seed", type=int, default=0)

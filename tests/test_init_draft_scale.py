@@ -242,3 +242,48 @@ def test_a_harvest_of_1000_token_records_trains_in_bounded_forwards(tiny_policy,
     assert shapes and all(b == 1 and t >= 1104 for b, t in shapes)  # each record alone: 2 x 1,104 > 2,048
     lines = [json.loads(x) for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
     assert all(x["padding"] == 0 and x["peak_memory_gib"] > 0 and x["loss"] == x["loss"] for x in lines)
+
+
+def test_a_steps_micro_batches_add_up_to_the_whole_batchs_loss_and_gradient(monkeypatch):
+    """train_step's weighting, exactly: with a loss that is a mean over the batch's response tokens (a stand-in for
+    the TTT loss, whose anchors move with the micro-batch's prompts, so only the test above can compare that one),
+    the micro-batches' weighted losses and accumulated gradient equal the whole batch's. Fails on an unweighted or
+    equally weighted accumulation."""
+    import contextlib
+    import types
+
+    import torch
+
+    import spectool.commands.init_draft as init_draft
+
+    w = torch.nn.Parameter(torch.tensor([0.5, -1.0, 0.25]))
+
+    def response_mean(draft, items, prompt_lens, *a, **k):  # items: (ids [T], features [T, 3])
+        per = torch.cat([(x[1][p:] @ w) ** 2 for x, p in zip(items, prompt_lens)])  # [response tokens]
+        return per.mean(), [float(per.mean())]
+
+    class Trainer:  # DraftTrainer's surface that train_step uses
+        draft = None
+        acc = types.SimpleNamespace(device=torch.device("cpu"), no_sync=lambda d: contextlib.nullcontext())
+
+        def backward(self, loss):
+            loss.backward()
+
+        def finish(self):
+            pass
+
+    monkeypatch.setattr(init_draft, "ttt_step_loss", response_mean)
+    g = torch.Generator().manual_seed(0)
+    lengths, prompts = [9, 40, 17, 61, 12, 33], [3, 5, 4, 6, 2, 7]  # response tokens 6..55: unequal shares
+    items = [(torch.zeros(n, dtype=torch.long), torch.randn(n, 3, generator=g)) for n in lengths]
+    results = []
+    for budget in (4096, 64):  # the whole batch in one forward; then micro-batches of <= 64 padded tokens
+        w.grad = None
+        cfg = types.SimpleNamespace(max_batch_tokens=budget, ttt_steps=1, step_decay=0.8, loss="ce", anchor_fraction=1.0,
+                                    position_weights="decay")
+        loss, _, padding = init_draft.train_step(cfg, Trainer(), items, prompts, None, g)
+        results.append((loss, w.grad.clone(), padding))
+    (whole, g_whole, pad_whole), (split, g_split, pad_split) = results
+    assert pad_split < pad_whole  # the budget did split the batch
+    assert split == pytest.approx(whole, rel=1e-6)
+    torch.testing.assert_close(g_split, g_whole, rtol=1e-5, atol=1e-7)

@@ -485,8 +485,8 @@ def training_features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list
     return _Features(whole, whole, whole, groups, cache.stat().st_size if cache.exists() else 0)
 
 
-def _step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens: list[int], W_dv: torch.Tensor,
-          draw: torch.Generator) -> tuple[float, list[float], float]:
+def train_step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens: list[int], W_dv: torch.Tensor,
+               draw: torch.Generator) -> tuple[float, list[float], float]:
     """One optimizer step over a batch, in micro-batches of at most --max-batch-tokens padded tokens (records of
     similar length together, a longer one alone; the whole batch at once when it fits), each micro-batch's loss
     weighted by its share of the batch's response tokens, gradients accumulated.
@@ -549,7 +549,7 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats: _Features
             t0 = time.perf_counter()
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + tr.step)  # a resumed step draws the same anchors
             items = feats.train.items(idx)
-            loss, per_step, padding = _step(cfg, tr, items, data.prompt_lens[idx].tolist(), W_dv, draw)
+            loss, per_step, padding = train_step(cfg, tr, items, data.prompt_lens[idx].tolist(), W_dv, draw)
             seconds += time.perf_counter() - t0
             tokens += sum(len(x[0]) for x in items) * acc.num_processes  # all processes (near-equal shares)
             rec = {"step": tr.step, "epoch": epoch, "loss": loss, "loss_per_step": per_step,
