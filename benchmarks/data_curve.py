@@ -63,9 +63,9 @@ def harvest(out: Path, records: int) -> Path:
     """The one harvest, of at least `records` records (whole shards)."""
     h = out / "harvest"
     prompts = math.ceil(records / RECORDS_PER_PROMPT / CHUNK_PROMPTS) * CHUNK_PROMPTS
-    done = h / "manifest.json"
+    done, asked = h / "manifest.json", h / "config.json"  # asked: a harvest may keep fewer prompts and records
     if not (done.exists() and json.loads(done.read_text()).get("status") == "complete"
-            and json.loads(done.read_text()).get("records", 0) >= records):
+            and json.loads(asked.read_text())["sampling"]["n_prompts"] >= prompts):
         out.mkdir(parents=True, exist_ok=True)
         m = run_measured(["harvest", "--out", str(h), "--n-prompts", str(prompts), "--samples", str(RECORDS_PER_PROMPT),
                           "--max-tokens", "128"], out / "harvest.log")

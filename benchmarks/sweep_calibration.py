@@ -17,6 +17,13 @@ how often it finds one that is (power), at its default budget.
            of runs without replacement (runs of one label are exchangeable in an A/A; many sweeps from few runs,
            which share runs, so their Clopper-Pearson interval is too narrow: a point estimate). Beside each, the rule
            sweep-k had before (one run per arm, plain decoding first and last, a 95% bootstrap over waves).
+           Then A/A with each label's own noise (issue 55): sweeps whose engines' runs come from different labels
+           (plain decoding's runs in plain's role and the draft's as the arms, the reverse, one arm the draft's), the
+           draft's gain removed first (its seconds scaled by the labels' geometric-mean ratio at each batch size: the
+           null-centred bootstrap), so every role is as fast as plain decoding and keeps the spread its label has on
+           this machine; the equal-noise cells beside them. Each rate's 95% interval from a bootstrap over runs (the
+           pool's runs drawn with replacement, the gain removed again in each), beside the pooled rule (before issue
+           55) on the same sweeps.
 
   simulate: no engines. Sweeps drawn from the design's own model (a machine state shared by a round's engines, each
            engine run with its own noise, log sd per engine as given), decided by `stats.sweep.block_speedups` and
@@ -29,6 +36,7 @@ how often it finds one that is (power), at its default budget.
   python benchmarks/sweep_calibration.py collect --pool runs/cal --draft runs/demo/draft --k 3 --temperature 0 \
       --batch-sizes 1,4 --pattern plain,draft --runs 24
   python benchmarks/sweep_calibration.py analyse --pool runs/cal --rounds 2,3,4 --arms 1,3
+  python benchmarks/sweep_calibration.py analyse --pool benchmarks/data/sweep_pool_2026-11-27.jsonl  # the committed pool
 """
 
 from __future__ import annotations
@@ -159,7 +167,8 @@ def _rate(hits: list[bool]) -> str:
 
 
 def analyse(a: argparse.Namespace) -> None:
-    pool = [json.loads(x) for x in (Path(a.pool) / "pool.jsonl").read_text().splitlines() if x.strip()]
+    path = Path(a.pool) if a.pool.endswith(".jsonl") else Path(a.pool) / "pool.jsonl"  # a folder or a committed pool
+    pool = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     batches = sorted({r["batch"] for run in pool for r in run["rows"]})
     by_label = {lab: [p for p in pool if p["label"] == lab] for lab in sorted({p["label"] for p in pool})}
     walls = [p["wall_s"] for p in pool]
@@ -222,7 +231,8 @@ def analyse(a: argparse.Namespace) -> None:
                                              "n_all": len(every), "hits_drawn": sum(drawn), "n_drawn": len(drawn),
                                              "hits_old_rule": sum(before), "n_old_rule": len(before)})
     out["bootstrap"] = unequal_noise(pool, by_label, batches, a)
-    (Path(a.pool) / "calibration.json").write_text(json.dumps(out, indent=1))
+    if not a.pool.endswith(".jsonl"):  # a committed pool is read, never written beside
+        (Path(a.pool) / "calibration.json").write_text(json.dumps(out, indent=1))
 
 
 # A/A cells over the pool's labels, (name, the roles of a sweep's engines given its arms: plain decoding's role first).
