@@ -123,6 +123,46 @@ def interval(values: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its 95% Welch interval (Satterthwaite's degrees of freedom)."""
+    va, vb = (sum((x - sum(v) / len(v)) ** 2 for x in v) / (len(v) - 1) / len(v) for v in (a, b))
+    diff = sum(a) / len(a) - sum(b) / len(b)
+    if va + vb == 0:
+        return diff, float("nan"), float("nan")
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = student_t_quantile(0.975, df) * (va + vb) ** 0.5
+    return diff, diff - half, diff + half
+
+
+def report(rows: list[dict]) -> None:
+    """Per arm and mode the mean over the training seeds with its 95% t interval and each seed's value; then every
+    pair of arms' differences with their Welch intervals."""
+    print(f"\nengine-measured acceptance length at k=3, T=1, held-out prompts (goal {GOAL} probabilistic); per cell the "
+          "mean over the training seeds [95% t interval] (each seed's)")
+    print("| arm | seeds | records | epochs | steps | train s | peak RSS GiB | " + " | ".join(m for m, _ in MODES)
+          + " | offline held-out T=1 probabilistic AL |")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(MODES) + "---|")
+    arms = {name: [r for r in rows if r["arm"] == name] for name in dict.fromkeys(r["arm"] for r in rows)}
+    for name, rs in arms.items():
+        cells = []
+        for mode, _ in MODES:
+            vals = [r[mode]["acceptance_length"] for r in rs]
+            mean, lo, hi = interval(vals)
+            cells.append(f"{mean:.2f} [{lo:.2f}, {hi:.2f}] ({', '.join(f'{v:.2f}' for v in vals)})")
+        offline = ", ".join(f"{r['offline_heldout']['T=1 probabilistic']:.2f}" for r in rs)
+        walls = ", ".join(f"{r['seconds']:.0f}" for r in rs)
+        print(f"| {name} | {len(rs)} | {rs[0]['records']} | {rs[0]['epochs']} | {rs[0]['steps']} | {walls} | "
+              f"{max(r['peak_rss_gib'] for r in rs):.2f} | " + " | ".join(cells) + f" | {offline} |")
+    names = [n for n, rs in arms.items() if len(rs) >= 2]
+    if len(names) >= 2:
+        print("\n| arms compared | " + " | ".join(f"{m}: difference [95% Welch]" for m, _ in MODES) + " |")
+        print("|---|" + "---|" * len(MODES))
+        for i, x in enumerate(names):
+            for y in names[i + 1:]:
+                diffs = [welch(*([r[mode]["acceptance_length"] for r in arms[n]] for n in (x, y))) for mode, _ in MODES]
+                print(f"| {x} - {y} | " + " | ".join(f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]" for d, lo, hi in diffs) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/curve")
@@ -130,7 +170,11 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1", help="init-draft training seeds per arm, comma-separated")
     ap.add_argument("--n-prompts", type=int, default=32, help="held-out prompts (the eval split holds 13)")
     ap.add_argument("--samples", type=int, default=16, help="completions per held-out prompt")
+    ap.add_argument("--report", help="print the tables of a saved summary.json (e.g. benchmarks/data's) and stop")
     a = ap.parse_args()
+    if a.report:
+        report(json.loads(Path(a.report).read_text()))
+        return
     out = Path(a.out)
     arms = [tuple(map(int, x.split("x"))) for x in a.arms.split(",")]
     seeds = [int(x) for x in a.seeds.split(",")]
@@ -146,22 +190,7 @@ def main() -> None:
                   f"{row['seconds']:.0f} s, peak RSS {row['peak_rss_gib']:.2f} GiB, disk {row['disk_gib']:.2f} GiB; "
                   "engine AL k=3 " + ", ".join(f"{mode} {row[mode]['acceptance_length']:.2f}" for mode, _ in MODES),
                   flush=True)
-    print(f"\nengine-measured acceptance length at k=3, T=1, held-out prompts (goal {GOAL} probabilistic); per cell the "
-          f"mean over the training seeds [95% t interval]")
-    print("| arm | seeds | records | epochs | steps | train s | peak RSS GiB | " + " | ".join(m for m, _ in MODES)
-          + " | offline held-out T=1 probabilistic AL |")
-    print("|---|---|---|---|---|---|---|" + "---|" * len(MODES) + "---|")
-    for name in dict.fromkeys(r["arm"] for r in rows):
-        rs = [r for r in rows if r["arm"] == name and r.get("seed", 0) in seeds]
-        cells = []
-        for mode, _ in MODES:
-            vals = [r[mode]["acceptance_length"] for r in rs]
-            mean, lo, hi = interval(vals)
-            cells.append(f"{mean:.2f} [{lo:.2f}, {hi:.2f}] ({', '.join(f'{v:.2f}' for v in vals)})")
-        offline = ", ".join(f"{r['offline_heldout']['T=1 probabilistic']:.2f}" for r in rs)
-        walls = ", ".join(f"{r['seconds']:.0f}" for r in rs)
-        print(f"| {name} | {len(rs)} | {rs[0]['records']} | {rs[0]['epochs']} | {rs[0]['steps']} | {walls} | "
-              f"{max(r['peak_rss_gib'] for r in rs):.2f} | " + " | ".join(cells) + f" | {offline} |")
+    report(rows)
     hs = out / "harvest.json"
     if hs.exists():
         print(f"harvest: {json.loads(hs.read_text())['seconds']:.0f} s")
