@@ -16,7 +16,7 @@ from spectool.stats.distributions import student_t_quantile
 # y[a][r] - y[plain][r]; an arm's log speedup is their mean over rounds, with the standard error of that arm's own
 # differences, sd(d) / sqrt(R) on R - 1 degrees of freedom (Student's t: the paired t). The assumption: the rounds'
 # e are independent and normal, each engine with its own variance (engines are not equally noisy: a draft's runs
-# varied 40.6% against plain decoding's 10.6% at batch 4 on this CPU, benchmarks/data/sweep_calibration.txt; one
+# varied 40.6% against plain decoding's 10.6% at batch 4 on this CPU beside other jobs, docs/results.md; one
 # residual mean square pooled over the arms x rounds table gives every arm the average noise, too little for a noisy
 # plain engine or arm). Its lower bound counts every arm compared at that batch size (Bonferroni: one-sided level
 # alpha / arms), so the chance that any arm is recommended when none is faster is at most alpha per batch size,
