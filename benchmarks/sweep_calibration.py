@@ -36,7 +36,7 @@ how often it finds one that is (power), at its default budget.
   python benchmarks/sweep_calibration.py collect --pool runs/cal --draft runs/demo/draft --k 3 --temperature 0 \
       --batch-sizes 1,4 --pattern plain,draft --runs 24
   python benchmarks/sweep_calibration.py analyse --pool runs/cal --rounds 2,3,4 --arms 1,3
-  python benchmarks/sweep_calibration.py analyse --pool benchmarks/data/sweep_pool_2026-11-27.jsonl  # the committed pool
+  python benchmarks/sweep_calibration.py analyse --pool benchmarks/data/sweep_pool_quiet_2026-11-27.jsonl  # a committed pool
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def _null(runs: list[dict], plains: list[dict], batches: list[int]) -> list[dict
 
 
 def _drawn_sweep(rng: random.Random, pools: dict[str, list[dict]], roles: list[str], rounds: int) -> list[dict]:
-    """Sweep rows of `rounds` rounds, engine e of every round a run of label roles[e] drawn from `pools` (no run
+    """Sweep rows of `rounds` rounds, engine e of every round a run of label roles[e] drawn from `pools` (no pool entry
     twice in one sweep; engine 0 plain decoding's role, the others arms k = 1..)."""
     drawn = {lab: rng.sample(pools[lab], roles.count(lab) * rounds) for lab in set(roles)}
     rows = []
@@ -298,12 +298,12 @@ def unequal_noise(pool: list[dict], by_label: dict[str, list[dict]], batches: li
     print("| engines' runs | arms | rounds | batch | now [bootstrap 95%] | the pooled rule (before issue 55) |")
     print("|---|---|---|---|---|---|")
     cells = []
+    pools = {"plain": by_label["plain"], "draft": _null(by_label["draft"], by_label["plain"], batches)}
     for name, roles_of in POOL_AA:
         for arms, rounds in a.cells:
             roles = roles_of(arms)
             if arms == 1 and "one arm" in name:
                 continue
-            pools = {"plain": by_label["plain"], "draft": _null(by_label["draft"], by_label["plain"], batches)}
             if any(roles.count(lab) * rounds > len(pools[lab]) for lab in set(roles)):
                 continue
             sweeps = [_drawn_sweep(rng, pools, roles, rounds) for _ in range(a.resample)]
