@@ -12,7 +12,8 @@ peak RSS (the process's own, from wait4) and the disk its run folder took.
 Every arm is trained at each of --seeds (init-draft --seed: the draft's initial weights, the order of the records,
 the anchors drawn), and every draft measured on the engine with the same rollout seed: a cell's spread over the
 training seeds holds both the training's luck and the engine's sampling. Per cell the mean over the seeds and its 95%
-Student-t interval on seeds-1 degrees of freedom; two arms differ only where their intervals do not overlap.
+Student-t interval on seeds-1 degrees of freedom, and each pair of arms' difference with its 95% Welch interval: two
+arms differ only where that interval excludes 0.
 
     .venv/bin/python benchmarks/data_curve.py --out runs/curve                       # 750x3 750x12 3000x3 6000x3
     .venv/bin/python benchmarks/data_curve.py --out runs/curve --arms 750x3 --seeds 0 --samples 8  # one small arm
