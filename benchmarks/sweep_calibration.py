@@ -167,7 +167,8 @@ def _rate(hits: list[bool]) -> str:
 
 
 def analyse(a: argparse.Namespace) -> None:
-    path = Path(a.pool) if a.pool.endswith(".jsonl") else Path(a.pool) / "pool.jsonl"  # a folder or a committed pool
+    committed = a.pool.endswith(".jsonl")  # a committed pool file (read, never written beside) or a collect folder
+    path = Path(a.pool) if committed else Path(a.pool) / "pool.jsonl"
     pool = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     batches = sorted({r["batch"] for run in pool for r in run["rows"]})
     by_label = {lab: [p for p in pool if p["label"] == lab] for lab in sorted({p["label"] for p in pool})}
@@ -231,7 +232,7 @@ def analyse(a: argparse.Namespace) -> None:
                                              "n_all": len(every), "hits_drawn": sum(drawn), "n_drawn": len(drawn),
                                              "hits_old_rule": sum(before), "n_old_rule": len(before)})
     out["bootstrap"] = unequal_noise(pool, by_label, batches, a)
-    if not a.pool.endswith(".jsonl"):  # a committed pool is read, never written beside
+    if not committed:
         (Path(a.pool) / "calibration.json").write_text(json.dumps(out, indent=1))
 
 
