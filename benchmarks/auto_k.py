@@ -57,7 +57,7 @@ def main() -> None:
     cfg = read_json(Path(a.sweep) / "config.json")
     model = resolve_model(cfg["model"])
     tok = AutoTokenizer.from_pretrained(model.path)
-    prompts = [encode_prompt(tok, t.prompt) for t in load_source(cfg["data"], seed=a.seed).tasks("eval", a.n_prompts)]
+    prompts = [encode_prompt(tok, t.messages) for t in load_source(cfg["data"], seed=a.seed).tasks("eval", a.n_prompts)]
     eagle = [r for r in sweep["rows"] if r["method"] == "eagle3"]
     by_k: dict[int, list[float]] = {}
     for r in eagle:

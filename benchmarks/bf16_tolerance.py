@@ -61,7 +61,7 @@ def main() -> None:
     tol = LOGPROB_TOLERANCE["bfloat16"]
     model = resolve_model(a.model)
     tok = AutoTokenizer.from_pretrained(model.path)
-    prompts = [encode_prompt(tok, t.prompt) for t in load_source(DEFAULT_DATA).tasks("eval", a.prompts)]
+    prompts = [encode_prompt(tok, t.messages) for t in load_source(DEFAULT_DATA).tasks("eval", a.prompts)]
     gpu = torch.cuda.is_available()
     engine = Engine(EngineConfig(model_path=model.path, dtype="bfloat16", enforce_eager=not gpu, kv_cache_gib=2,
                                  gpu_memory_utilization=0.4))

@@ -31,7 +31,7 @@ def main() -> None:
     model = resolve_model(a.model)
     batches = [int(x) for x in a.batch_sizes.split(",")]
     tok = AutoTokenizer.from_pretrained(model.path)
-    prompts = [encode_prompt(tok, t.prompt) for t in load_source(a.data).tasks("eval", max(batches))]
+    prompts = [encode_prompt(tok, t.messages) for t in load_source(a.data).tasks("eval", max(batches))]
     res = {}
     for arm, eager in (("compiled", "0"), ("eager", "1")):
         rows = subproc.call("spectool.engine.arms", "measure_arm", dict(

@@ -39,7 +39,7 @@ def main() -> int:
     if not (out / "config.json").exists():
         add_mtp_layers(src.path, out)
     tok = AutoTokenizer.from_pretrained(src.path)
-    prompts = [encode_prompt(tok, t.prompt) for t in load_source("gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,"
+    prompts = [encode_prompt(tok, t.messages) for t in load_source("gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,"
                                                                  "max_digits=1", seed=0).tasks("eval", a.n_prompts)]
     with torch.no_grad():
         ids = torch.tensor([prompts[0]])

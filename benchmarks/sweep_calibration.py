@@ -75,7 +75,7 @@ def collect(a: argparse.Namespace) -> None:
     batches = [int(b) for b in a.batch_sizes.split(",")]
     tasks = load_source(a.data, seed=0).tasks("eval", max(batches + [a.min_seqs]))
     tok = AutoTokenizer.from_pretrained(model.path)
-    prompts = [encode_prompt(tok, t.prompt) for t in tasks]
+    prompts = [encode_prompt(tok, t.messages) for t in tasks]
     pattern = a.pattern.split(",")
     t_start = time.monotonic()
     for i in range(len(done), a.runs):

@@ -53,8 +53,10 @@ def transformers_logprobs(policy, prompt: list[int], resp: list[int]):
     return lp[len(prompt) - 1 : -1].gather(-1, ids[0, len(prompt):, None])[:, 0]  # [len(resp)]
 
 
-def make_policy(folder: Path, layers: int = 4, hidden: int = 128, seed: int = 0, tie: bool = False) -> Path:
-    """A random tiny Llama (4 layers, hidden 128, head_dim 32: a size vLLM's CPU attention takes)."""
+def make_policy(folder: Path, layers: int = 4, hidden: int = 128, seed: int = 0, tie: bool = False,
+                max_positions: int = 1024) -> Path:
+    """A random tiny Llama (4 layers, hidden 128, head_dim 32: a size vLLM's CPU attention takes; a context of
+    `max_positions` tokens)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -63,7 +65,7 @@ def make_policy(folder: Path, layers: int = 4, hidden: int = 128, seed: int = 0,
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=1024,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=max_positions,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         tie_word_embeddings=tie, rope_theta=10000.0,
     )

@@ -43,10 +43,100 @@ def test_unknown_source():
         load_source("imagenet")
 
 
-def test_dapo_offline_fails_fast_with_alternatives(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(SpectoolError, match="gym:chain_sum"):
-        load_source("dapo")
+@pytest.fixture
+def hub_caches(tmp_path, monkeypatch):
+    """Empty datasets and hub caches (what HF_HOME=tmp gives a fresh process), offline (conftest sets
+    HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 for the session). (datasets cache, hub cache)."""
+    import datasets
+    import huggingface_hub
+
+    assert datasets.config.HF_HUB_OFFLINE  # datasets' own reading of HF_DATASETS_OFFLINE / HF_HUB_OFFLINE
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf" / "datasets")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    return tmp_path / "hf" / "datasets", tmp_path / "hf" / "hub"
+
+
+def _warm_datasets_cache(cache, repo: str, splits: dict[str, dict]) -> None:
+    """`repo` as a first online `datasets.load_dataset(repo)` leaves it in datasets' cache
+    (ORG___NAME/default/0.0.0/<hash>/NAME-<split>.arrow): the parquet builder datasets uses for a hub repo, prepared
+    from local parquet files of `splits` ({split: columns})."""
+    import datasets
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    files = {}
+    for split, columns in splits.items():
+        files[split] = str(cache.parent / f"{repo.replace('/', '--')}-{split}.parquet")
+        datasets.Dataset.from_dict(columns).to_parquet(files[split])
+    b = Parquet(dataset_name=repo.split("/")[1], config_id="default", data_files=files, hash="0" * 16,
+                cache_dir=str(cache))
+    b.repo_id = repo  # the hub repo it came from names the folder (set after: its data files are local here)
+    b._cache_dir = b._build_cache_dir()
+    b.download_and_prepare()
+
+
+def _warm_hub_cache(hub, repo: str, columns: dict, split: str = "train") -> None:
+    """`repo` as `hf download REPO --repo-type dataset` leaves it in huggingface_hub's file cache."""
+    import datasets
+
+    rev = "a" * 40
+    folder = hub / f"datasets--{repo.replace('/', '--')}"
+    (folder / "snapshots" / rev / "data").mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(rev)
+    datasets.Dataset.from_dict(columns).to_parquet(str(folder / "snapshots" / rev / "data" / f"{split}-00000.parquet"))
+
+
+SUMS = {"question": [f"What is {a} + {b}?" for a in range(10) for b in range(10)],
+        "solution": [str(a + b) for a in range(10) for b in range(10)]}
+
+
+def test_a_hub_dataset_is_read_offline_from_a_warm_cache(hub_caches):
+    cache, hub = hub_caches
+    # standard format (a text prompt), as datasets' cache holds it; the split and the columns chosen
+    _warm_datasets_cache(cache, "org/sums", {"train": {"question": ["never read"], "solution": ["0"]}, "test": SUMS})
+    src = load_source("hub:org/sums:split=test", prompt_col="question", answer_col="solution")
+    t = src.tasks("train", 5)[0]
+    assert t.prompt in SUMS["question"] and t.answer == str(eval(t.prompt[8:-1]))  # noqa: S307 (our own sums)
+    assert src.verifiable and src.score(t, f"Answer: {t.answer}") == 1.0 and src.score(t, "Answer: 99") == 0.0
+    with pytest.raises(SpectoolError, match="no column 'prompt'.*--prompt-col"):
+        load_source("hub:org/sums:split=test")
+    with pytest.raises(SpectoolError, match="Unknown split.*split=S"):
+        load_source("hub:org/sums:split=validation", prompt_col="question")
+    # conversational format (every turn kept), as `hf download` leaves it in the hub's file cache; no answer column
+    chats = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Tell me about {x}."}]
+             for x in range(40)]
+    _warm_hub_cache(hub, "org/chats", {"prompt": chats})
+    src = load_source("hub:org/chats")
+    t = src.tasks("train", 3)[0]
+    assert [m["role"] for m in t.messages] == ["system", "user"] and not src.verifiable and t.answer is None
+
+
+def test_dapo_is_the_hub_path_with_its_answers(hub_caches):
+    from spectool.data.sources import DAPO_HUB_ID
+
+    cache, _ = hub_caches
+    rows = {"prompt": [[{"role": "user", "content": f"Solve {a} * 7."}] for a in range(30)],
+            "reward_model": [{"ground_truth": str(a * 7), "style": "rule"} for a in range(30)]}
+    _warm_datasets_cache(cache, DAPO_HUB_ID, {"train": rows})
+    src = load_source("dapo")
+    t = src.tasks("train", 4)[1]
+    assert t.answer == str(int(t.prompt.split()[1]) * 7) and src.score(t, f"Answer: {t.answer}") == 1.0
+
+
+def test_a_hub_dataset_missing_from_the_caches_offline_says_what_to_do(hub_caches):
+    cache, hub = hub_caches
+    for spec, repo in (("hub:org/absent", "org/absent"), ("dapo", "BytedTsinghua-SIA/DAPO-Math-17k")):
+        with pytest.raises(SpectoolError) as e:
+            load_source(spec)
+        msg = str(e.value)
+        assert "HF_DATASETS_OFFLINE=1" in msg and str(cache) in msg and str(hub) in msg and repo in msg
+        assert "gym:chain_sum" in msg and "hf download" in msg
+    with pytest.raises(SpectoolError, match="hub:ORG/NAME"):
+        load_source("hub:no-namespace")
+    with pytest.raises(SpectoolError, match="options: split, config"):
+        load_source("hub:org/sums:splt=test")
+    with pytest.raises(SpectoolError, match="written hub:org/sums"):
+        load_source("org/sums")
 
 
 def test_file_source_columns_and_verifier(gym_jsonl):

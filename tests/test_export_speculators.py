@@ -4,6 +4,7 @@ every trained weight in place (not freshly initialised) and the vocabulary map i
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,12 +53,71 @@ def test_the_speculators_library_loads_every_weight(tiny_policy, small_vocab_exp
     assert torch.equal(torch.nonzero(sd["t2d"]).flatten(), torch.arange(len(ours["d2t"])) + ours["d2t"])
 
 
-@pytest.mark.engine
-def test_vllm_loads_the_speculators_export(tiny_policy, small_vocab_export, tmp_path):
+def test_the_verifier_is_named_with_its_architecture_and_dtype(tmp_path):
+    """A bfloat16 policy of another architecture: the config names both (not LlamaForCausalLM in float32), the weights
+    are stored in bfloat16 as the library's own converter stores them, and the library loads them so."""
+    pytest.importorskip("speculators", reason="scripts/setup.sh installs speculators 0.9.0")
+    from safetensors.torch import load_file
+    from speculators.model import SpeculatorModel
+
     from spectool.commands.export import run
     from spectool.config import ExportConfig
 
+    from conftest import make_policy, make_random_draft
+
+    policy = make_policy(tmp_path / "policy")
+    c = json.loads((policy / "config.json").read_text())
+    (policy / "config.json").write_text(json.dumps({**c, "dtype": "bfloat16", "architectures": ["MistralForCausalLM"]}))
+    draft = make_random_draft(policy, tmp_path / "draft")
+    run(ExportConfig(draft=str(draft), out=str(tmp_path / "spec"), format="speculators", model=str(policy), k=3,
+                     verify=False))
+    cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"] == {"name_or_path": "policy", "architectures": ["MistralForCausalLM"]}
+    assert cfg["torch_dtype"] == cfg["transformer_layer_config"]["torch_dtype"] == "bfloat16"
+    ours = load_file(str(draft / "model.safetensors"))
+    cfg["speculators_config"]["verifier"]["name_or_path"] = str(policy)
+    (tmp_path / "spec" / "config.json").write_text(json.dumps(cfg))
+    sd = SpeculatorModel.from_pretrained(str(tmp_path / "spec")).state_dict()
+    for name, value in ours.items():
+        theirs = sd[name.replace("midlayer.", "layers.0.")]
+        assert theirs.dtype == torch.bfloat16 and torch.equal(theirs, value.to(torch.bfloat16)), name
+
+
+class RecordingHub:
+    """huggingface_hub.HfApi's calls, recorded (no network): the folder's files when it was uploaded."""
+
+    calls: list = []
+
+    def create_repo(self, repo_id, repo_type=None, exist_ok=False):
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, folder_path, repo_id, repo_type=None, commit_message=""):
+        RecordingHub.calls.append((folder_path, repo_id, {p.name: p.read_bytes() for p in Path(folder_path).iterdir()}))
+
+
+@pytest.mark.engine
+def test_vllm_loads_the_speculators_export(tiny_policy, small_vocab_export, tmp_path, monkeypatch):
+    """Verified on vLLM at T=0 and T=1 (rollout's proposals), its card says both, and --push-to-hub uploads the folder
+    that was verified, from its place."""
+    import huggingface_hub
+
+    from spectool.commands.export import run
+    from spectool.config import ExportConfig
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingHub)
+    monkeypatch.setattr(RecordingHub, "calls", [])
     draft, spec = small_vocab_export
-    r = run(ExportConfig(draft=str(spec.parent / "draft"), out=str(tmp_path / "verified"), format="speculators",
-                         model=str(tiny_policy), k=2, min_acceptance_length=1.0))
+    out = tmp_path / "verified"
+    r = run(ExportConfig(draft=str(spec.parent / "draft"), out=str(out), format="speculators",
+                         model=str(tiny_policy), k=2, min_acceptance_length=1.0, push_to_hub="someone/spec"))
     assert r.mean_acceptance_length is not None and r.mean_acceptance_length >= 1.0  # vLLM loaded it and drafted
+    assert r.mean_acceptance_length_t1 is not None and 1.0 <= r.mean_acceptance_length_t1 <= 3.0
+    m = json.loads((out / "manifest.json").read_text())
+    assert (m["verified_mean_acceptance_length"], m["verified_mean_acceptance_length_t1"], m["verified_proposals"]) == \
+        (r.mean_acceptance_length, r.mean_acceptance_length_t1, "greedy")  # auto's choice on the CPU build
+    card = (out / "README.md").read_text()
+    assert "library_name: speculators" in card and f"| 0 (greedy) | {r.mean_acceptance_length:.2f} |" in card
+    assert f"| 1 (seed 0) | {r.mean_acceptance_length_t1:.2f} | greedy" in card and "vLLM 0.32.0" in card
+    [(folder, repo, files)] = RecordingHub.calls
+    assert (folder, repo) == (str(out), "someone/spec")
+    assert files == {p.name: p.read_bytes() for p in out.iterdir()}  # the verified folder, as it lies in place

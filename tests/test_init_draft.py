@@ -61,7 +61,9 @@ def test_resume_after_kill_has_no_lost_or_repeated_steps(tiny_policy, fake_harve
     r = train.run(_cfg(tiny_policy, fake_harvest, tmp_path / "d", position_weights="reach"))
     steps = [json.loads(x)["step"] for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, r.steps + 1))
-    assert json.loads((tmp_path / "d" / "init_draft.json").read_text())["position_weights"] == "reach"
+    saved = json.loads((tmp_path / "d" / "init_draft.json").read_text())
+    assert saved["position_weights"] == "reach"
+    assert saved["draft_dtype"] == "float32"  # --draft-dtype auto, recorded as it resolved on this CPU
 
 
 def test_init_from_another_policys_draft_fails_before_training(tiny_policy, fake_harvest, tmp_path):
@@ -257,3 +259,20 @@ def test_preset_fills_what_the_command_line_did_not_set():
     assert cfg.data == InitDraftConfig().data  # the given config is not changed
     with pytest.raises(SpectoolError, match="--preset='fast': must be one of quality"):
         apply_preset(InitDraftConfig(out="o", preset="fast"), set())
+
+
+def test_a_harvest_run_keeps_the_prompts_it_rendered(tiny_policy, fake_harvest, tmp_path):
+    """--system-prompt / --chat-template-kwargs render the harvest init-draft makes from a data source; a harvest run
+    given as --data keeps its own, and other settings are refused before --out is claimed."""
+    from spectool.commands.init_draft import run
+
+    out = tmp_path / "d"
+    with pytest.raises(SpectoolError, match=r"--system-prompt 'Be brief.': harvest run .* rendered its prompts with None"):
+        run(_cfg(tiny_policy, fake_harvest, out, system_prompt="Be brief."))
+    m = json.loads((fake_harvest / "manifest.json").read_text())
+    m["rendering"] = {"system_prompt": "Be brief.", "chat_template_kwargs": {"enable_thinking": False}}
+    (fake_harvest / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(SpectoolError, match=r"--chat-template-kwargs \{'enable_thinking': True\}: .* with "
+                                            r"\{'enable_thinking': False\}"):
+        run(_cfg(tiny_policy, fake_harvest, out, system_prompt="Be brief.", chat_template_kwargs={"enable_thinking": True}))
+    assert not out.exists()

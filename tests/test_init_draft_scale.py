@@ -186,12 +186,12 @@ def test_micro_batches_bound_every_forward_and_train_like_the_whole_batch(tiny_p
     orig = init_draft.ttt_step_loss
 
     def seen(draft, items, *a, **k):
-        shapes.append((len(items), max(len(x[0]) for x in items)))  # the forward's [B, T]
+        shapes.append((len(items), sum(len(x[0]) for x in items), k.get("pack")))  # the packed row's records, tokens
         return orig(draft, items, *a, **k)
 
     monkeypatch.setattr(init_draft, "ttt_step_loss", seen)
     split = init_draft.run(_cfg(tiny_policy, data, tmp_path / "split", features="cache", epochs=1, max_batch_tokens=64))
-    assert len(shapes) > split.steps and all(b * t <= 64 or b == 1 for b, t in shapes)
+    assert len(shapes) > split.steps and all((n <= 64 or b == 1) and pack for b, n, pack in shapes)
     a, b = _losses(tmp_path / "whole"), _losses(tmp_path / "split")
     assert b == pytest.approx(a, rel=0.05) and b[-1] < b[0]
     assert split.heldout["top1"] == pytest.approx(whole.heldout["top1"], abs=0.05)
@@ -272,18 +272,19 @@ def test_a_steps_micro_batches_add_up_to_the_whole_batchs_loss_and_gradient(monk
         def finish(self):
             pass
 
-    monkeypatch.setattr(init_draft, "ttt_step_loss", response_mean)
     g = torch.Generator().manual_seed(0)
     lengths, prompts = [9, 40, 17, 61, 12, 33], [3, 5, 4, 6, 2, 7]  # response tokens 6..55: unequal shares
     items = [(torch.zeros(n, dtype=torch.long), torch.randn(n, 3, generator=g)) for n in lengths]
-    results = []
-    for budget in (4096, 64):  # the whole batch in one forward; then micro-batches of <= 64 padded tokens
+    results, calls = [], []
+    monkeypatch.setattr(init_draft, "ttt_step_loss", lambda *a, **k: calls.append(1) or response_mean(*a, **k))
+    for budget in (4096, 64):  # the whole batch in one forward; then micro-batches of <= 64 tokens
         w.grad = None
         cfg = types.SimpleNamespace(max_batch_tokens=budget, ttt_steps=1, step_decay=0.8, loss="ce", anchor_fraction=1.0,
-                                    position_weights="decay")
-        loss, _, padding = init_draft.train_step(cfg, Trainer(), items, prompts, None, g)
-        results.append((loss, w.grad.clone(), padding))
-    (whole, g_whole, pad_whole), (split, g_split, pad_split) = results
-    assert pad_split < pad_whole  # the budget did split the batch
+                                    position_weights="decay", draft_dtype="float32",
+                                    recompute_loss=False)
+        loss, _, _ = init_draft.train_step(cfg, Trainer(), items, prompts, None, g)
+        results.append((loss, w.grad.clone(), len(calls)))
+    (whole, g_whole, n_whole), (split, g_split, n_split) = results
+    assert n_whole == 1 and n_split - n_whole > 2  # the budget did split the batch
     assert split == pytest.approx(whole, rel=1e-6)
     torch.testing.assert_close(g_split, g_whole, rtol=1e-5, atol=1e-7)

@@ -43,6 +43,8 @@ def test_harvest_writes_records_and_features_resumes_and_refuses_other_settings(
     # Other settings are refused, and the run is untouched.
     r = spectool("harvest", "--out", str(run), "--n-prompts", "24", *common, "--samples", "3", check=False)
     assert r.returncode == 2 and "other settings" in r.stderr
+    r = spectool("harvest", "--out", str(run), "--n-prompts", "24", *common, "--system-prompt", "Be brief.", check=False)
+    assert r.returncode == 2 and "other settings (system_prompt differ)" in r.stderr  # prompts rendered otherwise
     assert len(load_records(run)) == 48
 
 
@@ -50,21 +52,42 @@ def test_init_draft_trains_on_the_harvest_and_export_is_verified_or_refused(eagl
     draft, out = eagle3_export  # init-draft, then export --min-acceptance 1.0 "verified on vLLM" (the fixture)
     assert json.loads((draft / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
     assert not (draft / ".train" / "features.safetensors").exists()  # trained on the harvest's own shards
-    # A floor the draft cannot reach: refused, and nothing is left at the destination.
-    r = spectool("export", "--draft", str(draft), "--out", str(tmp_path / "no"), "--min-acceptance", "3.9", check=False)
-    assert r.returncode == 2 and "refused" in r.stderr
+    # The export's card: the check's T=0 and T=1 acceptance (as its manifest), the data the draft was trained on
+    m, card = json.loads((out / "manifest.json").read_text()), (out / "README.md").read_text()
+    t0, t1 = m["verified_mean_acceptance_length"], m["verified_mean_acceptance_length_t1"]
+    assert t1 is not None and f"| 0 (greedy) | {t0:.2f} |" in card and f"| 1 (seed 0) | {t1:.2f} | greedy" in card
+    assert f"- data: `{DATA}`" in card and "- records: 40 (train" in card and "temperature" in card
+    assert f"spectool export --draft {draft} --out {out} --k 2 --min-acceptance 1.0" in card and "base_model: " in card
+    # A floor the draft cannot reach: refused, and nothing is left at the destination, nor uploaded (offline here, an
+    # upload would fail with its own message)
+    r = spectool("export", "--draft", str(draft), "--out", str(tmp_path / "no"), "--min-acceptance", "3.9",
+                 "--push-to-hub", "someone/never", check=False)
+    assert r.returncode == 2 and "refused" in r.stderr and "upload" not in r.stderr
     assert not [p.name for p in tmp_path.iterdir() if "no" in p.name.split(".")]  # no folder, no partial one
 
 
 def test_rollout_compare_serves_the_export_and_refuses_k_past_the_unroll(tiny_policy, eagle3_export, tmp_path):
     draft, out = eagle3_export
+    kwargs = {"enable_thinking": False}  # the tiny policy's template ignores it; the rendering must still take it
     r = spectool("rollout", "--model", str(tiny_policy), "--data", DATA, "--draft", str(out), "--k", "2",
-                 "--n-prompts", "6", "--max-tokens", "24", "--compare", "--out", str(tmp_path / "ro"))
+                 "--n-prompts", "6", "--max-tokens", "24", "--compare", "--out", str(tmp_path / "ro"),
+                 "--system-prompt", "Be brief.", "--chat-template-kwargs", json.dumps(kwargs))
     assert "speedup" in r.stdout and "mean acceptance length (k=2)" in r.stdout
+    # the ids the engine was given, in the records: the prompts rendered with the system turn and the kwargs
+    from transformers import AutoTokenizer
+
+    from spectool.prompts import encode_prompt
+    from spectool.records import load_records
+
+    tok, recs = AutoTokenizer.from_pretrained(tiny_policy), load_records(tmp_path / "ro")
+    assert len(recs) == 6 and all(tok.decode(ids).startswith("<|system|>Be brief.<|end|><|user|>")
+                                  for ids in recs["prompt_ids"])
+    assert recs["prompt_ids"] == [encode_prompt(tok, p, "Be brief.", kwargs) for p in recs["prompt"]]
     # the engine's log lines go to the run folder's engine.log, not the terminal (--verbose shows them)
     assert "cpu_worker.py" not in r.stdout + r.stderr and "cpu_worker.py" in (tmp_path / "ro" / "engine.log").read_text()
     ro = json.loads((tmp_path / "ro" / "manifest.json").read_text())
     assert ro["summary"]["acceptance"]["num_drafts"] > 0
+    assert ro["rendering"] == {"system_prompt": "Be brief.", "chat_template_kwargs": kwargs}
     assert ro["served_by"] == "vLLM 0.32.0 (CPU build), Model Runner V1 (EagleProposer)"  # and in the log line:
     assert "engine: vLLM 0.32.0 (CPU build), Model Runner V1" in r.stdout + r.stderr
 
@@ -85,3 +108,53 @@ def test_the_policy_as_its_own_draft_is_the_oracle(tiny_policy, tmp_path):
     assert acc["num_accepted_tokens"] >= 3 * acc["num_drafts"] - 4 * 3
     r = spectool("rollout", "--model", str(tiny_policy), "--draft-model", "policy", "--draft", str(tmp_path), check=False)
     assert r.returncode == 2 and "--draft-model" in r.stderr
+
+
+LONG = 2300  # --max-tokens past the 2,048-token context every engine once had (the embedded policy serves 8,192)
+LONG_SEED = "0"  # a seed at which the embedded policy rambles past 2,048 tokens (at T=1 SmolLM2 often does)
+
+
+@pytest.fixture(scope="module")
+def long_stories(tmp_path_factory):
+    """Chat prompts (a system turn and a user turn) asking the embedded policy for long text."""
+    path = tmp_path_factory.mktemp("long") / "stories.jsonl"
+    path.write_text("".join(json.dumps({"prompt": [
+        {"role": "system", "content": "You are a novelist. Write at great length."},
+        {"role": "user", "content": f"Write a very long, detailed story about {t}. Make it at least 5000 words, "
+                                    "with many chapters."}]}) + "\n"
+        for t in ("a journey across the sea", "the history of a small mountain town", "a robot who learns to paint")))
+    return path
+
+
+def _whole(folder) -> list[int]:
+    """The run's response lengths, each checked whole: "length" only at exactly --max-tokens, else EOS."""
+    from spectool.records import load_records
+
+    recs = load_records(folder)
+    for p, resp, why in zip(recs["prompt_ids"], recs["response_ids"], recs["finish_reason"]):
+        assert (why == "length") == (len(resp) == LONG) and len(resp) <= LONG and len(p) + LONG > 2048, (len(resp), why)
+    return [len(r) for r in recs["response_ids"]]
+
+
+def test_harvest_and_rollout_return_completions_past_2048_tokens_whole(long_stories, tmp_path):
+    """The embedded policy (8,192-token limit) at --max-tokens 2300: the context follows the run (the longest
+    prompt + 2,300), so a completion runs past 2,048 tokens and comes back whole; both commands count how their
+    completions ended and save it."""
+    from spectool.context import finish_counts
+    from spectool.records import load_records
+
+    common = ["--model", "smollm2-135m", "--data", str(long_stories), "--split", "train", "--n-prompts", "1",
+              "--samples", "2", "--max-tokens", str(LONG), "--temperature", "1.0", "--seed", LONG_SEED]
+    r = spectool("harvest", "--out", str(tmp_path / "h"), *common)
+    lengths = _whole(tmp_path / "h")
+    assert max(lengths) > 2048, lengths
+    counts = finish_counts(load_records(tmp_path / "h")["finish_reason"])
+    assert json.loads((tmp_path / "h" / "manifest.json").read_text())["finish_reasons"] == counts
+    assert f"{counts['stop']} at EOS, {counts['length']} at the length cap" in " ".join(r.stdout.split())
+
+    r = spectool("rollout", "--out", str(tmp_path / "r"), *common)
+    lengths = _whole(tmp_path / "r")
+    assert max(lengths) > 2048, lengths
+    summary = json.loads((tmp_path / "r" / "manifest.json").read_text())["summary"]
+    assert summary["finish_reasons"] == finish_counts(load_records(tmp_path / "r")["finish_reason"])
+    assert summary["max_model_len"] > 2048 and "completions ended" in r.stdout

@@ -55,9 +55,9 @@ def test_flags_parse_into_the_settings():
 
     kw = {p: _default(SweepConfig, p) for p in ("out", "draft", "drafts", "model", "data", "split", "draft_model", "max_tokens",
                                                  "temperature", "min_seqs", "min_seconds", "min_gain", "repeats", "seed",
-                                                 "draft_sampling",
+                                                 "draft_sampling", "system_prompt", "chat_template_kwargs",
                                                  "gpu_memory_utilization", "dummy_weights", "acceptance_length",
-                                                 "lengths", "prompt_len", "dtype")}
+                                                 "lengths", "prompt_len", "dtype", "max_model_len")}
     cfg = _build(CLI["sweep-k"], {**kw, "ks": "3,1,3", "batch_sizes": "8", "methods": "eagle3, mtp",
                                   "acceptance_rates": "0.9,0.5"})
     assert cfg.ks == [1, 3] and cfg.methods == ["eagle3", "mtp"] and cfg.acceptance_rates == [0.9, 0.5]

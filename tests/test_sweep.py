@@ -265,12 +265,14 @@ def _stand_in_sweep(monkeypatch, calls, stop_after=None):
         rate = 100 * (1 + kw["k"] / 10) * (1 + 0.01 * len(calls) % 3)
         return [{"method": kw["method"], "k": kw["k"], "batch": b, "tokens": rate * 4, "seconds": 4.0,
                  "tokens_per_s": rate, "sequences": 4, "waves": [[rate, 1.0]] * 4, "per_position": [0.5] * kw["k"],
-                 "mean_acceptance_length": 1 + kw["k"] / 2 if kw["k"] else None} for b in kw["batch_sizes"]]
+                 "mean_acceptance_length": 1 + kw["k"] / 2 if kw["k"] else None,
+                 "finish_reasons": {"length": 1, "stop": 3}} for b in kw["batch_sizes"]]
 
     monkeypatch.setattr(sweep_k, "_real_inputs", lambda cfg: (
         SimpleNamespace(name="m", path="m", identity={"name": "m"}), {"eagle3": "d"}, [[1, 2, 3]], None))
     monkeypatch.setattr(sweep_k.subproc, "call", measure)
     monkeypatch.setattr(sweep_k, "_plots", lambda *a: None)
+    monkeypatch.setattr(sweep_k, "_context", lambda *a: 2048)  # the stand-in model "m" has no config.json
     return sweep_k
 
 
@@ -305,6 +307,8 @@ def test_a_resumed_sweep_measures_a_round_in_one_sitting_and_every_row_has_its_t
                                     ("eagle3", 3, 1), ("eagle3", 2, 1), ("none", 0, 1)])  # both rounds, whole
     spec = [r for r in result["rows"] if r["method"] != "none"]
     assert {r["k"] for r in spec} == {2, 3} and all(r["measured_from"] <= r["measured_to"] for r in spec)
+    assert all(r["finish_reasons"] == {"length": 2, "stop": 6} for r in spec)  # how completions ended, both rounds
+    assert result["finish_reasons"]["eagle3"] == {"length": 4, "stop": 12}  # per method: k=2 and k=3, two rounds each
     calls = []
     sweep_k = _stand_in_sweep(monkeypatch, calls)
     sweep_k.run(SweepConfig(**{**cfg.__dict__, "ks": [3]}), progress=lambda s: None)  # an arm dropped: nothing to do

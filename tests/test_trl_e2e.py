@@ -45,8 +45,8 @@ def _args(out, **kw):
 
 @pytest.fixture(scope="module")
 def long_context_policy(tiny_policy, tmp_path_factory):
-    """The tiny policy claiming an 8192-token context, as SmolLM2 does: longer than TRL's fixed
-    4096-token batches, which the CPU build (prompts never chunked) refuses unless spectool caps it."""
+    """The tiny policy claiming an 8192-token context, as SmolLM2 does: longer than TRL's fixed 4096-token step
+    budget, which the CPU build (prompts never chunked) refuses unless spectool raises the budget to the context."""
     import shutil
 
     folder = tmp_path_factory.mktemp("long") / "policy"
@@ -78,6 +78,38 @@ def test_grpo_with_a_refreshed_draft(long_context_policy, random_draft, sums, tm
     for r in trainer.spectool.history:  # the engine's drafter holds each refreshed draft, told from the last
         assert r["check_excess"] <= 1 and r["has_power"]
     assert trainer.spectool.refresher.captured == 24 and trainer.spectool.dtype == "float32"
+
+
+@pytest.mark.e2e
+def test_grpo_returns_a_completion_longer_than_2048_tokens_whole(long_context_policy, sums, tmp_path):
+    """TRL keeps TRL's length: with vllm_max_model_length unset TRL leaves the context to vLLM (the model's 8192),
+    and spectool's engine keeps it, so 2,200-token completions come back whole (EOS ignored: every completion is
+    max_completion_length long unless the engine cut it; a 2,048-token context would end each near 2,000)."""
+    from spectool.integrations.trl import SpectoolSpeculation, task_data
+
+    ds, reward = task_data(str(sums), 4)
+    spec = SpectoolSpeculation(None, enforce_eager=True)  # plain decoding through spectool's engine settings
+    args = _args(tmp_path, per_device_train_batch_size=2, num_generations=2, max_completion_length=2200, max_steps=1,
+                 generation_kwargs={"ignore_eos": True})
+    trainer = spec.grpo_trainer(model=str(long_context_policy), reward_funcs=reward, args=args, train_dataset=ds)
+    assert trainer.spectool.llm.llm_engine.model_config.max_model_len == 8192  # what TRL (vLLM) derives, unchanged
+    trainer.train()
+    (log,) = [h for h in trainer.state.log_history if "loss" in h]
+    assert log["completions/min_length"] == log["completions/max_length"] == 2200
+    assert log["completions/clipped_ratio"] == 1.0  # TRL's own count: every completion ended at its length cap
+
+
+def test_an_impossible_length_is_refused_before_training(long_context_policy, sums, tmp_path):
+    from spectool.errors import SpectoolError
+    from spectool.integrations.trl import SpectoolSpeculation, task_data
+
+    ds, reward = task_data(str(sums), 4)
+    kw = dict(model=str(long_context_policy), reward_funcs=reward, train_dataset=ds)
+    with pytest.raises(SpectoolError, match=r"9000-token context \(GRPOConfig.max_completion_length 9000, .* at most 8192"):
+        SpectoolSpeculation(None).grpo_trainer(args=_args(tmp_path, max_completion_length=9000), **kw)
+    with pytest.raises(SpectoolError, match=r"vllm_max_model_length=2048 is shorter than this run needs: 2100"):
+        SpectoolSpeculation(None).grpo_trainer(args=_args(tmp_path, max_completion_length=2100,
+                                                          vllm_max_model_length=2048), **kw)
 
 
 @pytest.mark.e2e
@@ -129,6 +161,21 @@ def test_refusals_before_anything_starts(tiny_policy, random_draft, sums, tmp_pa
     with pytest.raises(SpectoolError, match=r"outside the versions .*\(>= 1\.16\.0"):
         check_trl_version("1.15.2")
     assert check_trl_version().startswith("1.16")
+
+
+def test_rl_yamls_rendering_reaches_trl(sums, tmp_path):
+    """rollout.system_prompt reaches the dataset's conversations and rollout.chat_template_kwargs TRL's GRPOConfig:
+    TRL renders the prompts with both, as spectool's own commands do (prompts.py)."""
+    from spectool.commands.train_rl_trl import grpo_config
+    from spectool.integrations.trl import task_data
+    from spectool.rl.config import load_config
+
+    cfg = load_config(None, ["speculation.enabled=false", "rollout.system_prompt=Be brief.", f"data={sums}",
+                             "rollout.chat_template_kwargs={enable_thinking: false}"])
+    ds, _ = task_data(cfg.data, 4, system_prompt=cfg.rollout.system_prompt)
+    assert all(p[0] == {"role": "system", "content": "Be brief."} and p[1]["role"] == "user" for p in ds["prompt"])
+    assert grpo_config(cfg, tmp_path, cpu=True).chat_template_kwargs == {"enable_thinking": False}
+    assert grpo_config(load_config(None, ["speculation.enabled=false"]), tmp_path, cpu=True).chat_template_kwargs is None
 
 
 def test_a_draft_for_another_policy_is_refused(random_draft, sums, tmp_path):

@@ -61,6 +61,25 @@ def test_verify_passes_with_a_sampling_draft(tiny_policy, random_draft, tmp_path
     assert spec["mean_acceptance_length"] > 1.1, spec["mean_acceptance_length"]
 
 
+def test_verify_tests_positions_past_a_2048_token_context(tmp_path_factory, tmp_path):
+    """--depth 2100: each prompt first takes 2,100 tokens of the policy's own sample, so every tested position lies
+    past a 2,048-token context (where reasoning-length rollouts sample); the speculative arm still passes and the
+    lossy control is still rejected there."""
+    from conftest import make_policy, make_random_draft
+
+    policy = make_policy(tmp_path_factory.mktemp("long_policy"), max_positions=4096)
+    draft = make_random_draft(policy, tmp_path_factory.mktemp("long_draft"))
+    r = spectool("verify", "--model", str(policy), "--draft", str(draft), *ARGS, "--depth", "2100", "--out",
+                 str(tmp_path), check=False)
+    assert r.returncode == 0 and "verdict: LOSSLESS" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "positions after 2100 tokens of the policy's own sample" in r.stdout
+    v = json.loads((tmp_path / "verify.json").read_text())
+    assert v["depth"] == 2100 and v["max_model_len"] > 2100 + 5  # the context holds prompt + depth + positions
+    plain, spec, lossy = v["arms"]
+    assert spec["logprob_max_abs_diff"] < 1e-3  # the engine's logprobs are the policy's own that deep
+    assert any(x.startswith("lossy control rejected: ") for x in v["reasons"])
+
+
 def test_verify_on_a_near_deterministic_policy(tiny_policy, tmp_path):
     """The late-RL case: the tiny policy with its lm_head x100 (mean p(top) ~0.97), the policy drafting itself (its
     argmax proposed and accepted ~97% of the time: the acceptance path runs most). Plain and speculative decoding

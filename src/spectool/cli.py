@@ -156,6 +156,8 @@ def _cli_type(tp) -> tuple[Any, Callable[[Any, str], Any] | None]:
             return Optional[inner], (None if parse is None else lambda v, flag: None if v is None else parse(v, flag))
         if set(rest) == {int, str}:  # a number or a word ("3" or "auto")
             return str, lambda v, flag: int(v) if str(v).isdigit() else str(v)
+    if tp is dict:  # a JSON object ('{"enable_thinking": false}')
+        return str, parse_json_object
     if typing.get_origin(tp) is list:
         elem = args[0]
         if elem is int:
@@ -236,6 +238,20 @@ def _parse_list(text: str, flag: str, cast, what: str, example: str) -> list:
 def parse_float_list(text: str | None, flag: str) -> list[float] | None:
     """Comma-separated numbers, in the order given (acceptance rates per position); None stays None."""
     return None if text is None else _parse_list(text, flag, float, "numbers", "0.8,0.6,0.45")
+
+
+def parse_json_object(text: str, flag: str) -> dict:
+    """A JSON object (the chat template's keyword arguments); the error names the flag."""
+    import json  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpectoolError(f"{flag}={text!r} is not valid JSON ({e.msg}); give a JSON object, e.g. "
+                            "'{\"enable_thinking\": false}'") from None
+    if not isinstance(value, dict):
+        raise SpectoolError(f"{flag}={text!r} must be a JSON object, e.g. '{{\"enable_thinking\": false}}'")
+    return value
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:

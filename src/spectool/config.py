@@ -4,6 +4,7 @@ the flag to change. train-rl's YAML settings are rl/config.py's."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from spectool.constants import (  # noqa: F401
     k_in_range,
 )
 from spectool.errors import SpectoolError, check  # noqa: F401
+from spectool.prompts import check_rendering
 
 
 @dataclass
@@ -43,7 +45,8 @@ class SamplingConfig:
     samples: int = 1
     """Completions per prompt."""
     max_tokens: int = 128
-    """Max generated tokens per completion."""
+    """Max generated tokens per completion. The default suits the embedded demo's short answers; reasoning policies
+    (DAPO-style math and code) need 4096-16384, or their completions end at this cap (the run prints how many did)."""
     temperature: float = 1.0
     """Sampling temperature."""
     top_p: float = 1.0
@@ -60,6 +63,10 @@ class SamplingConfig:
         check(self.seed >= 0, "--seed", self.seed, "must be >= 0")
         check(self.temperature > 0 or self.samples == 1, "--samples", self.samples,
               "must be 1 at --temperature 0 (greedy completions of one prompt are identical)")
+
+
+def check_context(value: int | None, flag: str = "--max-model-len") -> None:
+    check(value is None or value >= 1, flag, value, "must be >= 1 (or unset: what the run needs)")
 
 
 def check_drafter(method: str, draft: str | None, flag: str = "--method", draft_flag: str = "--draft") -> None:
@@ -88,6 +95,12 @@ class InitDraftConfig:
     """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA
     """A harvest run directory, or a data source to harvest first."""
+    system_prompt: str | None = None
+    """When --data is a data source: a system turn put first in every prompt of its harvest, as the RL run's prompts
+    have it (refused with data whose prompts have a system turn of their own). A harvest run keeps its own."""
+    chat_template_kwargs: dict | None = None
+    """Extra keyword arguments to the chat template, a JSON object (TRL's chat_template_kwargs), e.g.
+    '{"enable_thinking": false}' for Qwen3."""
     method: str = "eagle3"
     """eagle3: a new EAGLE-3 draft (a chain) | peagle: P-EAGLE, all k positions in one forward | dflash: a DFlash
     block drafter (one forward, the policy's hidden states as context) | mtp: fine-tune the model's own MTP layers
@@ -137,14 +150,25 @@ class InitDraftConfig:
     shuffle_window: int = 4
     """Shards whose records are shuffled together each epoch (the shards' own order is shuffled too)."""
     max_batch_tokens: int = 8192
-    """Most padded tokens per training forward: a step's records go through in micro-batches of similar length
-    within it (a longer record alone), gradients accumulated: the draft's logits over its vocabulary, the largest
-    part of a step's memory, stay within this many tokens; its attention still grows with the longest record."""
+    """Most tokens per training forward: a step's records are packed into micro-batches within it (no padding; a
+    longer record alone), gradients accumulated; a step's memory (the draft's logits over its vocabulary, its activations, its
+    fused attention) is linear in it. The default suits the demo's 128-token records; at reasoning lengths set it to
+    the longest record (e.g. 16384 for 16k-token records): the GPU memory plan names the largest that fits."""
     batch_size: int = 4
     """Records per step. Small: one epoch at batch 4 trained a better draft than at 8 or 16 on this machine
     (more steps for the same tokens; docs/results.md, "Draft quality")."""
     lr: float = 1e-3
     """AdamW learning rate (short runs on small harvests: higher than the 1e-4 of large-corpus recipes)."""
+    draft_dtype: str = "auto"
+    """The draft's training compute: auto (bfloat16 autocast on a GPU with bfloat16 units, compute capability 8.0+;
+    float32 elsewhere, this CPU build's included) | float32 | bfloat16 (autocast: matmuls in bfloat16, the loss in
+    float32). Its weights, gradients and AdamW moments stay float32 either way; the run's init_draft.json records the
+    resolved value."""
+    recompute_loss: bool = False
+    """Recompute each unroll step's loss (softmax of the targets, log-softmax of the draft's logits) in the backward
+    instead of keeping them: about 3 fewer [tokens x draft vocabulary] float32 copies a step, the same loss and
+    gradients, more time. Measured on a tiny draft (one 8,192-token record, a 4,096-token vocabulary, this CPU): peak
+    growth 2.0 -> 1.4 GiB, the step 1.5x slower (benchmarks/loss_recompute.py; docs/drafters.md)."""
     warmup_steps: int = 20
     """Linear warm-up steps, then cosine decay."""
     save_every: int = 50
@@ -161,6 +185,9 @@ class InitDraftConfig:
     """The policy's precision, in the harvest's engine and in the forward that computes the draft's features: auto
     (float32 on the CPU build; on a GPU bfloat16, and below compute capability 8.0 a float16 engine with float32
     features) | float32 | bfloat16 | float16 (float32 features). --method mtp computes its features in float32."""
+    max_model_len: int | None = None
+    """The harvest engine's context (vLLM's max_model_len), when --data is a data source. Default: what the harvest
+    needs, the longest prompt + --max-tokens, refused before the engine starts when past the model's limit."""
     disk_budget_gb: float | None = None
     """Most disk (GiB) the policy features may take (--features stream or cache); init-draft refuses to start above
     it, and stream checks again before each shard it writes. Default: the free space where --out lives. A harvest's
@@ -171,6 +198,7 @@ class InitDraftConfig:
     def validate(self) -> None:
         check_dtype(self.dtype)
         check(bool(self.out), "--out", self.out, "must name the draft folder")
+        check_rendering(self)
         check(self.preset is None or self.preset in INIT_DRAFT_PRESETS, "--preset", self.preset,
               f"must be one of {', '.join(INIT_DRAFT_PRESETS)}")
         check(1 <= self.draft_layers <= 4, "--draft-layers", self.draft_layers, "must be in [1, 4]")
@@ -186,6 +214,7 @@ class InitDraftConfig:
         check(self.draft_vocab_size >= 2, "--draft-vocab-size", self.draft_vocab_size, "must be >= 2")
         check(not self.remap_vocab or self.init_from is not None, "--remap-vocab", self.remap_vocab,
               "needs --init-from (a fresh draft always builds its vocabulary from the data)")
+        check_context(self.max_model_len)
         check(self.epochs >= 1, "--epochs", self.epochs, "must be >= 1")
         check(self.max_steps is None or self.max_steps >= 1, "--max-steps", self.max_steps, "must be >= 1")
         check(self.features in FEATURE_SOURCES, "--features", self.features,
@@ -196,6 +225,8 @@ class InitDraftConfig:
         check(self.max_batch_tokens >= 64, "--max-batch-tokens", self.max_batch_tokens, "must be >= 64")
         check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
         check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
+        check(self.draft_dtype in ("auto", "float32", "bfloat16"), "--draft-dtype", self.draft_dtype,
+              "must be auto, float32 or bfloat16")
         check(0 < self.step_decay <= 1, "--step-decay", self.step_decay, "must be in (0, 1]")
         check(self.anchor_fraction is None or 0 < self.anchor_fraction <= 1, "--anchor-fraction", self.anchor_fraction,
               "must be in (0, 1] (1: every anchor)")
@@ -243,6 +274,11 @@ class ExportConfig:
     """vllm (the folder as vLLM loads it: every family) | speculators (EAGLE-3 drafts only)."""
     model: str | None = None
     """Policy (default: the one the draft was trained for)."""
+    system_prompt: str | None = None
+    """The system turn of the verification prompts (default: the draft's harvest's, from its manifest)."""
+    chat_template_kwargs: dict | None = None
+    """Extra keyword arguments to the chat template of the verification prompts, a JSON object (TRL's
+    chat_template_kwargs; default: the draft's harvest's)."""
     target: str = "vllm"
     """The framework to load it: vllm | nemo-rl | verl | trl-serve (skyrl is refused, with why); writes its config snippet."""
     k: int = DEFAULT_K
@@ -256,11 +292,23 @@ class ExportConfig:
     dtype: str = "auto"
     """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
     capability 8.0) | float32 | bfloat16 | float16."""
+    max_model_len: int | None = None
+    """The verifying engine's context (vLLM's max_model_len). Default: what the check needs, the longest of its 8
+    prompts + the 32 tokens it decodes; a value shorter than that is refused."""
+    push_to_hub: str | None = None
+    """A hub model repo (ORG/NAME) to upload the export to with huggingface_hub, once verified and in place (created if
+    missing; the token: `hf auth login` or HF_TOKEN)."""
 
     def validate(self) -> None:
         check_dtype(self.dtype)
         check(bool(self.draft) and bool(self.out), "--draft/--out", (self.draft, self.out), "must both be given")
+        check(self.push_to_hub is None or re.fullmatch(r"[\w.-]+/[\w.-]+", self.push_to_hub) is not None,
+              "--push-to-hub", self.push_to_hub, "must be a hub repo id, ORG/NAME")
+        check(self.push_to_hub is None or self.verify, "--push-to-hub", self.push_to_hub,
+              "uploads a verified export only: drop --no-verify")
+        check_rendering(self)
         check_gpu_memory(self.gpu_memory_utilization)
+        check_context(self.max_model_len)
         check(self.format in ("vllm", "speculators"), "--format", self.format, "must be 'vllm' or 'speculators'")
         check(self.target in ("vllm", "nemo-rl", "verl", "skyrl", "trl-serve"), "--for", self.target,
               "must be vllm, nemo-rl, verl, skyrl or trl-serve")
@@ -272,15 +320,22 @@ class RolloutConfig:
     model: str = DEFAULT_MODEL
     """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA
-    """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
+    """dapo | gym:<task>[:k=v,...] | hub:ORG/NAME[:split=S,config=C] (a hub dataset) | file.jsonl/.parquet | chat
+    (general prompts)."""
+    system_prompt: str | None = None
+    """A system turn put first in every prompt, as the RL run's prompts have it (refused with data whose prompts have
+    a system turn of their own)."""
+    chat_template_kwargs: dict | None = None
+    """Extra keyword arguments to the chat template, a JSON object (TRL's chat_template_kwargs), e.g.
+    '{"enable_thinking": false}' for Qwen3."""
     split: str = "eval"
     """train | eval (held-out prompts)."""
     out: str | None = None
     """Run directory for the records (optional)."""
     prompt_col: str = "prompt"
-    """Prompt column of a file source."""
+    """Prompt column of a file or hub source (a text, or a conversation: a list of messages)."""
     answer_col: str = "answer"
-    """Answer column of a file source."""
+    """Answer column of a file or hub source (a hub source's may be a nested field: a.b)."""
     draft: str | None = None
     """Draft folder (init-draft or export output): speculative rollouts."""
     method: str = "eagle3"
@@ -305,11 +360,15 @@ class RolloutConfig:
     dtype: str = "auto"
     """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
     capability 8.0) | float32 | bfloat16 | float16."""
+    max_model_len: int | None = None
+    """The engine's context (vLLM's max_model_len). Default: what the run needs, the longest prompt + --max-tokens,
+    refused before the engine starts when past the model's limit; a value shorter than the run needs is refused."""
     acceptance_length: float | None = None
     """What-if timing: accept drafted tokens synthetically at this mean length (lossy; no --out)."""
 
     def validate(self) -> None:
         check_dtype(self.dtype)
+        check_rendering(self)
         check_gpu_memory(self.gpu_memory_utilization)
         if self.acceptance_length is not None:
             check(self.out is None, "--out", self.out, "is refused with --acceptance-length: synthetic acceptance is "
@@ -324,6 +383,7 @@ class RolloutConfig:
         check_drafter(self.method, self.draft)
         check(self.method != "mtp" or self.k != "auto", "--k", self.k, "auto reads a sweep's schedule for a draft "
               "folder (eagle3, peagle, dflash); give a fixed --k with --method mtp")
+        check_context(self.max_model_len)
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         if self.k == "auto":
             if self.sweep is None:
@@ -350,7 +410,14 @@ class SweepConfig:
     """Policy: local HF folder, hub id, 'smollm2-135m' (embedded); with --dummy-weights a config.json folder or a
     templates/models name."""
     data: str = DEFAULT_DATA
-    """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
+    """dapo | gym:<task>[:k=v,...] | hub:ORG/NAME[:split=S,config=C] (a hub dataset) | file.jsonl/.parquet | chat
+    (general prompts)."""
+    system_prompt: str | None = None
+    """A system turn put first in every prompt, as the RL run's prompts have it (refused with data whose prompts have
+    a system turn of their own)."""
+    chat_template_kwargs: dict | None = None
+    """Extra keyword arguments to the chat template, a JSON object (TRL's chat_template_kwargs), e.g.
+    '{"enable_thinking": false}' for Qwen3."""
     split: str = "eval"
     """train | eval (held-out prompts)."""
     ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
@@ -364,7 +431,8 @@ class SweepConfig:
     for itself: the greedy-drafting oracle); with --dummy-weights a config.json folder or a templates/models name
     of the policy's vocabulary (e.g. qwen3-0.6b for the Qwen3 shapes)."""
     max_tokens: int = 128
-    """Max generated tokens per completion."""
+    """Max generated tokens per completion. The default suits the embedded demo's short answers; time a reasoning
+    policy at its RL lengths (4096-16384), where the context each step attends over is longer."""
     temperature: float = 1.0
     """Sampling temperature."""
     min_seqs: int = 8
@@ -388,6 +456,9 @@ class SweepConfig:
     dtype: str = "auto"
     """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
     capability 8.0) | float32 | bfloat16 | float16."""
+    max_model_len: int | None = None
+    """The engine's context (vLLM's max_model_len). Default: what the run needs, the longest prompt + --max-tokens,
+    refused before the engine starts when past the model's limit; a value shorter than the run needs is refused."""
     dummy_weights: bool = False
     """What-if: --model is a config.json folder or a templates/models name; random weights, dummy draft."""
     acceptance_rates: list[float] | None = None
@@ -397,9 +468,12 @@ class SweepConfig:
     rate c for every position, so position j is accepted with c^j at every k."""
     lengths: str | None = None
     """Output lengths fixed | long-tail | a harvest run's, EOS ignored, so every arm decodes the same tokens (fair
-    timing at T>0). Default: fixed with --dummy-weights, else the policy's own (EOS ends a completion)."""
+    timing at T>0). Default: fixed with --dummy-weights, else the policy's own (EOS ends a completion). The lengths
+    are capped at --max-tokens, whose default (128) is the demo's: at reasoning lengths pass the RL run's (4096-16384)
+    or a harvest run of it, since acceptance and a verify step's cost both change deep into a long response."""
     prompt_len: int = 128
-    """With --dummy-weights: prompt tokens (random ids)."""
+    """With --dummy-weights: prompt tokens (random ids). The default is a short gym prompt; a chat-templated
+    reasoning prompt (a system turn, the template's tokens) is several hundred: pass the RL run's longest."""
 
     @property
     def synthetic(self) -> dict | None:
@@ -415,6 +489,7 @@ class SweepConfig:
     def validate(self) -> None:
         check_dtype(self.dtype)
         check(bool(self.out), "--out", self.out, "must name the run directory")
+        check_rendering(self)
         check_draft_sampling(self.draft_sampling)
         check_gpu_memory(self.gpu_memory_utilization)
         self._validate_synthetic()
@@ -432,6 +507,7 @@ class SweepConfig:
         check(("draft_model" in self.methods) == (self.draft_model is not None), "--draft-model", self.draft_model,
               "goes with --methods draft_model, and that method needs it")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        check_context(self.max_model_len)
         check(1 <= self.max_tokens <= 32768, "--max-tokens", self.max_tokens, "must be in [1, 32768]")
         check(0 <= self.temperature <= 10, "--temperature", self.temperature, "must be in [0, 10]")
         check(self.min_seqs >= 1, "--min-seqs", self.min_seqs, "must be >= 1")
@@ -474,7 +550,14 @@ class VerifyConfig:
     model: str = DEFAULT_MODEL
     """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA
-    """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
+    """dapo | gym:<task>[:k=v,...] | hub:ORG/NAME[:split=S,config=C] (a hub dataset) | file.jsonl/.parquet | chat
+    (general prompts)."""
+    system_prompt: str | None = None
+    """A system turn put first in every prompt, as the RL run's prompts have it (refused with data whose prompts have
+    a system turn of their own)."""
+    chat_template_kwargs: dict | None = None
+    """Extra keyword arguments to the chat template, a JSON object (TRL's chat_template_kwargs), e.g.
+    '{"enable_thinking": false}' for Qwen3."""
     split: str = "eval"
     """train | eval (held-out prompts)."""
     k: int = DEFAULT_K
@@ -485,6 +568,10 @@ class VerifyConfig:
     """Completions per prompt and arm."""
     positions: int = 6
     """Tokens per completion (each position is tested)."""
+    depth: int = 0
+    """Test positions this deep into a response: each prompt is first extended by this many tokens of one plain sample
+    of the policy (seeded, EOS ignored so every prefix reaches the depth), and the tested positions follow it (e.g.
+    2100: past a 2,048-token context, where reasoning-length rollouts sample). 0: the response's first tokens."""
     temperature: float = 1.0
     """Sampling temperature."""
     alpha: float = 0.01
@@ -509,9 +596,13 @@ class VerifyConfig:
     dtype: str = "float32"
     """The engine's precision: float32 (the proof's default on every device: the policy's logprobs are a float32
     forward) | bfloat16 (the precision GPU rollouts serve) | auto."""
+    max_model_len: int | None = None
+    """The engines' context (vLLM's max_model_len). Default: what the test needs, the longest prompt + --positions,
+    refused before an engine starts when past the model's limit; a value shorter than that is refused."""
 
     def validate(self) -> None:
         check_dtype(self.dtype)
+        check_rendering(self)
         check_drafter(self.method, self.draft)
         if self.draft_model is not None:
             check(self.draft is None and self.method == "eagle3", "--draft-model", self.draft_model,
@@ -524,7 +615,9 @@ class VerifyConfig:
         check(k_in_range(self.k), "--k", self.k, f"must be in [{K_MIN}, {K_MAX}]")
         check(self.n_prompts >= 1, "--n-prompts", self.n_prompts, "must be >= 1")
         check(self.samples >= 20, "--samples", self.samples, "must be >= 20 (the tests need counts)")
+        check_context(self.max_model_len)
         check(self.positions >= 2, "--positions", self.positions, "must be >= 2 (position 1 is never speculated)")
+        check(self.depth >= 0, "--depth", self.depth, "must be >= 0 (tokens of the policy's own sample before the tests)")
         check(0 < self.temperature <= 10, "--temperature", self.temperature, "must be in (0, 10]: greedy needs no test")
         check(0 < self.alpha < 0.5, "--alpha", self.alpha, "must be in (0, 0.5)")
         check(self.logprob_tol is None or self.logprob_tol > 0, "--logprob-tol", self.logprob_tol, "must be > 0")
@@ -545,7 +638,8 @@ class ForecastConfig:
     acceptance_rates: list[float] | None = None
     """Per-position acceptance (unconditional); default: the sweep's measured (its largest-k rows)."""
     lengths: str = "long-tail"
-    """RL batch output lengths: fixed | long-tail | a harvest run directory."""
+    """RL batch output lengths: fixed | long-tail | a harvest run directory (at reasoning lengths, a harvest of the
+    RL run's own responses: their tail sets the step's time)."""
     max_tokens: int = 1024
     """Cap on the simulated output lengths."""
     batch: int = 512
@@ -553,7 +647,8 @@ class ForecastConfig:
     max_concurrency: int = 256
     """Sequences the engine runs at once."""
     prompt_len: int = 128
-    """Prompt tokens of the simulated sequences."""
+    """Prompt tokens of the simulated sequences (the default is a short gym prompt; a chat-templated reasoning
+    prompt is several hundred)."""
     ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     """Draft lengths to consider."""
     generation_share: float | None = None

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from spectool.config import SamplingConfig
+from spectool.config import SamplingConfig, check_context
 from spectool.constants import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check_dtype, check_gpu_memory
 from spectool.errors import check
+from spectool.prompts import check_conversations, check_rendering, rendering
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,14 @@ class HarvestConfig:
     model: str = DEFAULT_MODEL
     """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA
-    """dapo | gym:<task>[:k=v,...] | file.jsonl/.parquet | chat (general prompts)."""
+    """dapo | gym:<task>[:k=v,...] | hub:ORG/NAME[:split=S,config=C] (a hub dataset) | file.jsonl/.parquet | chat
+    (general prompts)."""
+    system_prompt: str | None = None
+    """A system turn put first in every prompt, as the RL run's prompts have it (refused with data whose prompts have
+    a system turn of their own)."""
+    chat_template_kwargs: dict | None = None
+    """Extra keyword arguments to the chat template, a JSON object (TRL's chat_template_kwargs), e.g.
+    '{"enable_thinking": false}' for Qwen3."""
     out: str = ""
     """Run directory to create (or resume)."""
     split: str = "train"
@@ -51,9 +60,9 @@ class HarvestConfig:
     hidden_states: bool = False
     """Also store the policy's EAGLE-3 aux hidden states (what init-draft trains on)."""
     prompt_col: str = "prompt"
-    """Prompt column of a file source."""
+    """Prompt column of a file or hub source (a text, or a conversation: a list of messages)."""
     answer_col: str = "answer"
-    """Answer column of a file source."""
+    """Answer column of a file or hub source (a hub source's may be a nested field: a.b)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """How the policy samples."""
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
@@ -61,6 +70,9 @@ class HarvestConfig:
     dtype: str = "auto"
     """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
     capability 8.0) | float32 | bfloat16 | float16."""
+    max_model_len: int | None = None
+    """The engine's context (vLLM's max_model_len). Default: what the run needs, the longest prompt + --max-tokens,
+    refused before the engine starts when past the model's limit; a value shorter than the run needs is refused."""
     tensor_parallel_size: int = 1
     """vLLM's tensor parallelism: the policy split over N GPUs (on the CPU build, N worker processes)."""
     data_parallel_size: int = 1
@@ -79,7 +91,9 @@ class HarvestConfig:
         check(self.data_parallel_size >= 1, "--data-parallel-size", self.data_parallel_size, "must be >= 1")
         check(bool(self.out), "--out", self.out, "must name the run directory")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
+        check_rendering(self)
         check_gpu_memory(self.gpu_memory_utilization)
+        check_context(self.max_model_len)
         self.sampling.validate()
 
 
@@ -91,6 +105,8 @@ class HarvestResult:
     mean_reward: float
     tokens_per_s: float
     hidden_bytes_per_token: float | None
+    finish_reasons: dict = field(default_factory=dict)  # the run's records: "length" (cut at --max-tokens), "stop" (EOS)
+    cut_warning: str | None = None  # context.cut_warning: too many completions cut at the length cap
 
 
 @dataclass
@@ -123,12 +139,25 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     model = resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
+    check_conversations(tasks, cfg)  # a --system-prompt over the data's own system turns: refused before the engine
+    context = _context(cfg, model, tasks)  # refused here, before the folder is claimed or an engine starts
     out = Path(cfg.out)
     place = _place(cfg)
     manifest, todo = _open_run(cfg, model, source, tasks, out, place)
-    engine = _start_engine(cfg, model, out, place) if todo else None
+    engine = _start_engine(cfg, model, out, place, context) if todo else None
     counts = _generate(cfg, model, source, engine, tasks, todo, out, place, manifest["chunk_prompts"])
     return _finish(cfg, engine, counts, manifest, out, place)
+
+
+def _context(cfg: HarvestConfig, model, tasks: list) -> int:
+    """The engine's context (context.resolve_max_model_len) for the run's prompts, rendered as the engine gets them."""
+    from transformers import AutoTokenizer  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
+    from spectool.context import resolve_max_model_len  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.prompts import encode_tasks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
+    longest = max(map(len, encode_tasks(AutoTokenizer.from_pretrained(model.path), tasks, cfg)), default=0)
+    return resolve_max_model_len(model.path, longest, cfg.sampling.max_tokens, user=cfg.max_model_len)
 
 
 def _place(cfg: HarvestConfig) -> _Place:
@@ -155,12 +184,12 @@ def _open_run(cfg: HarvestConfig, model, source, tasks, out: Path, place: _Place
     chunk = chunk_prompts(cfg.sampling.samples, is_cpu_build())
     ranks.together(lambda: claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
                                  may_change={"sampling.n_prompts", "gpu_memory_utilization", "tensor_parallel_size",
-                                             "data_parallel_size"}), main_only=True)
+                                             "data_parallel_size", "max_model_len"}), main_only=True)
     if (out / MANIFEST).exists():
         chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
     manifest = make_manifest("harvest", model=model.name, model_path=model.path, model_identity=model.identity,
                              model_fingerprint=model.fingerprint,
-                             data=cfg.data, chunk_prompts=chunk, status="running",
+                             data=cfg.data, rendering=rendering(cfg), chunk_prompts=chunk, status="running",
                              prompts_per_source=mix_counts(cfg.data, tasks, source) if MIX_SEPARATOR in cfg.data else None)
     done = set(load_records(out)["prompt_id"])
     place.first = next_shard_index(out)  # every replica reads the same folder, before any of them writes
@@ -170,7 +199,7 @@ def _open_run(cfg: HarvestConfig, model, source, tasks, out: Path, place: _Place
     return manifest, [t for t in tasks if t.id not in done]
 
 
-def _start_engine(cfg: HarvestConfig, model, out: Path, place: _Place):
+def _start_engine(cfg: HarvestConfig, model, out: Path, place: _Place, context: int):
     """The engine (every process of a launch starts one: they join one group, even a replica with no prompts
     left); with --hidden-states on a GPU its share leaves room for the float32 policy (memory.harvest_plan)."""
     import torch  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
@@ -192,7 +221,7 @@ def _start_engine(cfg: HarvestConfig, model, out: Path, place: _Place):
         log.info(plan.text())
     return Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
                                gpu_memory_utilization=share, dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size,
-                               external_launcher=place.replicas > 1))
+                               external_launcher=place.replicas > 1, max_model_len=context))
 
 
 def _generate(cfg: HarvestConfig, model, source, engine, tasks: list, todo: list, out: Path, place: _Place,
@@ -222,9 +251,10 @@ def _generate(cfg: HarvestConfig, model, source, engine, tasks: list, todo: list
             index = place.first + place.replica + j * place.replicas
             # Per-shard seed: a resumed harvest samples exactly what an uninterrupted one would.
             s = SamplingConfig(**{**asdict(cfg.sampling), "seed": cfg.sampling.seed + index})
-            rows, _, toks, secs = rollout_tasks(engine, tokenizer, source, part, s)
+            live = _live_rate(bar, job, c) if place.writer else None  # long completions: tokens while they grow
+            rows, _, toks, secs = rollout_tasks(engine, tokenizer, source, part, s, cfg, live)  # prompts as cfg renders them
             c.tokens, c.seconds = c.tokens + toks, c.seconds + secs
-            bar.update(job, advance=len(part), rate=f"{c.tokens / c.seconds:.0f} tok/s")
+            bar.update(job, advance=len(part), rate=f"{c.tokens} tokens, {c.tokens / c.seconds:.0f} tok/s")
             if not place.writer:  # the replica's other tensor-parallel processes generated the same rows
                 continue
             if policy is not None:
@@ -235,10 +265,31 @@ def _generate(cfg: HarvestConfig, model, source, engine, tasks: list, todo: list
     return c
 
 
+LOG_PROGRESS_S = 30.0  # without a terminal (a log file), a line this often while a chunk generates
+
+
+def _live_rate(bar, job, c: _Counts):
+    """The progress bar's tokens and rate while a chunk generates (Engine.generate's progress callback); without a
+    terminal, where the bar is drawn only at the end, a log line every LOG_PROGRESS_S seconds."""
+    t0 = last = time.perf_counter()
+
+    def update(tokens: int) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        done, spent = c.tokens + tokens, c.seconds + now - t0
+        bar.update(job, rate=f"{done} tokens, {done / max(spent, 1e-9):.0f} tok/s")
+        if not bar.console.is_interactive and now - last >= LOG_PROGRESS_S:
+            last = now
+            log.info("harvest: %d tokens generated, %.0f tokens/s", done, done / max(spent, 1e-9))
+
+    return update
+
+
 def _finish(cfg: HarvestConfig, engine, c: _Counts, manifest: dict, out: Path, place: _Place) -> HarvestResult:
     """Every replica's counts summed once all shards are written (before vLLM leaves the group); the engine
     closed (init-draft's policy and training find the device free); the main process's complete manifest."""
     from spectool import ranks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.context import cut_warning, finish_counts  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from spectool.hidden import default_aux_layer_ids  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from spectool.records import load_records  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from spectool.runs import MANIFEST, atomic_write_json  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
@@ -253,15 +304,20 @@ def _finish(cfg: HarvestConfig, engine, c: _Counts, manifest: dict, out: Path, p
         return HarvestResult(str(out), 0, n_new, 0.0, 0.0, None)  # the main process reports the run
     records = load_records(out)
     mean_reward = float(sum(records["reward"]) / max(len(records), 1))
+    ended = finish_counts(records["finish_reason"])  # every record of the run, a resumed one's earlier shards too
+    warning = cut_warning(ended, cfg.sampling.max_tokens)
+    if warning:
+        log.warning("harvest: %s", warning)
     layer_ids = default_aux_layer_ids(manifest["model_fingerprint"]["num_hidden_layers"])
     manifest.update(status="complete", records=len(records), prompts=len(set(records["prompt_id"])),
-                    mean_reward=mean_reward, sampler_fix=fix, **({"dtype": dtype} if dtype else {}),
+                    mean_reward=mean_reward, finish_reasons=ended, sampler_fix=fix, **({"dtype": dtype} if dtype else {}),
                     aux_layer_ids=layer_ids if cfg.hidden_states else None)
     atomic_write_json(out / MANIFEST, manifest)
     return HarvestResult(
         out=str(out), n_records=len(records), n_new=n_new, mean_reward=mean_reward,
         tokens_per_s=n_tokens / gen_s * place.replicas if gen_s else 0.0,  # replicas generate side by side
         hidden_bytes_per_token=hidden_bytes / hidden_tokens if hidden_tokens else None,
+        finish_reasons=ended, cut_warning=warning,
     )
 
 

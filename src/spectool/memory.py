@@ -317,15 +317,27 @@ def rollout_plan(config, *, engine_share: float, total_bytes: int, logits: int, 
 
 
 # init-draft: the policy serves features, then (or meanwhile, --features online) the draft trains on the same GPU.
-# The kept-copy counts are what autograd holds per unroll step in draft/ttt.py + draft/loss.py + model.chain_attention
-# (float32). The attention count is fitted to one real step on this CPU at 1, 3 and 5 unroll steps (measured 3.1, 6.6
-# and 9.2 copies of one step's scores: about 1.5 a step and 2 more); the rest checked against it
-# (benchmarks/init_draft_memory.py; docs/gpu.md "init-draft's memory plan").
+# What autograd holds per unroll step in draft/ttt.py + draft/loss.py + model.chain_attention, linear in the step's
+# tokens: the draft's fused attention (model.prefix_attention: one causal scaled_dot_product_attention per unroll step
+# and layer, no [queries x keys] scores) keeps its kernel's padded queries, keys, values and output over every
+# position of the record and a float32 log-sum-exp per head, and backward adds one step's and layer's gradients; the
+# rest of a layer keeps DRAFT_ACTIVATION_H x H + 3 I values a token, more than a policy layer's 11 H + 3 I
+# (activation_bytes): its first layer reads a 2H-wide input through four norms that compute in float32, rope keeps
+# rotated copies. Fitted to one real step on this CPU (benchmarks/init_draft_memory.py: 1 x 1,024 to 1 x 2,048 tokens,
+# 4 x 512, unroll 3 and 5, anchors 1 and 0.25; benchmarks/draft_long_records.py: 1,024-16,384 tokens): measured /
+# planned 0.88-1.03 (docs/gpu.md "init-draft's memory plan"). The logit counts were fitted before, with the scores.
 DRAFT_LOGIT_COPIES = 4  # per unroll step: the draft's logits, its log-softmax, the target softmax and exp(log q) (TV)
 DRAFT_LOGIT_TRANSIENT = 3  # of one step: the target logits, their shifted copy, a gradient in backward
-DRAFT_ATTENTION_COPIES = 1.5  # per unroll step and layer: the kept softmax, and what the allocator holds beside it
-DRAFT_ATTENTION_TRANSIENT = 2  # of one step and layer: the raw and masked scores beside the softmax
+DRAFT_ACTIVATION_H = 27  # per token, unroll step and layer, in H values (and 3 I): 11 H as activation_bytes, 16 fitted
+DRAFT_ATTENTION_KEPT = 4  # per token of the record, unroll step and layer, in H values: padded q, k, v, the output
+DRAFT_ATTENTION_TRANSIENT = 4  # of one step and layer, in H float32 values a token: the gradients of q, k, v and o
 RESERVE_SHARE = 0.05  # of the GPU: CUDA context, cuBLAS workspaces, allocator fragmentation (a choice, not measured)
+# bytes a draft activation takes, by --draft-dtype (resolved): under bfloat16 autocast the matmuls' outputs are
+# bfloat16, but the norms and the residual stream stay float32 and autocast keeps bfloat16 copies of float32 inputs,
+# so a step measured 0.85-0.96x float32's peak at 4,096-16,384 tokens on this CPU (benchmarks/draft_long_records.py,
+# two runs), not half: 3.5 bytes a value fits it
+DRAFT_DTYPE_BYTES = {"float32": 4, "bfloat16": 3.5}
+ATTENTION_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # the attention kernel's inputs and output: autocast's dtype
 
 
 @dataclass
@@ -347,37 +359,49 @@ class DraftShape:
 
 
 def step_tokens(max_batch_tokens: int, batch_size: int, longest: int) -> int:
-    """Padded tokens of a step's largest micro-batch (init_draft._step): the whole batch when it fits
-    --max-batch-tokens, else micro-batches within it, a record longer than it alone."""
+    """Tokens of a step's largest micro-batch (init_draft.train_step): records packed (no padding) up to
+    --max-batch-tokens, the whole batch when it fits, a record longer than it alone; at most batch_size x longest."""
     return min(batch_size * longest, max(max_batch_tokens, longest))
 
 
 def draft_step_rows(plan: Plan, d: DraftShape, n_aux: int, target_hidden: int, tokens: int, longest: int,
-                    max_batch_tokens: int) -> None:
-    """One training step of the draft over `tokens` padded tokens (sequences of at most `longest`): its features
-    widened to float32, the hidden activations of every unroll step and layer (11 H + 3 I float32 values a token,
-    as activation_bytes), the logits over its vocabulary and the attention scores (chain_attention materialises
-    them: heads x queries x keys, float32). Steps after the first run at the sampled anchors only."""
+                    max_batch_tokens: int, draft_dtype: str = "float32") -> None:
+    """One training step of the draft over `tokens` packed tokens (records of at most `longest`): its features
+    widened to float32, the hidden activations of every unroll step and layer (DRAFT_ACTIVATION_H x H + 3 I values a
+    token; DRAFT_DTYPE_BYTES each: fewer under --draft-dtype bfloat16's autocast), the logits over its vocabulary
+    (float32: the loss widens them) and the fused attention's own (attention_bytes): every row linear in the tokens,
+    none in `longest` x tokens. Steps after the first run at the sampled anchors only."""
+    vb = DRAFT_DTYPE_BYTES[draft_dtype]
     steps = 1 + (d.steps - 1) * d.anchor_fraction  # unroll steps, counted at full width
-    plan.add(f"step features (float32, {tokens} tokens)", 4 * tokens * (n_aux + 1) * target_hidden)
-    plan.add(f"draft activations ({d.steps} unroll steps x {d.layers} layer(s))",
-             4 * tokens * steps * d.layers * (11 * d.hidden + 3 * d.intermediate))
+    plan.add(f"step features (float32, {tokens} tokens packed)", 4 * tokens * (n_aux + 1) * target_hidden)
+    plan.add(f"draft activations ({draft_dtype}, {d.steps} unroll steps x {d.layers} layer(s))",
+             int(vb * tokens * steps * d.layers * (DRAFT_ACTIVATION_H * d.hidden + 3 * d.intermediate)))
     plan.add(f"draft logits ({d.vocab} vocab, --max-batch-tokens {max_batch_tokens})",
              4 * tokens * d.vocab * (DRAFT_LOGIT_COPIES * steps * d.anchor_fraction + DRAFT_LOGIT_TRANSIENT))
-    one = 4 * d.heads * tokens * longest  # one step's scores in one layer
-    plan.add(f"attention scores (longest record {longest} tokens: {one / GIB:.2f} GiB a unroll step)",
-             one * (DRAFT_ATTENTION_COPIES * steps * d.layers + DRAFT_ATTENTION_TRANSIENT))
+    plan.add(f"fused attention (linear in the {longest}-token longest record)", attention_bytes(d, tokens, draft_dtype))
+
+
+def attention_bytes(d: DraftShape, tokens: int, draft_dtype: str = "float32") -> int:
+    """What the draft's fused attention adds over `tokens` packed tokens beyond the activations' q, k, v and output:
+    per unroll step (every step runs the kernel over all of the record's positions, sampled anchors or not) and
+    layer the kernel's padded queries, keys, values and output (DRAFT_ATTENTION_KEPT x H values a token in the
+    compute dtype) and its float32 log-sum-exp per head; in backward one step's and layer's float32 gradients.
+    Linear in `tokens`, whatever the records' lengths."""
+    kept = 4 * d.heads + ATTENTION_DTYPE_BYTES[draft_dtype] * DRAFT_ATTENTION_KEPT * d.hidden
+    return int(tokens * (kept * d.steps * d.layers + 4 * DRAFT_ATTENTION_TRANSIENT * d.hidden))
 
 
 def init_draft_plans(config, d: DraftShape, *, total_bytes: int, policy_dtype: str, features: str,
                      max_batch_tokens: int, batch_size: int, longest: int, group_tokens: int,
-                     n_aux: int = 3) -> list[Plan]:
+                     n_aux: int = 3, draft_dtype: str = "float32") -> list[Plan]:
     """init-draft on one GPU, after its harvest's engine has stopped. `online`: one plan, the policy resident beside
     the training draft (features computed per batch, kept on the device). `stream` / `cache`: two phases, the
     policy's feature pass (then the policy is freed but for its output embedding) and the training.
     Feature forwards take up to half of what is free (hidden.batch_tokens), at most `group_tokens` at a time (a
     stream shard; online: a step's records); `longest`: the longest record's tokens (after a harvest: exact;
-    before: the longest prompt + --max-tokens)."""
+    before: the longest prompt + --max-tokens); `draft_dtype`: the draft's compute (--draft-dtype, resolved: its
+    weights and AdamW stay float32; bfloat16 autocast keeps a bfloat16 copy of its weights, and its activations take
+    DRAFT_DTYPE_BYTES a value)."""
     p, v, h = param_count(config), config.vocab_size, config.hidden_size
     wb = ENGINE_DTYPE_BYTES[policy_dtype]
     total = total_bytes / GIB
@@ -399,13 +423,14 @@ def init_draft_plans(config, d: DraftShape, *, total_bytes: int, policy_dtype: s
         plan.add("draft weights + gradients (float32)", 8 * d.trainable)
         plan.add("draft AdamW moments (float32)", DRAFT_ADAMW_BYTES * d.trainable)
         plan.add("draft's frozen token embedding (float32)", 4 * d.frozen)
+        plan.add("draft weight copies (bfloat16, autocast)", 2 * d.trainable if draft_dtype == "bfloat16" else 0)
 
     if features == "online":
         plan = base("--features online")
         plan.add(f"policy weights ({policy_dtype}, resident: --features online)", wb * p)
         draft_rows(plan)
         plan.add("a batch's features on the device (half precision)", 2 * batch_size * longest * (n_aux + 1) * h)
-        draft_step_rows(plan, d, n_aux, h, tokens, longest, max_batch_tokens)
+        draft_step_rows(plan, d, n_aux, h, tokens, longest, max_batch_tokens, draft_dtype)
         forward_row(plan, batch_size * longest)  # before the step; freed by then, counted beside it (an upper bound)
         return [plan]
     feat = base(f"--features {features}, the feature pass")
@@ -416,7 +441,7 @@ def init_draft_plans(config, d: DraftShape, *, total_bytes: int, policy_dtype: s
     plan_head = "embedding and lm_head" if head > v * h else "output embedding (the targets)"
     train.add(f"the policy's {plan_head} ({policy_dtype}, kept)", wb * head)
     draft_rows(train)
-    draft_step_rows(train, d, n_aux, h, tokens, longest, max_batch_tokens)
+    draft_step_rows(train, d, n_aux, h, tokens, longest, max_batch_tokens, draft_dtype)
     return [feat, train]
 
 
@@ -430,12 +455,13 @@ def largest_fitting(fits, below: int, step: int = 256) -> int:
 
 
 def check_init_draft(plans: list[Plan], config, replan, *, policy_dtype: str, features: str, max_batch_tokens: int,
-                     dtype_flag: bool = True) -> None:
+                     dtype_flag: bool = True, draft_dtype: str = "bfloat16") -> None:
     """Refuse init-draft plans that cannot fit, before anything is harvested, naming the settings that would:
     `--dtype bfloat16` (a float32 policy's features), `--features stream` (online keeps the policy beside the
     training), `--max-batch-tokens N` (the largest that fits), alone or together. `replan(**settings)` builds the
     plans again with `policy_dtype`, `features` or `max_batch_tokens` changed; `dtype_flag`: --dtype sets the
-    policy's dtype (not for --method mtp)."""
+    policy's dtype (not for --method mtp); `draft_dtype`: the draft's compute (a float32 one is advised bfloat16 where
+    nothing else fits)."""
     if all(p.fits for p in plans):
         return
     dtypes = [policy_dtype] + (["bfloat16"] if policy_dtype == "float32" and dtype_flag else [])
@@ -459,9 +485,11 @@ def check_init_draft(plans: list[Plan], config, replan, *, policy_dtype: str, fe
         advice = (f"the policy's weights alone take {weights:.1f} GiB in {min(dtypes, key=ENGINE_DTYPE_BYTES.get)}: "
                   "use a GPU with more memory")
     else:
-        advice = ("no --dtype, --features or --max-batch-tokens fits it: the draft's attention and logits over the "
-                  "longest record are what remain; lower --ttt-steps or --anchor-fraction, harvest shorter records "
-                  "(--max-tokens), or use a GPU with more memory")
+        advice = ("no --dtype, --features or --max-batch-tokens fits it: the draft's activations and logits over the "
+                  "longest record (alone in its micro-batch) are what remain; "
+                  + ("use --draft-dtype bfloat16 (on a GPU with bfloat16 units), " if draft_dtype == "float32" else "")
+                  + "lower --ttt-steps, --anchor-fraction or --draft-vocab-size, harvest shorter records (--max-tokens), "
+                  "or use a GPU with more memory")
     bad = next(p for p in plans if not p.fits)
     text = "\n".join(p.text() for p in plans)
     raise SpectoolError(f"{text}\ninit-draft cannot fit {bad.title.split(': ')[0].split(', ', 1)[1]} on this GPU: "

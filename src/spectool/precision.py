@@ -2,8 +2,9 @@
 
               engine (vLLM)   trainer (policy)                        draft training     logprob check
   CPU build   float32         float32                                 float32            mean |diff| <= 0.001
-  GPU         bfloat16        float32 weights, bfloat16 autocast      float32            mean |diff| <= 0.1
-                              forward (the engine's matmul precision)
+  GPU         bfloat16        float32 weights, bfloat16 autocast      float32 weights,   mean |diff| <= 0.1
+                              forward (the engine's matmul precision) bfloat16 autocast
+                                                                      (--draft-dtype)
   GPU < 8.0   float16         float32, no autocast                    float32            mean |diff| <= 0.1
 
 vLLM refuses bfloat16 below compute capability 8.0 (T4, V100: platforms/cuda.py), so "auto" serves
@@ -77,4 +78,27 @@ def trainer_autocast(dtype: str, device: torch.device):
     float32 otherwise, a float16 engine's included (trainer_dtype)."""
     if trainer_dtype(dtype) == "bfloat16" and device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+DRAFT_DTYPES = ("auto", "float32", "bfloat16")  # init-draft --draft-dtype
+
+
+def draft_dtype(setting: str = "auto") -> str:
+    """The precision the draft computes its training forward and loss in (init-draft --draft-dtype): `setting`, or
+    by device when "auto": bfloat16 autocast on a GPU with bfloat16 units (compute capability 8.0+), float32
+    elsewhere. Not on a CPU with AMX either: on this host's AMX a 128-wide draft's step under bfloat16 autocast took
+    0.76-0.84x float32's time at 4k-16k tokens (benchmarks/draft_long_records.py, docs/drafters.md "Long records"),
+    unmeasured at a real draft's width, and every other stage of the CPU build computes in float32; "bfloat16" opts
+    in. Its weights, gradients and AdamW moments stay float32 either way."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if on_gpu() and torch.cuda.get_device_capability() >= BF16_CAPABILITY else "float32"
+
+
+def draft_autocast(dtype: str, device: torch.device | str):
+    """The draft's forward + loss context: bfloat16 autocast on `device` for `dtype` "bfloat16" (matmuls in bfloat16,
+    softmax and the loss's log-softmax in float32, the float32 master weights untouched), else no autocast."""
+    if dtype == "bfloat16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

@@ -48,7 +48,7 @@ from spectool.draft.families import FAMILIES
 from spectool.draft.guard import Flags, check_speculation
 from spectool.draft.mtp_folder import check_trainable, load_mtp, save_mtp_model
 from spectool.draft.training import DraftTrainer
-from spectool.draft.ttt import chain_length, heldout_metrics, ttt_step_loss
+from spectool.draft.ttt import chain_length, heldout_metrics, packed_batches, ttt_step_loss
 from spectool.draft.vocab import build_vocab, ids_from_d2t
 from spectool.errors import SpectoolError
 from spectool.features import (
@@ -71,21 +71,26 @@ from spectool.features import (
     write_shards,
 )
 from spectool.harvesting import HarvestConfig, harvest
-from spectool.hidden import bytes_per_token, default_aux_layer_ids, token_batches
+from spectool.hidden import bytes_per_token, default_aux_layer_ids
 from spectool.models import fingerprint_mismatch, resolve_model
-from spectool.prompts import encode_prompt
+from spectool.precision import draft_autocast, draft_dtype
+from spectool.prompts import encode_tasks, rendering
 from spectool.records import load_records
 from spectool.runs import append_jsonl, claim, load_manifest, truncate_jsonl
 from spectool.ui import console
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
-RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features", "harvest_identity"}  # a rerun may change
-# these and resume (harvest_identity: checked by check_harvest, which names what changed)
+RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features", "harvest_identity", "draft_dtype",
+                     "max_model_len", "recompute_loss"}
+# a rerun may change these and resume (harvest_identity: checked by check_harvest, which names what changed;
+# max_model_len: a context too short for the harvest is refused, so records never differ; recompute_loss: the same
+# loss and gradients)
 # (every --features trains the same draft: a stream run short of disk resumes with --features online)
 # the settings runs made before each was added are compared as: a resume goes on with them (an older run within one
 # shuffle window, 131,072 tokens, and within 8,192 tokens a batch, as every earlier demo run was, draws as it drew)
 OLDER_RUNS = {"anchor_fraction": 1.0, "position_weights": "decay", "features": "cache", "max_steps": None,
-              "shard_tokens": 32768, "shuffle_window": 4, "max_batch_tokens": 8192}
+              "shard_tokens": 32768, "shuffle_window": 4, "max_batch_tokens": 8192, "draft_dtype": "float32",
+              "recompute_loss": False}
 
 
 @dataclass
@@ -164,11 +169,25 @@ def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
         return p
 
     run_dir = Path(cfg.out) / "harvest"
-    harvest(HarvestConfig(model=cfg.model, data=cfg.data, out=str(run_dir), split="train", sampling=cfg.harvest,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype))
+    harvest(HarvestConfig(model=cfg.model, data=cfg.data, system_prompt=cfg.system_prompt,
+                          chat_template_kwargs=cfg.chat_template_kwargs, out=str(run_dir), split="train", sampling=cfg.harvest,
+                          gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
+                          max_model_len=cfg.max_model_len))
 
     gc.collect()  # the harvest's engine goes before the policy and the draft take the device
     return run_dir
+
+
+def _check_rendering(cfg: InitDraftConfig, run_dir: Path, manifest: dict) -> None:
+    """A harvest run given as --data keeps the prompts it rendered: --system-prompt or --chat-template-kwargs, when
+    set, must be what it was rendered with (an older harvest recorded none: no system prompt, no kwargs)."""
+    asked, own = rendering(cfg), {**rendering(None), **(manifest.get("rendering") or {})}
+    for key in ("system_prompt", "chat_template_kwargs"):
+        if getattr(cfg, key) is not None and asked[key] != own[key]:
+            flag = "--" + key.replace("_", "-")
+            raise SpectoolError(f"{flag} {asked[key]!r}: harvest run {run_dir} rendered its prompts with {own[key]!r}, "
+                                f"and a harvest run keeps its records; drop {flag}, or harvest again with it (--data "
+                                "a data source harvests with it first)")
 
 
 @dataclass
@@ -201,6 +220,8 @@ def _setup(cfg: InitDraftConfig):
         raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
     # the family, the warm start, and whether the installed vLLM could serve such a draft for this policy at all
     check_speculation(model, cfg.method, cfg.init_from, 1, Flags(draft="--init-from"))
+    if (Path(cfg.data) / "manifest.json").exists():  # before --out is claimed
+        _check_rendering(cfg, Path(cfg.data), load_manifest(Path(cfg.data), "harvest"))
     if cfg.init_from:
         from spectool.draft.checkpoint import load_draft  # noqa: PLC0415 (binds a name this module uses otherwise)
 
@@ -265,7 +286,7 @@ def _source_prompts(cfg: InitDraftConfig, model) -> tuple[int, int]:
     h = cfg.harvest
     tok = AutoTokenizer.from_pretrained(model.path)
     tasks = load_source(cfg.data, seed=h.seed).tasks("train", h.n_prompts)
-    return len(tasks), max(len(encode_prompt(tok, t.prompt)) for t in tasks)
+    return len(tasks), max(map(len, encode_tasks(tok, tasks, cfg)))
 
 
 def _longest_record(cfg: InitDraftConfig, model) -> int:
@@ -308,16 +329,17 @@ def check_memory(cfg: InitDraftConfig, model, total_bytes: int) -> list:
                         read_config(Path(model.path)) if cfg.method == "mtp" else None)
     longest, n_aux = _longest_record(cfg, model), len(_layer_ids(cfg, config.num_hidden_layers))
     dtype = policy_dtype(cfg)
+    per_rank = -(-cfg.batch_size // int(os.environ.get("WORLD_SIZE", "1")))  # each process trains its share of a step
 
     def replan(policy_dtype: str = dtype, features: str = cfg.features, max_batch_tokens: int = cfg.max_batch_tokens):
         group = max(cfg.shard_tokens, longest) if features == "stream" else 1 << 40  # cache: every record at once
         return init_draft_plans(config, shape, total_bytes=total_bytes, policy_dtype=policy_dtype, features=features,
-                                max_batch_tokens=max_batch_tokens, batch_size=cfg.batch_size, longest=longest,
-                                group_tokens=group, n_aux=n_aux)
+                                max_batch_tokens=max_batch_tokens, batch_size=per_rank, longest=longest,
+                                group_tokens=group, n_aux=n_aux, draft_dtype=draft_dtype(cfg.draft_dtype))
 
     plans = replan()
     check_init_draft(plans, config, replan, policy_dtype=dtype, features=cfg.features, max_batch_tokens=cfg.max_batch_tokens,
-                     dtype_flag=cfg.method != "mtp")
+                     dtype_flag=cfg.method != "mtp", draft_dtype=draft_dtype(cfg.draft_dtype))
     if os.environ.get("RANK", "0") == "0":  # one print under accelerate launch
         print("\n".join(p.text() for p in plans))
     return plans
@@ -487,14 +509,15 @@ def training_features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list
 
 def train_step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens: list[int], W_dv: torch.Tensor,
                draw: torch.Generator) -> tuple[float, list[float], float]:
-    """One optimizer step over a batch, in micro-batches of at most --max-batch-tokens padded tokens (records of
-    similar length together, a longer one alone; the whole batch at once when it fits), each micro-batch's loss
-    weighted by its share of the batch's response tokens, gradients accumulated.
-    (loss, per-unroll-step losses, the share of the forwards' tokens that were padding)."""
+    """One optimizer step over a batch, in micro-batches of at most --max-batch-tokens tokens, each packed into one
+    row without padding (ttt.collate_packed: records apart in attention, the same loss as padded; a longer record
+    alone; the whole batch at once when it fits), each micro-batch's loss weighted by its share of the batch's
+    response tokens, gradients accumulated.
+    (loss, per-unroll-step losses, the share of the forwards' tokens that were padding: 0 when packed)."""
     lengths = [len(x[0]) for x in items]
     response = [n - p for n, p in zip(lengths, prompt_lens)]
-    whole = len(items) * max(lengths) <= cfg.max_batch_tokens
-    parts = [list(range(len(items)))] if whole else token_batches(lengths, cfg.max_batch_tokens)
+    whole = sum(lengths) <= cfg.max_batch_tokens
+    parts = [list(range(len(items)))] if whole else packed_batches(lengths, cfg.max_batch_tokens)
     loss_sum, per_step = 0.0, [0.0] * cfg.ttt_steps
     seen = [0.0] * cfg.ttt_steps
     for n, mb in enumerate(parts):
@@ -502,17 +525,17 @@ def train_step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens:
         # under accelerate launch only the last micro-batch's backward syncs gradients (ranks may run different counts)
         sync = contextlib.nullcontext() if n == len(parts) - 1 else tr.acc.no_sync(tr.draft)
         with sync:
-            loss, steps = ttt_step_loss(tr.draft, [items[i] for i in mb], [prompt_lens[i] for i in mb], W_dv,
-                                        cfg.ttt_steps, cfg.step_decay, tr.acc.device, cfg.loss, cfg.anchor_fraction,
-                                        draw, cfg.position_weights)
+            with draft_autocast(cfg.draft_dtype, tr.acc.device):  # --draft-dtype: the forward and loss (weights float32)
+                loss, steps = ttt_step_loss(tr.draft, [items[i] for i in mb], [prompt_lens[i] for i in mb], W_dv,
+                                            cfg.ttt_steps, cfg.step_decay, tr.acc.device, cfg.loss, cfg.anchor_fraction,
+                                            draw, cfg.position_weights, pack=True, recompute=cfg.recompute_loss)
             tr.backward(loss * share if not whole else loss)
         loss_sum += share * float(loss.detach())
         for j, x in enumerate(steps):
             if x == x:  # a step with no position in this micro-batch is nan
                 per_step[j], seen[j] = per_step[j] + share * x, seen[j] + share
     tr.finish()
-    padded = sum(len(mb) * max(lengths[i] for i in mb) for mb in parts)
-    return loss_sum, [x / w if w else float("nan") for x, w in zip(per_step, seen)], 1 - sum(lengths) / padded
+    return loss_sum, [x / w if w else float("nan") for x, w in zip(per_step, seen)], 0.0  # packed: no padding
 
 
 def _peak_memory_gib(device: torch.device) -> float:
@@ -572,6 +595,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     cfg.validate()
     if cfg.anchor_fraction is None:  # the family's measured default, saved resolved with the run
         cfg = dataclasses.replace(cfg, anchor_fraction=FAMILIES[cfg.method].anchor_fraction)
+    cfg = dataclasses.replace(cfg, draft_dtype=draft_dtype(cfg.draft_dtype))  # by device, saved resolved
     t_start = time.perf_counter()
     out = Path(cfg.out)
     # setup: the data, the policy's features, the draft and its optimizer
@@ -618,7 +642,8 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
         atomic_write_json(out / MANIFEST, make_manifest(
             "mtp-model" if cfg.method == "mtp" else "draft", model=model.name, model_identity=model.identity,
             family=cfg.method, harvest=str(data.run_dir),
-            harvest_data=data.manifest.get("data"), records=len(data.records), train_records=len(data.train),
+            harvest_data=data.manifest.get("data"), rendering=data.manifest.get("rendering"), records=len(data.records),
+            train_records=len(data.train),
             eval_records=len(data.heldout), ttt_steps=cfg.ttt_steps, result=result,
             acceptance_lengths={"heldout": result.acceptance_lengths(), "train": result.acceptance_lengths("train")}))
     return result

@@ -8,20 +8,21 @@ acceptance from the engine's own counters when a draft is used).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from spectool.config import RolloutConfig, SamplingConfig
+from spectool.context import describe_finish, finish_counts, resolve_max_model_len
 from spectool.data import load_source
 from spectool.draft.families import FAMILIES
 from spectool.draft.guard import check_speculation
-from spectool.draft.preflight import check_run_length
 from spectool.engine.engine import Engine, EngineConfig
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
 from spectool.generation import rollout_tasks
 from spectool.models import draft_model_path, resolve_model
-from spectool.prompts import encode_prompt
+from spectool.prompts import check_conversations, encode_tasks, rendering
 from spectool.records import write_shard
 from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 from spectool.schedule import read_schedule, schedule_method
@@ -52,6 +53,8 @@ class RolloutResult:
     dtype: str = "float32"  # the precision the engine served
     parallel: bool = False  # a parallel drafter: one draft forward per verify step
     timed_tokens: int = 0  # --compare: tokens each arm's timing rests on (passes over the prompts)
+    finish_reasons: dict = field(default_factory=dict)  # the records: "length" (cut at --max-tokens), "stop" (EOS)
+    max_model_len: int = 0  # the engine's context (context.resolve_max_model_len)
 
     def why(self) -> str | None:
         """One line: why speculation won or lost here, from what was measured (acceptance length, the cost of a
@@ -84,6 +87,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     model = resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
+    check_conversations(tasks, cfg)
     if len(tasks) < cfg.sampling.n_prompts:
         print(f"rollout: --n-prompts {cfg.sampling.n_prompts} asked, but the {cfg.split} split of {cfg.data} holds "
               f"{len(tasks)}: using {len(tasks)} (more data, or --split train, gives more)", file=sys.stderr)
@@ -104,11 +108,12 @@ def run(cfg: RolloutConfig) -> RolloutResult:
             print(f"rollout: {checked.note}", file=sys.stderr)
     if cfg.draft_model:
         draft_path, method = draft_model_path(cfg.draft_model, model), "draft_model"
-    if draft_path or method == "mtp":
-        longest = max(len(encode_prompt(tokenizer, t.prompt)) for t in tasks) + cfg.sampling.max_tokens
-        check_run_length(draft_path, model.path, method, longest, "--max-tokens")
-    batch = len(tasks) * cfg.sampling.samples
     drafting = bool(draft_path or method == "mtp")
+    # the context (and the draft's position range) for the prompts as the engine gets them, before any engine starts
+    context = resolve_max_model_len(model.path, max(map(len, encode_tasks(tokenizer, tasks, cfg))),
+                                    cfg.sampling.max_tokens, extra=max(max_k, 1) if drafting else 0,
+                                    user=cfg.max_model_len, draft_path=draft_path, method=method)
+    batch = len(tasks) * cfg.sampling.samples
     check_memory(cfg, model.path, method if drafting else "", max(max_k, 1) if drafting else 0, proposals, batch)
     if cfg.out:  # after every check of the draft and the memory plan: a refused run writes nothing
         claim(Path(cfg.out), "rollout", cfg)
@@ -116,20 +121,22 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     plain_tps = None
     if cfg.compare:
         plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=log_path,
-                                    gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype))
+                                    gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
+                                    max_model_len=context))
         _warm_up(plain, tokenizer, source, tasks, cfg)
-        _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling)
-        n_plain, s_plain = _time_more(plain, tokenizer, source, tasks, cfg.sampling, n_plain, s_plain)
+        _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling, cfg)
+        n_plain, s_plain = _time_more(plain, tokenizer, source, tasks, cfg, n_plain, s_plain)
         plain_tps = n_plain / s_plain
         plain.close()  # the speculative arm starts on a free device
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, log_path=log_path,
                                  method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=proposals,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                                 max_num_seqs=batch,
+                                 max_num_seqs=batch, max_model_len=context,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
     _warm_up(engine, tokenizer, source, tasks, cfg)
-    rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling)
-    timed_tokens, timed_s = (_time_more(engine, tokenizer, source, tasks, cfg.sampling, n_tokens, seconds)
+    rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling, cfg,
+                                                   progress=_progress("rollout"))
+    timed_tokens, timed_s = (_time_more(engine, tokenizer, source, tasks, cfg, n_tokens, seconds)
                              if cfg.compare else (n_tokens, seconds))
     result = RolloutResult(
         n_prompts=len(tasks), n_completions=len(rows),
@@ -139,6 +146,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         draft_sampling_why=proposals_why,
         plain_tokens_per_s=plain_tps, n_prompts_asked=cfg.sampling.n_prompts, dtype=engine.dtype,
         parallel=method in FAMILIES and FAMILIES[method].parallel, timed_tokens=timed_tokens if cfg.compare else 0,
+        finish_reasons=finish_counts(r["finish_reason"] for r in rows), max_model_len=context,
     )
     if cfg.out:
         out = Path(cfg.out)
@@ -146,7 +154,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         atomic_write_json(
             out / MANIFEST,
             make_manifest("rollout", model=model.name, model_identity=model.identity, data=cfg.data,
-                          split=cfg.split, sampling=cfg.sampling, records=len(rows),
+                          split=cfg.split, rendering=rendering(cfg), sampling=cfg.sampling, records=len(rows),
                           sampler_fix=engine.sampler_fix, served_by=engine.served_by, summary=result),
         )
     return result
@@ -179,6 +187,25 @@ def check_memory(cfg: RolloutConfig, model_path: str, method: str, k: int, propo
     print(plan.text())
 
 
+PROGRESS_EVERY_S = 10.0  # a long generate call says how far it got this often (a short one says nothing)
+
+
+def _progress(what: str):
+    """Engine.generate's progress callback: a line on stderr every PROGRESS_EVERY_S seconds while a generate call runs
+    (a long completion otherwise shows nothing until it ends)."""
+    t0 = last = time.perf_counter()
+
+    def report(tokens: int) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if now - last >= PROGRESS_EVERY_S:
+            last = now
+            print(f"{what}: {tokens} tokens generated in {now - t0:.0f} s ({tokens / (now - t0):.0f} tokens/s)",
+                  file=sys.stderr, flush=True)
+
+    return report
+
+
 def _warm_up(engine, tokenizer, source, tasks, cfg: RolloutConfig) -> None:
     """With --compare, every prompt at the run's sampling, up to WARM_UP_TOKENS each: the engine compiles the step
     shapes of this batch (speculation's vary with the tokens accepted) before anything is timed. Two prompts of 16
@@ -186,16 +213,17 @@ def _warm_up(engine, tokenizer, source, tasks, cfg: RolloutConfig) -> None:
     nothing is compared, and two short greedy prompts start the engine's compilation."""
     s = cfg.sampling
     if not cfg.compare:
-        rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0))
+        rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0), cfg)
         return
     rollout_tasks(engine, tokenizer, source, tasks,
-                  SamplingConfig(len(tasks), s.samples, min(s.max_tokens, WARM_UP_TOKENS), s.temperature, s.top_p, s.seed))
+                  SamplingConfig(len(tasks), s.samples, min(s.max_tokens, WARM_UP_TOKENS), s.temperature, s.top_p, s.seed),
+                  cfg)
 
 
-def _time_more(engine, tokenizer, source, tasks, sampling: SamplingConfig, tokens: int, seconds: float) -> tuple[int, float]:
+def _time_more(engine, tokenizer, source, tasks, cfg: RolloutConfig, tokens: int, seconds: float) -> tuple[int, float]:
     """(tokens, seconds) after more timed passes over the same prompts and seeds, until MIN_TIMED_S."""
     while seconds < MIN_TIMED_S:
-        _, _, n, s = rollout_tasks(engine, tokenizer, source, tasks, sampling)
+        _, _, n, s = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling, cfg)
         tokens, seconds = tokens + n, seconds + s
     return tokens, seconds
 
@@ -208,6 +236,8 @@ def render(r: RolloutResult) -> None:
     t.add_row("prompts x completions", f"{r.n_prompts} x {r.n_completions // max(r.n_prompts, 1)}{short}")
     t.add_row("mean reward", f"{r.mean_reward:.3f}")
     t.add_row("mean response length", f"{r.mean_response_len:.1f} tokens")
+    if r.finish_reasons:
+        t.add_row("completions ended", describe_finish(r.finish_reasons))
     timed = f", {r.timed_tokens} tokens timed" if r.timed_tokens else ""
     t.add_row("throughput", f"{r.tokens_per_s:.1f} tokens/s ({r.seconds:.1f} s{timed})")
     t.add_row("engine precision", r.dtype)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from spectool import subproc
 from spectool.config import SweepConfig
+from spectool.context import describe_finish, resolve_max_model_len
 from spectool.costmodel import ceiling, k_schedule, output_lengths
 from spectool.data import load_source
 from spectool.draft.checkpoint import dummy_draft_config
@@ -43,7 +44,7 @@ from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
 from spectool.models import draft_model_path, resolve_config, resolve_model
 from spectool.plots import pyplot, save
-from spectool.prompts import encode_prompt
+from spectool.prompts import encode_tasks
 from spectool.runs import atomic_write_bytes
 from spectool.schedule import write_schedule
 from spectool.stats.sweep import SWEEP_ALPHA, block_speedups, paired_log_rates
@@ -80,7 +81,7 @@ def _real_inputs(cfg: SweepConfig):
     tasks = load_source(cfg.data, seed=cfg.seed).tasks(cfg.split, max(cfg.batch_sizes + [cfg.min_seqs]))
     tok = AutoTokenizer.from_pretrained(model.path)
     lengths = output_lengths(cfg.lengths, len(tasks), cfg.max_tokens, cfg.seed) if cfg.lengths else None
-    return model, drafts, [encode_prompt(tok, t.prompt) for t in tasks], lengths
+    return model, drafts, encode_tasks(tok, tasks, cfg), lengths
 
 
 def _synthetic_inputs(cfg: SweepConfig, out: Path):
@@ -116,6 +117,30 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
     n = max(cfg.batch_sizes + [cfg.min_seqs])
     prompts = [[rng.randrange(100, target.vocab_size - 100) for _ in range(cfg.prompt_len)] for _ in range(n)]
     return model, drafts, prompts, output_lengths(cfg.lengths or "fixed", n, cfg.max_tokens, cfg.seed)
+
+
+def _context(cfg: SweepConfig, model_path: str, drafts: dict[str, str], prompts: list[list[int]],
+             lengths: list[int] | None) -> int:
+    """Every engine's context (context.resolve_max_model_len): the longest prompt + the longest output; each real
+    draft's position range checked against it."""
+    longest, tokens = max(map(len, prompts)), max(lengths) if lengths else cfg.max_tokens
+    context = resolve_max_model_len(model_path, longest, tokens, extra=max(cfg.ks), user=cfg.max_model_len)
+    if not cfg.dummy_weights:  # dummy drafts are written later and serve synthetic acceptance
+        for method in cfg.methods:
+            if drafts.get(method) or method == "mtp":
+                resolve_max_model_len(model_path, longest, tokens, user=cfg.max_model_len, draft_path=drafts.get(method),
+                                      method=method)
+    return context
+
+
+def _finish_reasons(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """How the timed completions ended, per method (engine runs where EOS ends a completion; --lengths ignores it)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        for reason, n in (r.get("finish_reasons") or {}).items():
+            out.setdefault(r["method"], {}).setdefault(reason, 0)
+            out[r["method"]][reason] += n
+    return out
 
 
 def _check_weightless(cfg: SweepConfig, model) -> None:
@@ -221,6 +246,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
         progress(f"draft proposals: {proposals} ({proposals_why})")
     out = Path(cfg.out)
     model, drafts, prompts, lengths = _synthetic_inputs(cfg, out) if cfg.dummy_weights else _real_inputs(cfg)
+    context = _context(cfg, model.path, drafts, prompts, lengths)  # refused here, before anything is claimed or started
     claim(out, "sweep", cfg, may_change={"ks", "batch_sizes", "methods", "min_gain", "repeats"},
           defaults=SweepConfig(out=""))
     if drafts.get("eagle3") == str(out / DUMMY_DRAFT):
@@ -258,7 +284,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             seed=cfg.seed + run_no * ROUND_SEED,
             draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
             dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths, log_path=str(out / "engine.log"),
-            dtype=cfg.dtype, min_seconds=cfg.min_seconds),
+            dtype=cfg.dtype, min_seconds=cfg.min_seconds, max_model_len=context),
             what=f"the {method} k={k} engine", progress=progress)
         measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # when this engine run ended
         for row in rows:
@@ -277,7 +303,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
               "drafts": {m: d for m, d in drafts.items() if m != "draft_model"},
               "draft_model": drafts.get("draft_model"), "model": model.name, "max_k": max(cfg.ks),
               "draft_sampling": cfg.draft_sampling,
-              "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights}
+              "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights, "max_model_len": context,
+              "finish_reasons": _finish_reasons(done)}
     atomic_write_json(out / "sweep.json", result)
     if result["schedule"]:
         write_schedule(out, result["schedule"], "sweep", draft, cfg.draft_sampling, family)
@@ -412,6 +439,9 @@ def render(result: dict, out: str) -> None:
     if result.get("schedule"):
         c.print(f"schedule for rollout --k auto: {result['schedule_method']} drafts, k per batch size "
                 f"{result['schedule']}", highlight=False)
+    for method, counts in (result.get("finish_reasons") or {}).items():
+        c.print(f"{'plain decoding' if method == 'none' else method}: completions ended {describe_finish(counts)}",
+                highlight=False)
     c.print(f"table, plots and rows in {out}", highlight=False)
 
 
@@ -472,6 +502,9 @@ def _pooled(runs: list[dict]) -> dict:
     row["per_position"] = [sum(p[j] for p in pos) / len(pos) for j in range(min(map(len, pos)))] if pos else []
     if len(runs) > 1:
         row["drift"] = runs[-1]["tokens_per_s"] / runs[0]["tokens_per_s"]
+    ended = [r["finish_reasons"] for r in runs if r.get("finish_reasons")]  # measure_arm's, EOS not ignored
+    if ended:
+        row["finish_reasons"] = {k: sum(e.get(k, 0) for e in ended) for k in sorted(set().union(*ended))}
     return row
 
 

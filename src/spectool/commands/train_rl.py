@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 
+from spectool.context import RL_YAML, finish_counts, resolve_max_model_len
 from spectool.data import load_source
 from spectool.draft.checkpoint import draft_metadata
 from spectool.draft.refresh import DraftNotLive, DraftRefresher
@@ -39,7 +40,7 @@ from spectool.errors import SpectoolError
 from spectool.memory import check_train_rl, draft_params, drafter_logits, output_bin_counts, train_rl_plan
 from spectool.models import resolve_model
 from spectool.precision import engine_dtype, logprob_tolerance, trainer_dtype
-from spectool.prompts import encode_prompt
+from spectool.prompts import check_conversations, encode_tasks
 from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
 from spectool.rl.grpo import group_advantages
 from spectool.rl.policy import PolicyTrainer, Rollout, check_engine_logprobs, update_within_memory
@@ -60,6 +61,7 @@ class Batch:
     gen_s: float
     gen_tokens: int
     mean_reward: float
+    finish_reasons: dict[str, int] = field(default_factory=dict)  # context.finish_counts of the step's rollouts
 
 
 @dataclass
@@ -145,8 +147,15 @@ def _setup(cfg: RLConfig) -> _Run:
     tokenizer = AutoTokenizer.from_pretrained(model.path)
     tasks = StepPrompts(source, tokenizer, cfg)
     eval_tasks = source.tasks("eval", cfg.rollout.eval_prompts) if cfg.rollout.eval_every else []
+    check_conversations(eval_tasks, cfg.rollout)
     spec = resolve(cfg, model)
     schedule, draft_path, k = spec.schedule, spec.draft_path, spec.k
+    longest = max(map(len, tasks.ids + encode_tasks(tokenizer, eval_tasks, cfg.rollout)))
+    drafting = bool(k and (draft_path is not None or spec.method == "mtp"))
+    context = resolve_max_model_len(model.path, longest, cfg.rollout.max_tokens, extra=k if drafting else 0,
+                                    user=cfg.engine.max_model_len or None, names=RL_YAML,
+                                    draft_path=draft_path if drafting and spec.method != "mtp" else None,
+                                    method=spec.method if drafting else "")
     claim(out, "train-rl", cfg.as_dict(), may_change=RESUMABLE_KEYS_IGNORED, flag="out")
     ckpt = _latest_checkpoint(out)
     p, e = cfg.policy, cfg.engine
@@ -175,7 +184,7 @@ def _setup(cfg: RLConfig) -> _Run:
         k_schedule=schedule, seed=cfg.seed, max_num_seqs=rollout_batch(cfg),
         log_path=str(out / "engine.log"), draft_sampling=spec.proposals, dtype=dtype,
         gpu_memory_utilization=e.gpu_memory_utilization,
-        kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=e.max_model_len or None,
+        kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=context,
         logprobs_mode="processed_logprobs",  # behaviour logprobs at the sampling temperature
     ))
     if ckpt:
@@ -313,13 +322,15 @@ def _generate(engine, source, tasks: StepPrompts, step: int, cfg: RLConfig) -> B
     rollouts = [Rollout(c.prompt_ids, c.response_ids, c.logprobs, float(rewards[i, j]), float(adv[i, j]))
                 for i, samples in enumerate(outs) for j, c in enumerate(samples) if c.response_ids]
     tokens = sum(len(x.response_ids) for x in rollouts)
-    return Batch(step, rollouts, acc, gen_s, tokens, float(rewards.mean()))
+    return Batch(step, rollouts, acc, gen_s, tokens, float(rewards.mean()),
+                 finish_counts(c.finish_reason for samples in outs for c in samples))
 
 
 def _batch_metrics(b: Batch) -> dict[str, Any]:
     m: dict[str, Any] = {"reward": b.mean_reward, "gen_s": b.gen_s, "gen_tokens": b.gen_tokens,
                          "gen_tokens_per_s": b.gen_tokens / b.gen_s if b.gen_s else 0.0,
-                         "response_len": b.gen_tokens / max(len(b.rollouts), 1), "entropy": _entropy(b.rollouts)}
+                         "response_len": b.gen_tokens / max(len(b.rollouts), 1), "entropy": _entropy(b.rollouts),
+                         "finish_length": b.finish_reasons.get("length", 0), "finish_stop": b.finish_reasons.get("stop", 0)}
     if b.acceptance.num_drafts:
         m["acceptance_length"] = b.acceptance.mean_acceptance_length
         m["acceptance_per_pos"] = b.acceptance.per_position_rate
@@ -354,7 +365,7 @@ def _eval_reward(engine, tokenizer, source, eval_tasks, cfg: RLConfig) -> float:
     r = cfg.rollout
     greedy = r.eval_samples == 1
     # sampled: the same seeds at every eval (common random numbers: less noise between evals)
-    outs, _ = engine.generate([encode_prompt(tokenizer, t.prompt) for t in eval_tasks],
+    outs, _ = engine.generate(encode_tasks(tokenizer, eval_tasks, cfg.rollout),
                               Sampling(n=r.eval_samples, max_tokens=r.max_tokens, temperature=0.0 if greedy else r.temperature,
                                        seed=None if greedy else cfg.seed + 99_991))
     scores = [source.score(t, c.text) for t, samples in zip(eval_tasks, outs) for c in samples]
@@ -409,4 +420,6 @@ def _summary(history: list[dict]) -> dict:
             "gen_tokens_per_s": mean("gen_tokens_per_s"), "first_eval_reward": evals[0] if evals else None,
             "last_eval_reward": evals[-1] if evals else None,
             "refreshes": sum("refresh_s" in r for r in history),
+            "finish_length": sum(r.get("finish_length", 0) for r in history),  # rollouts cut at rollout.max_tokens
+            "finish_stop": sum(r.get("finish_stop", 0) for r in history),  # rollouts ended at EOS
             "refresh_s_total": sum(r.get("refresh_s", 0.0) for r in history)}

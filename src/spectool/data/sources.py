@@ -1,9 +1,13 @@
-"""Data sources: `dapo`, `gym:<task>[:k=v,...]`, a local .jsonl/.parquet file, `chat`, and a
-weighted mix of them: `SOURCE[@WEIGHT]+SOURCE[@WEIGHT]...` (e.g. `gym:chain_sum@2+gym:products@1`).
+"""Data sources: `dapo`, `gym:<task>[:k=v,...]`, a hub dataset `hub:ORG/NAME[:split=S,config=C]`, a local
+.jsonl/.parquet file, `chat`, and a weighted mix of them: `SOURCE[@WEIGHT]+SOURCE[@WEIGHT]...` (e.g.
+`gym:chain_sum@2+gym:products@1`).
 
 Every source yields `Task`s (a prompt and, when verifiable, its answer) and scores a completion.
-Splits are decided by a hash of the prompt text (about 10% held out as "eval"), so they are
-deterministic, independent of how many items are drawn, and can never overlap.
+A prompt is a text (one user turn) or a conversation (a list of {role, content} messages, every turn
+kept: TRL's conversational format); prompts.py renders either with the model's chat template.
+Splits are decided by a hash of the prompt text (a conversation's: its canonical JSON; about 10%
+held out as "eval"), so they are deterministic, independent of how many items are drawn, and can
+never overlap.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -23,14 +26,22 @@ from spectool.errors import SpectoolError
 EVAL_PERCENT = 10
 SPLITS = ("train", "eval")
 OFFLINE_ALTERNATIVES = "gym:chain_sum, gym:products, a local .jsonl/.parquet file, or chat"
+HUB_PREFIX = "hub:"  # a hub dataset id is always marked: a bare ORG/NAME could be a local folder
 DAPO_HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
+DAPO_ANSWER_COL = "reward_model.ground_truth"  # verl's layout: the answer nested in the reward_model cell
 
 
 @dataclass(frozen=True)
 class Task:
     id: str  # stable id: hash of the source name and the prompt text
-    prompt: str  # the user message (the chat template is applied later, per model)
+    prompt: str  # the user message, or a conversation's canonical JSON (the chat template is applied later, per model)
     answer: str | None  # reference answer; None for unverifiable sources
+    conversation: tuple[dict, ...] | None = field(default=None, hash=False)  # every turn, when the data gives several
+
+    @property
+    def messages(self) -> list[dict]:
+        """The conversation to render: every turn the data gave, or the prompt text as one user turn."""
+        return [dict(m) for m in self.conversation] if self.conversation else [{"role": "user", "content": self.prompt}]
 
 
 @dataclass
@@ -39,7 +50,7 @@ class TaskSource:
 
     spec: str
     verifiable: bool
-    _draw: Callable[[], Any]  # yields (prompt, answer, payload) in a fixed order
+    _draw: Callable[[], Any]  # yields (prompt: a text or a conversation, answer, payload) in a fixed order
     _score: Callable[[Any, str], float] | None = None
     _payloads: dict[str, Any] = field(default_factory=dict)
 
@@ -49,11 +60,12 @@ class TaskSource:
             raise SpectoolError(f"split must be one of {SPLITS}, got {split!r}")
         out: list[Task] = []
         seen: set[str] = set()
-        for prompt, answer, payload in self._draw():
+        for value, answer, payload in self._draw():
+            prompt, conversation = prompt_key(value)
             if prompt in seen or in_eval_split(prompt) != (split == "eval"):
                 continue
             seen.add(prompt)
-            task = Task(id=_task_id(self.spec, prompt), prompt=prompt, answer=answer)
+            task = Task(id=_task_id(self.spec, prompt), prompt=prompt, answer=answer, conversation=conversation)
             self._payloads[task.id] = payload
             out.append(task)
             if len(out) == n:
@@ -70,6 +82,17 @@ class TaskSource:
         return float(self._score(task if payload is None else payload, completion))
 
 
+def prompt_key(value: str | list[dict]) -> tuple[str, tuple[dict, ...] | None]:
+    """(the text the split and the task id hash, the conversation or None) of a prompt a source drew. A text, and a
+    conversation of one user turn, are that text (the ids of plain-text prompts never change); a longer
+    conversation is its canonical JSON."""
+    if isinstance(value, str):
+        return value, None
+    if len(value) == 1 and value[0]["role"] == "user":
+        return value[0]["content"], None
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")), tuple(value)
+
+
 def in_eval_split(prompt: str) -> bool:
     return int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) % 100 < EVAL_PERCENT
 
@@ -83,8 +106,11 @@ def load_source(spec: str, *, seed: int = 0, prompt_col: str = "prompt", answer_
     spec = spec.strip()
     if MIX_SEPARATOR in spec:
         return _mix_source(spec, seed, prompt_col, answer_col)
-    if spec == "dapo":
-        return _dapo_source()
+    if spec == "dapo":  # DAPO-Math-17k, its prompt a conversation, its answer in reward_model.ground_truth
+        return _hub_source("dapo", DAPO_HUB_ID, "", "prompt", DAPO_ANSWER_COL)
+    if spec.startswith(HUB_PREFIX):
+        repo, _, options = spec[len(HUB_PREFIX):].partition(":")
+        return _hub_source(spec, repo, options, prompt_col, answer_col)
     if spec.startswith("gym:"):
         return _gym_source(spec, seed)
     if spec == "chat":
@@ -92,9 +118,10 @@ def load_source(spec: str, *, seed: int = 0, prompt_col: str = "prompt", answer_
         return TaskSource(spec, False, lambda: ((p, None, None) for p in prompts))
     if spec.endswith((".jsonl", ".parquet")):
         return _file_source(spec, prompt_col, answer_col)
+    hint = f" (a hub dataset is written hub:{spec})" if spec.count("/") == 1 and not Path(spec).exists() else ""
     raise SpectoolError(
-        f"unknown data source {spec!r}: use 'dapo', 'gym:<task>[:key=value,...]' "
-        "(e.g. gym:chain_sum), a .jsonl/.parquet file, or 'chat'"
+        f"unknown data source {spec!r}{hint}: use 'dapo', 'gym:<task>[:key=value,...]' (e.g. gym:chain_sum), "
+        "'hub:ORG/NAME[:split=train,config=NAME]' (a hub dataset), a .jsonl/.parquet file, or 'chat'"
     )
 
 
@@ -141,7 +168,7 @@ def _mix_source(spec: str, seed: int, prompt_col: str, answer_col: str) -> TaskS
                 live.remove(i)
                 continue
             drawn[i] += 1
-            yield prompt, answer, (i, payload if payload is not None else Task("", prompt, answer))
+            yield prompt, answer, (i, payload if payload is not None else Task("", prompt_key(prompt)[0], answer))
 
     def score(payload: tuple[int, Any], completion: str) -> float:
         i, inner = payload
@@ -257,8 +284,9 @@ def _file_source(spec: str, prompt_col: str, answer_col: str) -> TaskSource:
     has_answer = answer_col in ds.column_names
 
     def draw():
-        for row in ds:
-            yield _prompt_text(row[prompt_col]), (str(row[answer_col]) if has_answer else None), None
+        for n, row in enumerate(ds, 1):
+            yield (prompt_value(row[prompt_col], f"data file {path}, row {n}, column {prompt_col!r} (--prompt-col)"),
+                   str(row[answer_col]) if has_answer else None, None)
 
     def score(task: Task, completion: str) -> float:
         return math_equal(extract_answer(completion), task.answer or "")
@@ -266,45 +294,85 @@ def _file_source(spec: str, prompt_col: str, answer_col: str) -> TaskSource:
     return TaskSource(spec, has_answer, draw, score if has_answer else None)
 
 
-def _prompt_text(value: Any) -> str:
-    """A prompt cell may be a string or a chat (list of {role, content}); take the user turn."""
+def prompt_value(value: Any, where: str) -> str | list[dict]:
+    """A prompt cell: a text, or a conversation (TRL's conversational format: a list of {role, content} messages),
+    every turn kept, system turns included, as {role, content} (other keys are not rendered)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and isinstance(value[-1], dict):
-        users = [m["content"] for m in value if m.get("role") == "user"]
-        return users[-1] if users else value[-1]["content"]
-    raise SpectoolError(f"prompt cell must be text or a list of chat messages, got {type(value).__name__}")
+    if isinstance(value, list) and value and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    raise SpectoolError(f"{where}: a prompt must be a text or a non-empty list of chat messages "
+                        f"({{\"role\": ..., \"content\": text}}), got {str(value)[:120]}")
 
 
-# --- DAPO-Math-17k (hub only) ---------------------------------------------------------------------
+# --- hub datasets (DAPO-Math-17k is one) -----------------------------------------------------------
+
+HUB_OPTIONS = ("split", "config")
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def _dapo_source() -> TaskSource:
-    if not _hub_reachable():
-        raise SpectoolError(
-            f"--data dapo needs the Hugging Face hub ({DAPO_HUB_ID}) and it is not reachable from "
-            f"this machine. Offline alternatives: {OFFLINE_ALTERNATIVES}."
-        )
-    import datasets  # noqa: PLC0415 (heavy, loaded only on this path)
-
-    ds = datasets.load_dataset(DAPO_HUB_ID, split="train")
+def _hub_source(spec: str, repo: str, options: str, prompt_col: str, answer_col: str) -> TaskSource:
+    """A dataset on the Hugging Face hub in TRL's prompt formats (standard: a text prompt column; conversational: a
+    list of messages), read with `datasets.load_dataset`: its cache, HF_HOME / HF_DATASETS_CACHE and offline mode
+    (HF_DATASETS_OFFLINE=1 / HF_HUB_OFFLINE=1) work as they do for `datasets`. `answer_col` may name a nested field
+    (`reward_model.ground_truth`); without an answer the prompts are unverifiable (reward 0)."""
+    pairs = [item.partition("=") for item in options.split(",") if item.strip()]
+    opts = {k.strip(): v.strip() for k, _, v in pairs}
+    if repo.count("/") != 1 or not all(repo.split("/")) or any(not eq or k.strip() not in HUB_OPTIONS or not v.strip()
+                                                                for k, eq, v in pairs):
+        raise SpectoolError(f"--data {spec!r}: a hub dataset is hub:ORG/NAME[:split=S,config=C] (options: "
+                            f"{', '.join(HUB_OPTIONS)}; e.g. hub:{DAPO_HUB_ID}:split=train)")
+    split = opts.get("split", "train")
+    ds = _load_hub(spec, repo, opts.get("config"), split)
+    if prompt_col not in ds.column_names:
+        raise SpectoolError(f"--data {spec!r} has no column {prompt_col!r} (columns: {ds.column_names}); pick one "
+                            "with --prompt-col")
+    has_answer = answer_col.split(".")[0] in ds.column_names
 
     def draw():
-        for row in ds:
-            yield _prompt_text(row["prompt"]), str(row["reward_model"]["ground_truth"]), None
+        for n, row in enumerate(ds, 1):
+            answer = _nested(row, answer_col) if has_answer else None
+            yield (prompt_value(row[prompt_col], f"{repo} ({split}), row {n}, column {prompt_col!r} (--prompt-col)"),
+                   None if answer is None else str(answer), None)
 
     def score(task: Task, completion: str) -> float:
-        # DAPO's convention: the response ends with "Answer: <expr>"; math-verify checks equality.
+        # DAPO's convention (and the files'): the response ends with "Answer: <expr>"; math-verify checks equality.
         return math_equal(extract_answer(completion), task.answer or "")
 
-    return TaskSource("dapo", True, draw, score)
+    return TaskSource(spec, has_answer, draw, score if has_answer else None)
+
+
+def _nested(row: dict, path: str) -> Any:
+    for key in path.split("."):
+        row = row.get(key) if isinstance(row, dict) else None
+    return row
+
+
+def _load_hub(spec: str, repo: str, config: str | None, split: str):
+    """The split as `datasets.load_dataset` gives it; offline (or the hub unreachable) a copy in the hub's file cache
+    (`hf download REPO --repo-type dataset`) is read too. Missing from both caches: an error naming the caches, the
+    offline settings and the offline sources."""
+    import datasets  # noqa: PLC0415 (heavy, loaded only on this path)
+    import huggingface_hub  # noqa: PLC0415 (heavy, loaded only on this path)
+
+    datasets.disable_progress_bars()
+    try:
+        try:
+            return datasets.load_dataset(repo, config, split=split)
+        except ConnectionError as e:  # offline, or the hub unreachable, and not in datasets' own cache
+            try:
+                snapshot = huggingface_hub.snapshot_download(repo, repo_type="dataset", local_files_only=True)
+            except (OSError, ValueError):
+                offline = datasets.config.HF_HUB_OFFLINE
+                why = ("offline mode is on (HF_DATASETS_OFFLINE=1 or HF_HUB_OFFLINE=1)" if offline else
+                       f"the hub is not reachable from this machine ({e})")
+                raise SpectoolError(
+                    f"--data {spec}: {why} and {repo} is in neither the datasets cache ({datasets.config.HF_DATASETS_CACHE})"
+                    f" nor the hub cache ({huggingface_hub.constants.HF_HUB_CACHE}). Load it once where the hub is "
+                    f"reachable, with the same HF_HOME (python -c \"import datasets; datasets.load_dataset('{repo}', "
+                    f"split='{split}')\" or hf download {repo} --repo-type dataset), or use an offline source: "
+                    f"{OFFLINE_ALTERNATIVES}.") from None
+            return datasets.load_dataset(snapshot, config, split=split)
+    except (FileNotFoundError, ValueError) as e:  # no such dataset (or gated), no such split or config
+        raise SpectoolError(f"--data {spec}: {e} (the split and config are hub:{repo}:split=S,config=C; a gated "
+                            "dataset needs `hf auth login` or HF_TOKEN)") from None

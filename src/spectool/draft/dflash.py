@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from spectool.draft.model import (
@@ -37,6 +36,9 @@ from spectool.draft.model import (
     anchor_rows,
     inverse_frequencies,
     layer_probe,
+    next_tokens,
+    prefix_attention,
+    record_positions,
     rope,
     shape_fields,
 )
@@ -91,33 +93,33 @@ class BlockAttention(nn.Module):
         self.k_norm = RMSNorm(self.hd, c.rms_norm_eps)
 
     def keys(self, x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [B, N, H] at positions pos [N] -> K, V [B, nh, N, hd] (kv heads repeated)."""
+        """x: [B, N, H] at positions pos [N] -> K, V [B, nkv, N, hd] (kv heads not repeated)."""
         B, N, _ = x.shape
-        rep = self.nh // self.nkv
-        k = self.k_norm(self.k_proj(x).view(B, N, self.nkv, self.hd)).transpose(1, 2)
-        k = rope(k, pos, inv_freq).repeat_interleave(rep, dim=1)
-        v = self.v_proj(x).view(B, N, self.nkv, self.hd).transpose(1, 2).repeat_interleave(rep, dim=1)
-        return k, v
+        k = rope(self.k_norm(self.k_proj(x).view(B, N, self.nkv, self.hd)).transpose(1, 2), pos, inv_freq)
+        return k, self.v_proj(x).view(B, N, self.nkv, self.hd).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
-                ctx_mask: torch.Tensor, block_mask: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+                rows: slice | torch.Tensor, block_mask: torch.Tensor, inv_freq: torch.Tensor,
+                segments: list[int] | None = None) -> torch.Tensor:
         """x: [B, n, S, H] query blocks (n anchors, S slots) at positions pos [n, S]; k_ctx, v_ctx:
-        [B, nh, T, hd]; ctx_mask [n, T]: context positions each anchor sees; block_mask [S, S]."""
+        [B, nkv, T, hd]; rows: each block's anchor t (a slice of range(T) or [n]), whose block sees the
+        context at <= t (of its own record, with `segments`: model.record_positions); block_mask [S, S]: the
+        block's own keys each slot sees. Returns [B, n, S, H].
+
+        Memory linear in T (model.prefix_attention): the S slots of a block share their context
+        keys and are run as S query heads per head, the block's own keys as each query's extra keys."""
         B, n, S, _ = x.shape
+        rep, g = self.nh // self.nkv, self.nkv
         flat_pos = pos.reshape(-1)
         q = self.q_norm(self.q_proj(x).view(B, n * S, self.nh, self.hd)).transpose(1, 2)
-        q = rope(q, flat_pos, inv_freq).view(B, self.nh, n, S, self.hd)  # [B, nh, n, S, hd]
+        q = rope(q, flat_pos, inv_freq).view(B, g, rep, n, S, self.hd) * self.hd**-0.5
         kb, vb = self.keys(x.reshape(B, n * S, -1), flat_pos, inv_freq)
-        kb, vb = kb.view(B, self.nh, n, S, self.hd), vb.view(B, self.nh, n, S, self.hd)
-        scale = self.hd**-0.5
-        s_ctx = torch.einsum("bhnsd,bhtd->bhnst", q, k_ctx) * scale  # [B, nh, n, S, T]
-        s_ctx = s_ctx.masked_fill(~ctx_mask[:, None, :], float("-inf"))
-        s_blk = torch.einsum("bhnsd,bhnrd->bhnsr", q, kb) * scale  # [B, nh, n, S, S]
-        s_blk = s_blk.masked_fill(~block_mask, float("-inf"))
-        w = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1)
-        T = k_ctx.shape[2]
-        o = torch.einsum("bhnst,bhtd->bhnsd", w[..., :T], v_ctx) + torch.einsum("bhnsr,bhnrd->bhnsd", w[..., T:], vb)
-        return self.o_proj(o.permute(0, 2, 3, 1, 4).reshape(B, n, S, self.nh * self.hd))
+        kb, vb = kb.view(B, g, n, S, self.hd), vb.view(B, g, n, S, self.hd)
+        s_blk = torch.einsum("bgrnsd,bgnkd->bgrsnk", q, kb).masked_fill(~block_mask[:, None, :], float("-inf"))
+        q = q.permute(0, 1, 2, 4, 3, 5).reshape(B, g * rep * S, n, self.hd)  # query heads (kv head, head, slot)
+        o, w = prefix_attention(q, k_ctx, v_ctx, rows, s_blk.reshape(B, g * rep * S, n, S), segments)
+        o = o.view(B, g, rep, S, n, self.hd) + torch.einsum("bgrsnk,bgnkd->bgrsnd", w.view(B, g, rep, S, n, S), vb)
+        return self.o_proj(o.permute(0, 4, 3, 1, 2, 5).reshape(B, n, S, self.nh * self.hd))
 
 
 class BlockLayer(nn.Module):
@@ -182,30 +184,29 @@ class DFlashDraft(DraftBase):
     # --- the block, at every anchor ----------------------------------------------------------------
 
     def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0,
-               anchors: torch.Tensor | None = None) -> list[torch.Tensor]:
+               anchors: torch.Tensor | None = None, segments: list[int] | None = None) -> list[torch.Tensor]:
         """aux: [B, T, n_aux * H_t]; input_ids: [B, T]. Returns j -> logits [B, n, Vd] for the n
         anchors start..T-1 (or the given `anchors` [n], sorted, >= start), slot j+1 of the block at
-        anchor t predicting x[t+j+2] (Eagle3Draft's contract). Positions past the end read token 0;
-        callers mask."""
-        h = self.block_hidden(aux, input_ids, steps, start, anchors)  # [B, n, S, H]
+        anchor t predicting x[t+j+2] (Eagle3Draft's contract, `segments` too). Positions past the end read
+        token 0; callers mask."""
+        h = self.block_hidden(aux, input_ids, steps, start, anchors, segments)  # [B, n, S, H]
         logits = self.lm_head(h[:, :, 1:])  # [B, n, steps, Vd]
         return [logits[:, :, j] for j in range(steps)]
 
     def block_hidden(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0,
-                     anchors: torch.Tensor | None = None) -> torch.Tensor:
+                     anchors: torch.Tensor | None = None, segments: list[int] | None = None) -> torch.Tensor:
         """The final-normed hidden states of every block slot: [B, n anchors, steps + 1, H]."""
         B, T, _ = aux.shape
         dev = aux.device
         S = steps + 1
         ctx = self.hidden_norm(self.fc(aux))  # [B, T, H]
-        ctx_pos = torch.arange(T, device=dev)
+        local, end = record_positions(T, segments, dev)  # ctx positions [T] (restarting per packed record)
         rows = anchor_rows(start, anchors)
-        at = ctx_pos[rows]  # [n] the anchor positions (the argument `anchors` may be None)
+        at = local[rows]  # [n] the anchor positions (the argument `anchors` may be None)
         pos = at[:, None] + 1 + torch.arange(S, device=dev)[None, :]  # [n, S]
-        ctx_mask = ctx_pos[None, :] <= at[:, None]  # [n, T]
         block_mask = (torch.ones(S, S, dtype=torch.bool, device=dev).tril() if self.config.causal
                       else torch.ones(S, S, dtype=torch.bool, device=dev))
-        nxt = F.pad(input_ids[:, 1:], (0, 1), value=0)[:, rows]  # x[t+1], [B, n]
+        nxt = next_tokens(input_ids, 1, end)[:, rows]  # x[t+1], [B, n]
         first = self.embed_tokens(nxt)  # [B, n, H]
         is_mask_id = (nxt == self.config.mask_token_id)[..., None]  # vLLM replaces that id everywhere
         first = torch.where(is_mask_id, self.mask_embedding.to(first.dtype), first)
@@ -213,7 +214,7 @@ class DFlashDraft(DraftBase):
         h = torch.cat([first[:, :, None], masks], dim=2)  # [B, n, S, H]
         for layer in self.layers:
             a = layer.self_attn
-            k_ctx, v_ctx = a.keys(ctx, ctx_pos, self.inv_freq)  # the context is not normed by input_layernorm
-            r = a(layer.input_layernorm(h), pos, k_ctx, v_ctx, ctx_mask, block_mask, self.inv_freq) + h
+            k_ctx, v_ctx = a.keys(ctx, local, self.inv_freq)  # the context is not normed by input_layernorm
+            r = a(layer.input_layernorm(h), pos, k_ctx, v_ctx, rows, block_mask, self.inv_freq, segments) + h
             h = layer.mlp(layer.post_attention_layernorm(r)) + r
         return self.norm(h)

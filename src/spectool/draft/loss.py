@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from spectool.constants import DEFAULT_POSITION_WEIGHTS, LOSS_WEIGHTS, LOSSES, POSITION_WEIGHTS
 
@@ -23,9 +24,12 @@ from spectool.constants import DEFAULT_POSITION_WEIGHTS, LOSS_WEIGHTS, LOSSES, P
 def step_mask(prompt_lens: torch.Tensor, lengths: torch.Tensor, T: int, j: int,
               anchors: torch.Tensor | None = None) -> torch.Tensor:
     """[B, n] bool: anchors t (0..T-1, or the given `anchors` [n]) whose step-j target position t+j+1
-    lies in [prompt_len-1, length-1]."""
-    pos = (torch.arange(T) if anchors is None else anchors.cpu())[None, :] + j + 1
-    return (pos >= (prompt_lens[:, None] - 1)) & (pos <= (lengths[:, None] - 1))
+    lies in [prompt_len-1, length-1]. prompt_lens, lengths: [B] per row, or [B, T] per position (a packed
+    row: the prompt end and the end of each position's record, as indices of the row; ttt.collate_packed)."""
+    at = torch.arange(T) if anchors is None else anchors.cpu()
+    lo, hi = (prompt_lens[:, at], lengths[:, at]) if prompt_lens.dim() == 2 else (prompt_lens[:, None], lengths[:, None])
+    pos = at[None, :] + j + 1
+    return (pos >= lo - 1) & (pos <= hi - 1)
 
 
 def step_targets(x: torch.Tensor, j: int, anchors: torch.Tensor | None) -> torch.Tensor:
@@ -65,6 +69,14 @@ def position_loss(p: torch.Tensor, draft_logits: torch.Tensor, kind: str = "ce")
     return position_losses(p, draft_logits, kind).mean()
 
 
+def step_losses(logits: torch.Tensor, target_logits_dv: torch.Tensor, j: int, anchors: torch.Tensor | None,
+                m: torch.Tensor, temperature: float, kind: str) -> torch.Tensor:
+    """`position_losses` of unroll step j at the anchors m ([B, n] bool) of logits [B, n, Vd], against the policy's
+    distribution at each anchor's step-j target (target_logits_dv [B, T, Vd] at `temperature`): [N]."""
+    p = torch.softmax(step_targets(target_logits_dv, j, anchors)[m].float() / temperature, -1)  # [N, Vd]
+    return position_losses(p, logits[m], kind)
+
+
 def ttt_loss(
     draft_logits: list[torch.Tensor],  # steps x [B, n, Vd] at anchors 0..T-1 (n = T) or at `anchors`
     target_logits_dv: torch.Tensor,  # [B, T, Vd] policy logits at each position, draft vocab only
@@ -75,6 +87,7 @@ def ttt_loss(
     temperature: float = 1.0,
     anchors: torch.Tensor | None = None,  # [n] the anchors the logits were run at (ttt.sample_anchors)
     weights: str = DEFAULT_POSITION_WEIGHTS,
+    recompute: bool = False,  # each step's losses recomputed in the backward (init-draft --recompute-loss)
 ) -> tuple[torch.Tensor, list[float]]:
     """Weighted loss (`position_losses`) over unroll steps against the policy at `temperature`.
     `weights` (constants.POSITION_WEIGHTS) weighs the positions of step j, from a = sum_v min(p_v, q_v), the
@@ -95,12 +108,16 @@ def ttt_loss(
         if not m.any():
             per_step.append(float("nan"))
             continue
-        p = torch.softmax(step_targets(target_logits_dv, j, anchors)[m].float() / temperature, -1)  # [N, Vd]
-        losses = position_losses(p, logits[m], kind)  # [N]
+        args = (logits, target_logits_dv, j, anchors, m, temperature, kind)
+        # recompute: autograd keeps no [N, Vd] copy of this step (the masked logits, log-softmax, target
+        # distribution), only the step's logits, which the caller holds anyway; they are recomputed in the backward
+        recompute_here = recompute and logits.requires_grad
+        losses = checkpoint(step_losses, *args, use_reentrant=False) if recompute_here else step_losses(*args)
         if weights == "decay":
             total = total + (decay**j) * losses.mean()
         else:
-            accept = 1 - position_losses(p, logits[m].detach(), "tv")  # [N] sum_v min(p_v, q_v)
+            with torch.no_grad():
+                accept = 1 - step_losses(logits, target_logits_dv, j, anchors, m, temperature, "tv")  # [N] sum min(p, q)
             if weights == "rejection":
                 reject = 1 - accept
                 total = total + (decay**j) * (reject * losses).sum() / reject.sum().clamp_min(1e-6)

@@ -179,14 +179,33 @@ class DraftBase(nn.Module):
                 self.lm_head.weight.copy_(head[self.draft_to_target_ids()])
 
     def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0,
-                anchors: torch.Tensor | None = None) -> list[torch.Tensor]:
-        return self.unroll(aux, input_ids, steps, start, anchors)
+                anchors: torch.Tensor | None = None, segments: list[int] | None = None) -> list[torch.Tensor]:
+        return self.unroll(aux, input_ids, steps, start, anchors, segments)
 
 
 def anchor_rows(start: int, anchors: torch.Tensor | None) -> slice | torch.Tensor:
     """The anchors whose outputs a loss reads: every one from `start` (a slice: views, no copies), or
     the sampled positions `anchors` [n] (sorted, each >= start; ttt.sample_anchors)."""
     return slice(start, None) if anchors is None else anchors
+
+
+def record_positions(T: int, segments: list[int] | None, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Of each index of a row of T: its position in its record and the index one past its record's end,
+    both [T]. segments: the records' starts in a packed row and its length ([R + 1] ints, ttt.collate_packed);
+    None: the row is one record."""
+    every = torch.arange(T, device=device)
+    if segments is None:
+        return every, torch.full_like(every, T)
+    bounds = torch.tensor(segments, device=device)
+    r = torch.searchsorted(bounds, every, right=True) - 1
+    return every - bounds[r], bounds[r + 1]
+
+
+def next_tokens(input_ids: torch.Tensor, n: int, end: torch.Tensor) -> torch.Tensor:
+    """x[t + n] at every t of input_ids [B, T]; 0 at or past the end of t's record (end [T], record_positions)."""
+    T = input_ids.shape[1]
+    ahead = F.pad(input_ids[:, n:], (0, n), value=0)
+    return torch.where((torch.arange(T, device=input_ids.device) + n < end)[None], ahead, 0)
 
 
 def layer_probe(pre: str, layer: nn.Module, dtype, norms: tuple[str, ...]) -> dict:
@@ -258,7 +277,7 @@ class Eagle3Draft(DraftBase):
     # --- training-time-test unroll -----------------------------------------------------------------
 
     def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0,
-               anchors: torch.Tensor | None = None) -> list[torch.Tensor]:
+               anchors: torch.Tensor | None = None, segments: list[int] | None = None) -> list[torch.Tensor]:
         """Run `steps` draft steps at every anchor position >= `start`, as vLLM drafts at serving time.
 
         aux: [B, T, n_aux * H_t] target aux hidden states; input_ids: [B, T] the sequence x.
@@ -271,58 +290,129 @@ class Eagle3Draft(DraftBase):
         `anchors` [n] (sorted, >= start): only those anchors' chains run past step 0, which still runs
         at every position for its keys; the logits are then [B, n, draft_vocab].
         Positions past the end read token 0; callers mask.
+        `segments` (B = 1, a packed row: record_positions): positions restart at each record, tokens past a
+        record's end read 0, and no record attends another.
         P-EAGLE (config.parallel): step j > 0 reads `ptd_token_id` and fc(mask_hidden) instead of
         x[t+j+1] and step j-1's output, as vLLM's one parallel forward does (same positions, same keys).
         """
         B, T, _ = aux.shape
         layers = [self.midlayer, *self.layers.values()]
-        causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()  # [T, T]
         keys: list[dict] = [{"k0": None, "v0": None, "k": [], "v": []} for _ in layers]  # per layer
-        rows, every = anchor_rows(start, anchors), torch.arange(T, device=aux.device)
+        rows, (local, end) = anchor_rows(start, anchors), record_positions(T, segments, aux.device)
         h = self.fc(aux)  # [B, T, H]; step 0 runs at every position (deeper layers need all keys)
         logits = []
         for j in range(steps):
             at = rows if j else slice(None)  # the positions this step runs at: [n] of them
-            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)[:, at]  # x[t+j+1], [B, n]
+            ids = next_tokens(input_ids, j + 1, end)[:, at]  # x[t+j+1], [B, n]
             if j and self.config.parallel:  # a masked slot: fixed token and hidden state
                 ids = torch.full_like(ids, self.config.ptd_token_id)
                 h = self.fc(self.mask_hidden).expand(B, ids.shape[1], -1)
-            pos = every[at] + j  # [n]
+            pos = local[at] + j  # [n]
             resid = h
             x = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids)), self.midlayer.hidden_norm(h)], -1)
             for i, (layer, kv) in enumerate(zip(layers, keys)):
                 if i > 0:
                     x = layer.input_layernorm(resid)
                 out = rows if not j and i == len(layers) - 1 else slice(None)  # step 0's last layer: the anchors only
-                r = chain_attention(layer.self_attn, x, pos, kv, causal[at], self.inv_freq, out) + resid[:, out]
+                r = chain_attention(layer.self_attn, x, pos, kv, at, self.inv_freq, out, segments) + resid[:, out]
                 resid = layer.mlp(layer.post_attention_layernorm(r)) + r  # the layer's prenorm
             h = resid  # [B, n anchors, H]
             logits.append(self.lm_head(self.norm(h)))
         return logits
 
 
-def chain_attention(a: Attention, x: torch.Tensor, pos: torch.Tensor, kv: dict, mask: torch.Tensor,
-                    inv_freq: torch.Tensor, out: slice | torch.Tensor = slice(None)) -> torch.Tensor:
-    """One layer's attention for one unroll step. x: [B, n, in] at positions pos [n], mask [n, T];
-    step 0 (kv["k0"] unset) has n = T and fills the layer's keys at every position; later steps add
-    their chain keys. Queries (and the output, [B, m, H]) only for the rows `out` of x (m of them)."""
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: slice | torch.Tensor = slice(None),
+                     extra: torch.Tensor | None = None,
+                     segments: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Exact softmax attention without materialised scores (memory linear in T): query i attends to
+    the keys k[:rows[i] + 1] and to m keys of its own, whose scores `extra` the caller computed.
+
+    q: [B, hq, n, hd], already multiplied by the softmax scale; k, v: [B, hk, T, hd] (hq a multiple
+    of hk: consecutive query heads share a key head, torch's enable_gqa); rows: the key index each
+    query sits at ([n] sorted int64, or a slice of range(T)); extra: [B, hq, n, m] scaled scores
+    (-inf: masked). Returns o [B, hq, n, hd], the prefix keys' share sum_t w_t v_t, and w [B, hq, n, m],
+    the extra keys' weights (None without extra), normalised together with the prefix's.
+
+    One causal scaled_dot_product_attention (flash kernels on CPU and CUDA, no T x T mask) over
+    L = m + T query rows: the extra keys are one-hot keys in E more head dims (m rounded up to 8 for
+    the kernels) placed first, the query at key index p sits at row m + p with its extra scores in
+    those dims, so the causal mask shows it exactly the m extra keys and k[:p + 1]; one-hot values
+    return the extra keys' weights in the output's extra dims. The first m rows and the rows of
+    positions that are no query are zeros: a subset of queries (a prompt start, sampled anchors)
+    costs the attention compute of all T rows (the rest of the layer runs at the n rows only), the
+    memory stays linear.
+    segments (a packed row of records, record_positions): a query sees the keys of its own record only, one
+    attention per record.
+    """
+    if segments is not None:
+        idx = torch.arange(k.shape[2], device=q.device)[rows] if isinstance(rows, slice) else rows
+        cuts = torch.searchsorted(idx, torch.tensor(segments, device=idx.device)).tolist()  # each record's queries
+        parts = [prefix_attention(q[:, :, a:b], k[:, :, s0:s1], v[:, :, s0:s1], idx[a:b] - s0,
+                                  None if extra is None else extra[:, :, a:b])
+                 for a, b, s0, s1 in zip(cuts, cuts[1:], segments, segments[1:]) if b > a]
+        return torch.cat([o for o, _ in parts], 2), None if extra is None else torch.cat([w for _, w in parts], 2)
+    B, hq, n, hd = q.shape
+    hk, T = k.shape[1], k.shape[2]
+    m = 0 if extra is None else extra.shape[-1]
+    E = -(-m // 8) * 8
+    if m:  # a masked extra key gets a finite score: 0 * -inf in the other keys' dot products is nan
+        low = torch.finfo(q.dtype).min / 4
+        q = torch.cat([q, extra.to(q.dtype).clamp_min(low), q.new_zeros(B, hq, n, E - m)], -1)
+        onehot = F.pad(torch.eye(m, E, dtype=k.dtype, device=k.device), (hd, 0)).expand(B, hk, m, hd + E)
+        k = torch.cat([onehot, F.pad(k, (0, E))], 2)  # [B, hk, m + T, hd + E]
+        v = torch.cat([onehot, F.pad(v, (0, E))], 2)
+    if isinstance(rows, slice):  # contiguous rows: a pad, no scatter
+        first = range(T)[rows].start if n else T
+        qx = F.pad(q, (0, 0, m + first, T - first - n))
+    else:
+        qx = q.new_zeros(B, hq, m + T, hd + E).index_copy(2, rows + m, q)
+    gqa = hq != hk
+    if gqa and q.device.type != "cpu":  # CUDA's float32 (memory-efficient) kernel has no GQA: repeat the keys
+        k, v, gqa = k.repeat_interleave(hq // hk, 1), v.repeat_interleave(hq // hk, 1), False
+    o = F.scaled_dot_product_attention(qx, k, v, is_causal=True, scale=1.0, enable_gqa=gqa)  # [B, hq, m + T, hd + E]
+    o = o.narrow(2, m + first, n) if isinstance(rows, slice) else o.index_select(2, rows + m)
+    return o[..., :hd], (o[..., hd : hd + m] if m else None)
+
+
+def chain_attention(a: Attention, x: torch.Tensor, pos: torch.Tensor, kv: dict, rows: slice | torch.Tensor,
+                    inv_freq: torch.Tensor, out: slice | torch.Tensor = slice(None),
+                    segments: list[int] | None = None) -> torch.Tensor:
+    """One layer's attention for one unroll step. x: [B, n, in] at positions pos [n]; rows: the anchor
+    (key index) of each row of x, a slice of range(T) or [n]. Step 0 (kv["k0"] unset) has n = T and
+    fills the layer's keys at every position; step j > 0 adds its chain keys, and its query at anchor
+    t attends to the step-0 keys at <= t and to the chain keys of steps 1..j at t (the drafter's KV
+    cache). Queries (and the output, [B, m, H]) only for the rows `out` of x (m of them).
+    Memory is linear in T (prefix_attention); the chain keys' scores are computed per query.
+    segments: a packed row's records (record_positions), none attending another."""
     B, n, _ = x.shape
     rep, scale = a.nh // a.nkv, a.hd**-0.5
-    k = rope(a.k_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2), pos, inv_freq).repeat_interleave(rep, dim=1)
-    v = a.v_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2).repeat_interleave(rep, dim=1)
-    xq, mask = x[:, out], mask[out]
+    k = rope(a.k_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2), pos, inv_freq)  # [B, nkv, n, hd]
+    v = a.v_proj(x).view(B, n, a.nkv, a.hd).transpose(1, 2)
+    xq = x[:, out]
     n = xq.shape[1]
-    q = rope(a.q_proj(xq).view(B, n, a.nh, a.hd).transpose(1, 2), pos[out], inv_freq)  # [B, nh, n, hd]
+    q = rope(a.q_proj(xq).view(B, n, a.nh, a.hd).transpose(1, 2), pos[out], inv_freq) * scale  # [B, nh, n, hd]
     if kv["k0"] is None:
-        kv["k0"], kv["v0"] = k, v  # [B, nh, T, hd]
+        kv["k0"], kv["v0"] = k, v  # [B, nkv, T, hd]
     else:
         kv["k"].append(k)
         kv["v"].append(v)
-    T = kv["k0"].shape[2]
-    s0 = ((q @ kv["k0"].transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))  # [B, nh, n, T]
-    diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in kv["k"]]  # each [B, nh, n, 1]
-    w = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)
-    o = w[..., :T] @ kv["v0"]
-    for i, vv in enumerate(kv["v"]):
-        o = o + w[..., T + i : T + i + 1] * vv
+    extra = None
+    if kv["k"]:  # the chain keys' scores, one per step 1..j at the query's own anchor: [B, nh, n, j]
+        qg = q.view(B, a.nkv, rep, n, a.hd)
+        extra = torch.stack([(qg * kk[:, :, out][:, :, None]).sum(-1) for kk in kv["k"]], -1).flatten(1, 2)
+    o, w = prefix_attention(q, kv["k0"], kv["v0"], query_rows(kv["k0"].shape[2], rows, out), extra,
+                            segments)  # [B, nh, n, hd]
+    if w is not None:  # the chain values, weighted: [B, nkv, rep, n, j] x [B, nkv, n, j, hd]
+        vs = torch.stack([vv[:, :, out] for vv in kv["v"]], -2)
+        o = o + torch.einsum("bgrnj,bgnjd->bgrnd", w.view(B, a.nkv, rep, n, -1), vs).flatten(1, 2)
     return a.o_proj(o.transpose(1, 2).reshape(B, n, a.nh * a.hd))
+
+
+def query_rows(T: int, rows: slice | torch.Tensor, out: slice | torch.Tensor) -> slice | torch.Tensor:
+    """The key index of the rows `out` of a step's rows `rows` (each a slice of range(T) or an index
+    tensor): a slice when both are, else [n] int64."""
+    if isinstance(rows, slice) and isinstance(out, slice):
+        r = range(T)[rows][out]
+        return slice(r.start, r.stop) if r.step == 1 else torch.tensor(r)
+    device = (rows if isinstance(rows, torch.Tensor) else out).device
+    return torch.arange(T, device=device)[rows][out]

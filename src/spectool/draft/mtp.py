@@ -27,7 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spectool.draft.model import MLP, Attention, RMSNorm, anchor_rows, chain_attention, inverse_frequencies
+from spectool.draft.model import (
+    MLP,
+    Attention,
+    RMSNorm,
+    anchor_rows,
+    chain_attention,
+    inverse_frequencies,
+    next_tokens,
+    record_positions,
+)
 from spectool.engine.probe import linear_expected, param_expected
 from spectool.errors import SpectoolError
 
@@ -149,37 +158,37 @@ class MtpDraft(nn.Module):
     # --- training-time-test unroll ----------------------------------------------------------------
 
     def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0,
-                anchors: torch.Tensor | None = None) -> list[torch.Tensor]:
-        return self.unroll(aux, input_ids, steps, start, anchors)
+                anchors: torch.Tensor | None = None, segments: list[int] | None = None) -> list[torch.Tensor]:
+        return self.unroll(aux, input_ids, steps, start, anchors, segments)
 
     def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, start: int = 0,
-               anchors: torch.Tensor | None = None) -> list[torch.Tensor]:
+               anchors: torch.Tensor | None = None, segments: list[int] | None = None) -> list[torch.Tensor]:
         """`steps` draft steps at every anchor >= `start`, as vLLM's MTP proposer drafts.
 
         aux: [B, T, H] the trunk's pre-norm last hidden state; input_ids: [B, T].
         Step j at anchor t reads x[t+j+1] at position t+j and h (step 0: aux[t]; later: the
         previous step's output), attends to the step-0 keys at anchors <= t and to its own chain's
         keys (engine KV cache), and predicts x[t+j+2]. Returns steps x [B, T - start, V]; with
-        `anchors` [n] (Eagle3Draft.unroll's) steps x [B, n, V].
+        `anchors` [n] (Eagle3Draft.unroll's) steps x [B, n, V]; `segments`: a packed row (Eagle3Draft.unroll's).
         """
         if self._embed is None:
             raise SpectoolError("MtpDraft.follow(*policy_weights.embeddings(policy)) first: the MTP layer reads the "
                                 "policy's embedding and lm_head")
         B, T, _ = aux.shape
         layer = self.layers[0]  # vLLM's MiMoMTP runs layer 0 at every step
-        causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()  # [T, T]
         kv: dict = {"k0": None, "v0": None, "k": [], "v": []}
-        rows, every = anchor_rows(start, anchors), torch.arange(T, device=aux.device)
+        rows, (local, end) = anchor_rows(start, anchors), record_positions(T, segments, aux.device)
         h, logits = aux, []
         for j in range(steps):
             at = rows if j else slice(None)  # step 0 runs at every position (its keys); later ones at the anchors
-            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)[:, at]  # x[t+j+1], [B, n]
-            pos = every[at] + j  # [n]
+            ids = next_tokens(input_ids, j + 1, end)[:, at]  # x[t+j+1], [B, n]
+            pos = local[at] + j  # [n]
             e = F.embedding(ids, self._embed).to(aux.dtype)  # [B, n, H]
             e = torch.where((pos == 0)[None, :, None], 0.0, e)
             u = layer.input_proj(torch.cat([layer.hidden_layernorm(h), layer.token_layernorm(e)], -1))
             out = slice(None) if j else rows
-            r = chain_attention(layer.self_attn, layer.input_layernorm(u), pos, kv, causal[at], self.inv_freq, out)
+            r = chain_attention(layer.self_attn, layer.input_layernorm(u), pos, kv, at, self.inv_freq, out,
+                                segments)
             r = r + u[:, out]
             h = layer.final_layernorm(layer.mlp(layer.post_attention_layernorm(r)) + r)  # [B, n anchors, H]
             logits.append(h @ self._head.T.to(h.dtype))

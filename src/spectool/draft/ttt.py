@@ -32,6 +32,40 @@ def collate_features(items, prompt_lens, device: torch.device | str = "cpu"):
     return ids, padded([x[1] for x in items], torch.float32), padded([x[2] for x in items], torch.float32), P, L
 
 
+def collate_packed(items, prompt_lens, device: torch.device | str = "cpu"):
+    """Concatenate a list of (ids, aux, last) into one row, no padding: ids [1, N], aux [1, N, 3H], last [1, N, H]
+    float32 on `device`; segments [R + 1] ints (each record's start in the row, then N: model.record_positions);
+    P, L [1, N] on the host: for each position, its record's prompt end and end as indices of the row (step_mask's
+    per-position form). The drafts' unroll restarts positions at each record and keeps records apart in attention,
+    so a packed row trains as its records padded into a batch would (tests/test_draft_attention.py)."""
+    lengths = torch.tensor([len(x[0]) for x in items])
+    segments = [0, *torch.cumsum(lengths, 0).tolist()]
+    start = torch.tensor(segments[:-1])
+
+    def packed(ts, dtype):
+        return torch.cat([t.to(device, non_blocking=True).to(dtype) for t in ts])[None]
+
+    P = (start + torch.tensor(prompt_lens)).repeat_interleave(lengths)[None]
+    L = (start + lengths).repeat_interleave(lengths)[None]
+    return (packed([x[0] for x in items], torch.int64), packed([x[1] for x in items], torch.float32),
+            packed([x[2] for x in items], torch.float32), segments, P, L)
+
+
+def packed_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices in order of length, cut into micro-batches whose records together stay within max_tokens (a longer
+    record alone); each micro-batch trains as one packed row (collate_packed)."""
+    out: list[list[int]] = []
+    total = 0
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if out and total + lengths[i] <= max_tokens:
+            out[-1].append(i)
+            total += lengths[i]
+        else:
+            out.append([i])
+            total = lengths[i]
+    return out
+
+
 def first_anchor(prompt_lens: torch.Tensor, steps: int) -> int:
     """First anchor any step's loss reads (step j needs t >= P - 2 - j): earlier ones only give keys."""
     return max(0, int(prompt_lens.min()) - 1 - steps)
@@ -43,11 +77,14 @@ def sample_anchors(prompt_lens: torch.Tensor, lengths: torch.Tensor, steps: int,
     whose loss some record reads (a step-j target t+j+1 in its response), drawn without replacement,
     sorted; at least one. As speculators trains DFlash and P-EAGLE (512 sampled anchors per 2,048
     packed tokens): each step costs that fraction of the full unroll, the context keys excepted.
-    Positions are absolute: [n] int64 on the host."""
+    Positions are absolute: [n] int64 on the host. prompt_lens, lengths: [B], or [1, T] per position (a packed row:
+    collate_packed)."""
     if fraction >= 1:
         return None
     t = torch.arange(start, T)
-    read = ((t[None, :] >= prompt_lens[:, None] - 1 - steps) & (t[None, :] <= lengths[:, None] - 2)).any(0)  # [T-start]
+    lo, hi = ((prompt_lens[:, t], lengths[:, t]) if prompt_lens.dim() == 2
+              else (prompt_lens[:, None], lengths[:, None]))
+    read = ((t[None, :] >= lo - 1 - steps) & (t[None, :] <= hi - 2)).any(0)  # [T-start]
     candidates = t[read]
     n = max(1, math.ceil(fraction * len(candidates)))
     return candidates[torch.randperm(len(candidates), generator=generator)[:n].sort().values]
@@ -62,17 +99,25 @@ def chain_length(rates: list[float]) -> float:
 def ttt_step_loss(draft, items, prompt_lens: list[int], W_dv: torch.Tensor, ttt_steps: int, decay: float,
                   device, loss: str = "ce", anchor_fraction: float = 1.0,
                   generator: torch.Generator | None = None,
-                  weights: str = DEFAULT_POSITION_WEIGHTS) -> tuple[torch.Tensor, list[float]]:
+                  weights: str = DEFAULT_POSITION_WEIGHTS, pack: bool = False,
+                  recompute: bool = False) -> tuple[torch.Tensor, list[float]]:
     """The weighted TTT loss of one batch (the caller does backward and the optimizer step).
     W_dv: [Vd, H] the policy's output embedding rows of the draft vocabulary; loss: loss.LOSSES;
     anchor_fraction < 1: the step runs that share of the anchors (`sample_anchors`, drawn by `generator`);
-    weights: how each step's positions are weighted (constants.POSITION_WEIGHTS, loss.ttt_loss)."""
-    ids, aux, last, P, L = collate_features(items, prompt_lens, device)
-    s = first_anchor(P, ttt_steps)
+    weights: how each step's positions are weighted (constants.POSITION_WEIGHTS, loss.ttt_loss);
+    pack: the records in one row (collate_packed) instead of padded to the longest: the same loss, no padding;
+    recompute: each step's loss recomputed in the backward (loss.ttt_loss)."""
+    if pack:
+        ids, aux, last, segments, P, L = collate_packed(items, prompt_lens, device)
+        s, seg = 0, {"segments": segments}
+    else:
+        ids, aux, last, P, L = collate_features(items, prompt_lens, device)
+        s, seg = first_anchor(P, ttt_steps), {}
     anchors = sample_anchors(P, L, ttt_steps, s, ids.shape[1], anchor_fraction, generator or torch.Generator())
-    logits = draft(aux, ids, ttt_steps, s, None if anchors is None else anchors.to(ids.device))  # steps x [B, n, Vd]
+    logits = draft(aux, ids, ttt_steps, s, None if anchors is None else anchors.to(ids.device), **seg)  # steps x [B, n, Vd]
     return ttt_loss(logits, last[:, s:] @ W_dv.T, P - s, L - s, decay, kind=loss,
-                    anchors=None if anchors is None else (anchors - s).to(ids.device), weights=weights)
+                    anchors=None if anchors is None else (anchors - s).to(ids.device), weights=weights,
+                    recompute=recompute)
 
 
 @torch.no_grad()

@@ -9,6 +9,7 @@ import time
 
 from spectool import subproc
 from spectool.constants import GPU_MEMORY_UTILIZATION
+from spectool.context import finish_counts
 from spectool.engine.engine import Engine, EngineConfig, Sampling
 from spectool.stats import AcceptanceStats
 
@@ -32,14 +33,16 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                 batch_sizes: list[int], max_tokens: int, temperature: float, min_seqs: int, seed: int,
                 draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                 dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None,
-                log_path: str | None = None, dtype: str = "auto", min_seconds: float = 0.0) -> list[dict]:
+                log_path: str | None = None, dtype: str = "auto", min_seconds: float = 0.0,
+                max_model_len: int | None = None) -> list[dict]:
     """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, after a
     warm-up, decode waves of `batch` sequences until >= min_seqs sequences, >= MIN_WAVES waves and >= min_seconds of
     timed decoding; tokens/s and the engine's acceptance over all waves, and each wave's [tokens, seconds] (what
     sweep-k's speedup interval resamples). With `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS
-    ignored)."""
+    ignored; otherwise each row counts how its completions ended, context.finish_counts). `max_model_len`: the
+    engine's context (the caller's context.resolve_max_model_len)."""
 
-    engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1),
+    engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1), max_model_len=max_model_len,
                                  method="eagle3" if method == "none" else method,
                                  draft_path=drafts.get(method), draft_sampling=draft_sampling,
                                  gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
@@ -53,7 +56,7 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                                                   ignore_eos=True))
     rows = []
     for batch in batch_sizes:
-        stats, context, timed = AcceptanceStats(), 0.0, []  # timed: [tokens, seconds] per wave
+        stats, context, timed, ended = AcceptanceStats(), 0.0, [], []  # timed: [tokens, seconds] per wave
         w = 0
         while w * batch < min_seqs or w < MIN_WAVES or sum(s for _, s in timed) < min_seconds:
             wave = [prompts[(w * batch + i) % len(prompts)] for i in range(batch)]
@@ -64,6 +67,7 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                                                       max_tokens_each=each))
             timed.append([sum(len(c.response_ids) for per in outs for c in per), time.perf_counter() - t0])
             context += sum(len(c.prompt_ids) + len(c.response_ids) / 2 for per in outs for c in per)
+            ended += [c.finish_reason for per in outs for c in per]
             stats = stats + st
             w += 1
         tokens, seconds = sum(t for t, _ in timed), sum(s for _, s in timed)
@@ -74,14 +78,16 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                      "mean_context": context / (w * batch),
                      "mean_acceptance_length": stats.mean_acceptance_length if stats.num_drafts else None,
                      "per_position": stats.per_position_rate if stats.num_drafts else [], "dtype": engine.dtype,
-                     "served_by": engine.served_by})
+                     "served_by": engine.served_by,
+                     **({} if lengths else {"finish_reasons": finish_counts(ended)})})
     return rows
 
 
 def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[int]], samples: int,
                positions: int, temperature: float, top_p: float, seed: int, draft_sampling: str = "greedy",
                gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, log_path: str | None = None,
-               method: str = "eagle3", dtype: str = "float32") -> dict:
+               method: str = "eagle3", dtype: str = "float32", max_model_len: int | None = None,
+               ignore_eos: bool = False) -> dict:
     """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance
     (plain decoding: eagle3 without a draft; mtp: the model's own MTP layers).
     float32 by default on every device: the proof is about the sampling algorithm, and its tests compare
@@ -89,8 +95,10 @@ def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[in
 
     engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, method=method, k=k, seed=seed,
                                  draft_sampling=draft_sampling,
-                                 dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, log_path=log_path))
-    outs, stats = engine.generate(prompts, Sampling(n=samples, max_tokens=positions, temperature=temperature, top_p=top_p))
+                                 dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, log_path=log_path,
+                                 max_model_len=max_model_len))
+    outs, stats = engine.generate(prompts, Sampling(n=samples, max_tokens=positions, temperature=temperature, top_p=top_p,
+                                                    ignore_eos=ignore_eos))
     arm = {
         "responses": [[c.response_ids for c in per] for per in outs],
         "logprobs": [[c.logprobs for c in per] for per in outs],

@@ -5,9 +5,11 @@ where there is one); only plain values come back (engine/worker_ext.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
+import threading
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -110,6 +112,33 @@ def acceptance(llm) -> AcceptanceStats:
         elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
             s.accepted_per_pos = [int(v) for v in m.values]
     return s
+
+
+def generated_tokens(llm) -> int:
+    """Tokens the engine has generated since it started (vLLM's counter, updated every engine step)."""
+    return int(sum(m.value for m in llm.get_metrics() if m.name == "vllm:generation_tokens"))
+
+
+@contextlib.contextmanager
+def watch_generated_tokens(llm, report, every_s: float):
+    """While the body runs (an `LLM.generate` call): `report(tokens generated since entry)` every `every_s` seconds,
+    from a daemon thread reading vLLM's metrics (thread-safe Prometheus counters); nothing when `report` is None."""
+    if report is None:
+        yield
+        return
+    start, done = generated_tokens(llm), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(every_s):
+            report(generated_tokens(llm) - start)
+
+    thread = threading.Thread(target=watch, daemon=True, name="spectool-progress")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def sequence_logprobs(llm, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:

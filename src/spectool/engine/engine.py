@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,8 @@ from spectool.errors import SpectoolError
 from spectool.precision import engine_dtype
 from spectool.stats import AcceptanceStats
 
+PROGRESS_S = 2.0  # how often a generate call reports its tokens to a progress callback
+
 
 @dataclass
 class EngineConfig:
@@ -51,7 +53,8 @@ class EngineConfig:
     # vLLM's dynamic speculation: [(batch_from, batch_to, k)], inclusive ranges from 1, k = 0 for none
     k_schedule: list[tuple[int, int, int]] | None = None
     seed: int = 0
-    max_model_len: int | None = None  # default: min(2048, the model's own limit)
+    # the context; commands pass what the run needs (context.resolve_max_model_len); None: vLLM's own, the model's limit
+    max_model_len: int | None = None
     kv_cache_gib: float = 2.0  # CPU only
     # GPU only: the engine's share of GPU memory (weights + KV cache); lower it when a trainer shares the GPU
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
@@ -144,6 +147,7 @@ class Engine:
             cpu = prepare_environment(cfg)  # refuses an unsupported vLLM before anything starts
             self.llm = self._start(cfg, cpu, quiet)
         self.sampler_fix = self.llm.collective_rpc("spectool_sampler_fix")[0]
+        self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)  # what vLLM resolved (0.26-0.33)
         self.served_by = colocated.served_by(self.llm, cfg.method) if self.has_draft else "no drafter"
         if self.has_draft:
             logging.getLogger(__name__).info(f"engine: {self.served_by}")
@@ -159,7 +163,7 @@ class Engine:
         kwargs: dict[str, Any] = dict(
             model=cfg.model_path,
             seed=cfg.seed,
-            max_model_len=cfg.max_model_len or default_max_len(cfg.model_path),
+            max_model_len=cfg.max_model_len or None,
             enable_prefix_caching=cfg.enable_prefix_caching,
             logprobs_mode=cfg.logprobs_mode,
             gpu_memory_utilization=cfg.gpu_memory_utilization,  # the CPU build's own: spectool_kwargs
@@ -182,15 +186,21 @@ class Engine:
     # --- generation -----------------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling
+        self, prompts: list[list[int]], sampling: Sampling, progress: Callable[[int], None] | None = None
     ) -> tuple[list[list[Completion]], AcceptanceStats]:
-        """prompts: token ids per prompt. Returns [prompt][sample] completions and acceptance deltas."""
+        """prompts: token ids per prompt. Returns [prompt][sample] completions and acceptance deltas. `progress`, if
+        given, is called every PROGRESS_S seconds with the tokens generated so far in this call (a long completion
+        otherwise shows nothing until the call ends)."""
         from vllm import SamplingParams, TokensPrompt  # noqa: PLC0415 (vLLM loads only with the engine, after its environment is set)
 
         longest = max((len(p) + (sampling.max_tokens_each[i] if sampling.max_tokens_each else sampling.max_tokens)
                        for i, p in enumerate(prompts)), default=0)
         check_positions(longest, self.draft_positions, self.cfg.draft_path or self.cfg.model_path,
                         "the max tokens (--max-tokens; train-rl: rollout.max_tokens)")
+        if longest > self.max_model_len:  # vLLM would end those completions at the context without a word
+            raise SpectoolError(f"this generation needs a {longest}-token context (the longest prompt + the max tokens) "
+                                f"and the engine was started with {self.max_model_len}: raise --max-model-len (train-rl: "
+                                "engine.max_model_len) or lower --max-tokens (train-rl: rollout.max_tokens)")
 
         def params(i: int) -> SamplingParams:  # seeded: prompt i's samples use seeds seed + i*n ... + i*n + n-1
             return SamplingParams(
@@ -205,8 +215,9 @@ class Engine:
             )
 
         before = self.acceptance()
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                 [params(i) for i in range(len(prompts))], use_tqdm=False)
+        with colocated.watch_generated_tokens(self.llm, progress, PROGRESS_S):
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                     [params(i) for i in range(len(prompts))], use_tqdm=False)
         stats = self.acceptance() - before
         result = []
         for prompt, out in zip(prompts, outs):
@@ -415,13 +426,6 @@ def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
         spec["num_speculative_tokens"] = max(k for _, _, k in cfg.k_schedule)
         spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in cfg.k_schedule]
     return spec
-
-
-def default_max_len(model_path: str) -> int:
-    """spectool's context length for an engine: min(2048, the model's limit)."""
-    from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
-
-    return min(2048, int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 2048)))
 
 
 def _refused_precision(msg: str) -> bool:

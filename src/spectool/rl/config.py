@@ -23,6 +23,7 @@ from spectool.constants import (
 )
 from spectool.draft.refresh_policy import RefreshSettings
 from spectool.errors import SpectoolError, check
+from spectool.prompts import check_rendering
 
 BACKENDS = ("builtin", "trl")
 
@@ -37,6 +38,8 @@ class RolloutSection:
     eval_every: int = 10  # held-out reward (greedy, eval split) every N steps; 0 = never
     eval_prompts: int = 32
     eval_samples: int = 1  # 1: greedy; n > 1: n samples per prompt at the rollout temperature (mean reward)
+    system_prompt: str | None = None  # a system turn put first in every prompt (refused with data that has its own)
+    chat_template_kwargs: dict | None = None  # extra keyword arguments to the chat template (TRL's chat_template_kwargs)
 
 
 @dataclass
@@ -71,7 +74,9 @@ class EngineSection:
     gpu_memory_utilization: float = 0.5  # GPU only: the engine's share; the rest is the colocated trainer's
     dtype: str = "auto"  # auto (float32 on CPU; bfloat16 on GPU, float16 below compute 8.0) | float32 | bfloat16 | float16
     enforce_eager: bool = False  # true: no torch.compile (faster start, slower decode)
-    max_model_len: int = 0  # 0: min(2048, the model's limit)
+    # the engine's context; 0: derived (builtin: the longest prompt + rollout.max_tokens, context.py; trl: TRL's own,
+    # the model's limit)
+    max_model_len: int = 0
 
 
 @dataclass
@@ -122,6 +127,7 @@ class RLConfig:
         _need(r.eval_every >= 0 and r.eval_prompts >= 1, "rollout.eval_every/eval_prompts", (r.eval_every, r.eval_prompts),
               "eval_every >= 0 and eval_prompts >= 1")
         _need(r.eval_samples >= 1, "rollout.eval_samples", r.eval_samples, ">= 1 (1 = greedy)")
+        check_rendering(r, "rollout.system_prompt", "rollout.chat_template_kwargs")
         _need(p.micro_batch_size >= 1, "policy.micro_batch_size", p.micro_batch_size, ">= 1")
         _need(p.max_grad_norm > 0, "policy.max_grad_norm", p.max_grad_norm, "> 0")
         e = self.engine

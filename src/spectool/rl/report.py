@@ -162,5 +162,10 @@ def render_summary(result) -> None:
         t.add_row("mean step time", f"{sum(r['step_s'] for r in h) / n:.1f} s")
         t.add_row("mean generation share", f"{sum(r['gen_share'] for r in h) / n:.0%}")
         t.add_row("stage means (s)", "  ".join(f"{label} {sum(r.get(k, 0.0) for r in h) / n:.1f}" for k, label in STAGES))
+        if any("finish_length" in r for r in h):
+            from spectool.context import describe_finish  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
+            t.add_row("rollouts ended", describe_finish({"stop": sum(r.get("finish_stop", 0) for r in h),
+                                                         "length": sum(r.get("finish_length", 0) for r in h)}))
     t.add_row("outputs", "metrics.jsonl, reward.png, acceptance.png, stage_times.png, checkpoints/")
     console().print(t)

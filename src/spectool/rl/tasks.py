@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from spectool.prompts import encode_prompt
+from spectool.prompts import encode_tasks
 from spectool.rl.config import RLConfig
 
 
@@ -16,7 +16,7 @@ class StepPrompts:
     def __init__(self, source, tokenizer, cfg: RLConfig):
         want = min(cfg.policy.steps * cfg.rollout.prompts_per_step, 4096)
         self.tasks = source.tasks("train", want)
-        self.ids = [encode_prompt(tokenizer, t.prompt) for t in self.tasks]
+        self.ids = encode_tasks(tokenizer, self.tasks, cfg.rollout)  # as rl.yaml's rollout section renders them
         self.P, self.seed = cfg.rollout.prompts_per_step, cfg.seed
 
     def for_step(self, step: int) -> list[int]:

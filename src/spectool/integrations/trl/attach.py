@@ -16,6 +16,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from spectool import ranks
 from spectool.constants import OWN_MTP as MTP
+from spectool.context import model_limit, read_config
 from spectool.draft.refresh import CHECKPOINT_STATE, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
 from spectool.engine import colocated
@@ -23,7 +24,6 @@ from spectool.engine.compat import spectool_sync, support
 from spectool.engine.engine import (
     EngineConfig,
     check_exact_verification,
-    default_max_len,
     prepare_environment,
     spectool_kwargs,
 )
@@ -51,6 +51,13 @@ def speculative_llm(spec: SpeculationSettings):
 
     def speculative_llm(*args: Any, **kwargs: Any):
         mtp = spec.draft == MTP
+        # The context stays TRL's: vllm_max_model_length as given, or unset for vLLM to derive from the model, as TRL
+        # leaves it (preflight.check_lengths checked TRL's lengths against it). The CPU build runs prompts whole (no
+        # chunked prefill: spectool_kwargs), where vLLM needs a step budget of at least the context: TRL's fixed
+        # 4,096 tokens are raised to it (the scheduling changes, the samples do not).
+        if kwargs.get("max_num_batched_tokens") and support().cpu_build:
+            context = kwargs.get("max_model_len") or model_limit(read_config(kwargs.get("model", "")))[0]
+            kwargs["max_num_batched_tokens"] = max(kwargs["max_num_batched_tokens"], context)
         budget = {"max_num_batched_tokens": kwargs["max_num_batched_tokens"]} if kwargs.get("max_num_batched_tokens") else {}
         ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=None if mtp else spec.draft and str(spec.draft),
                             method=spec.method, k=spec.k,
@@ -61,8 +68,6 @@ def speculative_llm(spec: SpeculationSettings):
         cpu = prepare_environment(ecfg)
         kwargs.update(spectool_kwargs(ecfg, cpu))
         check_exact_verification(kwargs.get("speculative_config"), where="TRL's engine:")
-        if kwargs.get("max_model_len") is None:  # GRPOConfig.vllm_max_model_length unset: TRL's 4096-token
-            kwargs["max_model_len"] = default_max_len(ecfg.model_path)  # batches must hold a whole prompt
         return real(*args, **kwargs)
 
     vg.LLM = speculative_llm

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from spectool.constants import OWN_MTP as MTP
+from spectool.context import LengthSettings, resolve_max_model_len
 from spectool.draft.guard import Flags, check_speculation
 from spectool.draft.mtp_folder import load_mtp
-from spectool.draft.preflight import check_positions, draft_position_range
 from spectool.engine.compat import drafter_logits_bytes, parse_version, support
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
@@ -81,18 +81,28 @@ def check_draft(spec: SpeculationSettings, model, args) -> None:
     if spec.draft == MTP:
         load_mtp(policy.path, flag='draft="mtp"')  # its layers are refreshed: spectool must read them
     check_speculation(policy, spec.method, None if spec.draft == MTP else spec.draft, k, TRL_FLAGS)
-    _check_positions(spec, policy.path, args)
 
 
-def _check_positions(spec: SpeculationSettings, model_path: str, args) -> None:
-    """TRL's longest sequence (max_prompt_length + max_completion_length, where this TRL has the former)
-    against the drafter's position range (draft/preflight.py)."""
+TRL_LENGTHS = LengthSettings("GRPOConfig.vllm_max_model_length", "GRPOConfig.max_completion_length")
 
+
+def check_lengths(spec: SpeculationSettings, model, args, names: LengthSettings = TRL_LENGTHS) -> None:
+    """TRL's longest sequence (max_prompt_length, where this TRL has it, + max_completion_length) against the engine's
+    context (vllm_max_model_length, or when unset the model's own limit, which TRL leaves vLLM to derive) and the
+    drafter's position range: context.resolve_max_model_len, the check every spectool engine passes. `names`: the
+    settings the refusal names (train-rl --backend trl: rl.yaml's)."""
+    from spectool.models import resolve_config, resolve_model  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+    path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
+    completion = getattr(args, "max_completion_length", None)
+    if not path or not completion:
+        return
+    path = (resolve_config if os.path.isdir(path) else resolve_model)(path).path
     mtp = spec.draft == MTP
-    have = draft_position_range(None if mtp else str(spec.draft), model_path, MTP if mtp else "eagle3", None)
-    need = (getattr(args, "max_prompt_length", None) or 0) + (getattr(args, "max_completion_length", None) or 0)
-    check_positions(need, have, "the mtp layers' policy" if mtp else str(spec.draft),
-                    "GRPOConfig's max_prompt_length + max_completion_length")
+    resolve_max_model_len(path, getattr(args, "max_prompt_length", None) or 0, completion,
+                          user=getattr(args, "vllm_max_model_length", None), names=names,
+                          draft_path=None if mtp or spec.draft is None else str(spec.draft),
+                          method=MTP if mtp else spec.method if spec.draft is not None else "")
 
 
 def sharding(args) -> tuple[str, bool, bool]:
@@ -144,7 +154,7 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
     draft = 0
     if spec.draft and spec.refresh.refreshes:  # a refreshed draft trains beside the policy
         draft = draft_params(path if mtp else spec.draft, mtp)
-    prompt = _longest_prompt(trainer_kwargs, path)
+    prompt = _longest_prompt(trainer_kwargs, path, getattr(args, "chat_template_kwargs", None))
     logits = _drafter_logits(spec, args, config)
     bins = output_bin_counts(_engine_seqs(args), config.vocab_size)
     plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
@@ -191,9 +201,10 @@ def _engine_seqs(args) -> int:
 PROMPTS_MEASURED = 256  # dataset prompts tokenized for the memory plan's sequence length
 
 
-def _longest_prompt(trainer_kwargs: dict, path: str | None) -> int:
+def _longest_prompt(trainer_kwargs: dict, path: str | None, template_kwargs=None) -> int:
     """Tokens of the longest of the train dataset's first prompts as TRL renders them (chat
-    template for conversational prompts); 0 when there is no dataset or tokenizer to read."""
+    template, with GRPOConfig's chat_template_kwargs, for conversational prompts); 0 when there is no dataset or
+    tokenizer to read."""
     data, tok = trainer_kwargs.get("train_dataset"), trainer_kwargs.get("processing_class")
     if data is None or "prompt" not in getattr(data, "column_names", []):
         return 0
@@ -208,4 +219,5 @@ def _longest_prompt(trainer_kwargs: dict, path: str | None) -> int:
             return 0
 
     prompts = data.select(range(min(PROMPTS_MEASURED, len(data))))["prompt"]  # conversational: lists of messages
-    return max(len(encode_messages(tok, p) if isinstance(p, list) else tok(p)["input_ids"]) for p in prompts)
+    return max(len(encode_messages(tok, p, template_kwargs) if isinstance(p, list) else tok(p)["input_ids"])
+               for p in prompts)

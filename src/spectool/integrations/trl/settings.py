@@ -8,7 +8,7 @@ import torch
 
 from spectool.integrations.trl.attach import attach, speculative_llm
 from spectool.integrations.trl.internals import check_trl_version
-from spectool.integrations.trl.preflight import check_args, check_draft, check_memory
+from spectool.integrations.trl.preflight import check_args, check_draft, check_lengths, check_memory
 from spectool.integrations.trl.speculation import MTP, SpeculationSettings
 
 __all__ = ["MTP", "SpectoolSpeculation"]
@@ -31,6 +31,7 @@ class SpectoolSpeculation(SpeculationSettings):
         check_args(args)
         if self.draft is not None:
             check_draft(self, trainer_kwargs.get("model"), args)
+        check_lengths(self, trainer_kwargs.get("model"), args)  # TRL's lengths against the engine's context
         if torch.cuda.is_available():  # before TRL puts the policy or the engine on the GPU
             check_memory(self, args, trainer_kwargs)
         with speculative_llm(self):
