@@ -4,8 +4,9 @@ verify past a 2,048-token context, and the engine's acceptance by how deep into 
 Every stage runs as a user runs it (`spectool ...` in a child process; its wall seconds and peak RSS recorded);
 the context of each engine is derived by the commands themselves (prompt + --max-tokens, within the model's limit).
 
-1. harvest: the embedded policy at T=1 on prompts that ask for long answers (benchmarks/data/long_prompts.jsonl),
-   --max-tokens 4608; the table counts the responses of at least 4,096 tokens and the stop reasons (EOS or cap).
+1. harvest: the embedded policy at T=1 on 12 prompts that ask for long answers (all in the train split:
+   benchmarks/data/long_prompts_4k.jsonl), 2 samples each, --max-tokens 4608; the table counts the responses of at
+   least 4,096 tokens and the stop reasons (EOS or cap).
 2. init-draft on that harvest (EAGLE-3, k <= 3), 3. export (checked on the engine), 4. rollout --compare at the
    same lengths (plain and speculative decoding, the same prompts and seeds), 5. verify --depth D: each prompt is
    first extended by D tokens of the policy's own sample, so the tested positions lie past D (D > 2,048).
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 SPECTOOL = [sys.executable, "-m", "spectool.cli"]
-PROMPTS = ROOT / "benchmarks" / "data" / "long_prompts.jsonl"
+PROMPTS = ROOT / "benchmarks" / "data" / "long_prompts_4k.jsonl"
 BUCKETS = ((0, 512), (512, 2048), (2048, 4096), (4096, 1 << 30))  # response positions, [from, to)
 DEPTHS = (0, 256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096)  # prefix lengths P, each continued for --window
 
@@ -132,10 +133,10 @@ def report(s: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/long-life")
-    ap.add_argument("--n-prompts", type=int, default=8)
-    ap.add_argument("--samples", type=int, default=1)
+    ap.add_argument("--n-prompts", type=int, default=12)
+    ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=4608)
-    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--depth", type=int, default=2100, help="verify's --depth (past 2,048)")
     ap.add_argument("--window", type=int, default=128, help="tokens continued at each depth offset")

@@ -125,7 +125,7 @@ def test_the_plan_rows_are_the_arithmetic():
     assert float32["policy weights"] == 2 * rows["policy weights"]
 
 
-def test_a_bfloat16_draft_halves_its_activations_and_keeps_float32_state():
+def test_a_bfloat16_draft_plans_its_activations_at_autocasts_bytes_and_keeps_float32_state():
     """--draft-dtype bfloat16: activations at 3.5 bytes a value (autocast keeps the norms and the residual stream in
     float32: measured 0.85-0.96x float32's peak), the attention kernel's values in 2, a bfloat16 copy of the weights
     (autocast's), the weights, gradients and AdamW moments still float32."""
