@@ -30,7 +30,8 @@ def _model(tmp_path, **config):
 
 def test_the_default_is_what_the_run_needs_within_the_model(tmp_path):
     m = _model(tmp_path, max_position_embeddings=8192)
-    assert resolve_max_model_len(m, 300, 4000) == 4300  # not min(2048, 8192): the run's need
+    # not min(2048, 8192): the run's need, and one position past it (a logprob check of a cut completion reads it)
+    assert resolve_max_model_len(m, 300, 4000) == 4301
     assert resolve_max_model_len(m, 300, 4000, extra=4) == 4304  # a drafter's k positions past the last token
     assert resolve_max_model_len(m, 192, 8000, extra=4) == 8192  # ... where they fit
     assert resolve_max_model_len(m, 300, 4000, user=6000) == 6000  # a longer context given is kept
@@ -61,7 +62,8 @@ def test_the_draft_position_range_is_checked_in_the_same_place(tmp_path):
     (tmp_path / "d").mkdir()
     m = _model(tmp_path / "m", max_position_embeddings=8192)
     (tmp_path / "d" / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
-    assert resolve_max_model_len(m, 48, 2000, draft_path=str(tmp_path / "d"), method="eagle3") == 2048
+    # the run fits the draft's range; the context is one position past it (a logprob check of a cut completion)
+    assert resolve_max_model_len(m, 48, 2000, draft_path=str(tmp_path / "d"), method="eagle3") == 2049
     with pytest.raises(SpectoolError, match=r"draft's position range is 2048 .* reach 2100.*--max-tokens"):
         resolve_max_model_len(m, 100, 2000, draft_path=str(tmp_path / "d"), method="eagle3")
 

@@ -105,11 +105,26 @@ def test_an_impossible_length_is_refused_before_training(long_context_policy, su
 
     ds, reward = task_data(str(sums), 4)
     kw = dict(model=str(long_context_policy), reward_funcs=reward, train_dataset=ds)
-    with pytest.raises(SpectoolError, match=r"9000-token context \(GRPOConfig.max_completion_length 9000, .* at most 8192"):
+    prompt = max(len(x) for x in _rendered(ds, long_context_policy))  # TRL 1.16 has no max_prompt_length
+    with pytest.raises(SpectoolError, match=rf"{9000 + prompt}-token context \(the longest prompt, {prompt} tokens, "
+                                            r"\+ GRPOConfig.max_completion_length 9000\).* at most 8192"):
         SpectoolSpeculation(None).grpo_trainer(args=_args(tmp_path, max_completion_length=9000), **kw)
-    with pytest.raises(SpectoolError, match=r"vllm_max_model_length=2048 is shorter than this run needs: 2100"):
+    # the completion alone fits the model; with the dataset's prompts it does not: refused, not cut by vLLM
+    with pytest.raises(SpectoolError, match=rf"{8192 - prompt + 1 + prompt}-token context"):
+        SpectoolSpeculation(None).grpo_trainer(args=_args(tmp_path, max_completion_length=8192 - prompt + 1), **kw)
+    with pytest.raises(SpectoolError, match=rf"vllm_max_model_length=2048 is shorter than this run needs: {2100 + prompt}"):
         SpectoolSpeculation(None).grpo_trainer(args=_args(tmp_path, max_completion_length=2100,
                                                           vllm_max_model_length=2048), **kw)
+
+
+def _rendered(ds, policy) -> list[list[int]]:
+    """The dataset's prompts as TRL renders them (the chat template of the policy's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from spectool.prompts import encode_messages
+
+    tok = AutoTokenizer.from_pretrained(policy)
+    return [encode_messages(tok, p) if isinstance(p, list) else tok(p)["input_ids"] for p in ds["prompt"]]
 
 
 @pytest.mark.e2e

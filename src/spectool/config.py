@@ -16,6 +16,7 @@ from spectool.constants import (  # noqa: F401
     DEFAULT_LOSS,
     DEFAULT_MODEL,
     DEFAULT_POSITION_WEIGHTS,
+    DRAFT_DTYPES,
     DRAFT_SAMPLING,
     DRAFTERS,
     ENGINE_DTYPES,
@@ -225,8 +226,7 @@ class InitDraftConfig:
         check(self.max_batch_tokens >= 64, "--max-batch-tokens", self.max_batch_tokens, "must be >= 64")
         check(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
         check(0 < self.lr < 1, "--lr", self.lr, "must be in (0, 1)")
-        check(self.draft_dtype in ("auto", "float32", "bfloat16"), "--draft-dtype", self.draft_dtype,
-              "must be auto, float32 or bfloat16")
+        check(self.draft_dtype in DRAFT_DTYPES, "--draft-dtype", self.draft_dtype, f"must be one of {', '.join(DRAFT_DTYPES)}")
         check(0 < self.step_decay <= 1, "--step-decay", self.step_decay, "must be in (0, 1]")
         check(self.anchor_fraction is None or 0 < self.anchor_fraction <= 1, "--anchor-fraction", self.anchor_fraction,
               "must be in (0, 1] (1: every anchor)")
@@ -597,8 +597,8 @@ class VerifyConfig:
     """The engine's precision: float32 (the proof's default on every device: the policy's logprobs are a float32
     forward) | bfloat16 (the precision GPU rollouts serve) | auto."""
     max_model_len: int | None = None
-    """The engines' context (vLLM's max_model_len). Default: what the test needs, the longest prompt + --positions,
-    refused before an engine starts when past the model's limit; a value shorter than that is refused."""
+    """The engines' context (vLLM's max_model_len). Default: what the test needs, the longest prompt + --depth +
+    --positions, refused before an engine starts when past the model's limit; a value shorter than that is refused."""
 
     def validate(self) -> None:
         check_dtype(self.dtype)

@@ -28,6 +28,7 @@ GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_K = 3
 # The engine's precision (precision.py: what "auto" picks per device, the logprob tolerance per dtype).
 ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DRAFT_DTYPES = ("auto", "float32", "bfloat16")  # init-draft --draft-dtype: the draft's compute (precision.draft_dtype)
 # The drafter that is the policy's own MTP layers, where a draft folder would go (TRL: SpectoolSpeculation("mtp")).
 OWN_MTP = "mtp"
 # k, the draft tokens per verify step, wherever it is set (vLLM's own bound is larger; beyond 16 no

@@ -98,7 +98,9 @@ def resolve_max_model_len(model_path: str, longest_prompt: int, max_tokens: int,
                                 f"its config.json); use at most {limit} (or leave it unset: the run's need, {need})")
     if draft_path or method == "mtp":
         check_run_length(draft_path, model_path, method, need, names.max_tokens)
-    return user or min(need + extra, limit)
+    # at least one position past the run's longest sequence: a logprob check feeds prompt + a completion cut at the cap
+    # back with max_tokens=1, which vLLM 0.32 refuses at exactly the context (v1/engine/input_processor.py)
+    return user or min(need + max(extra, 1), limit)
 
 
 # --- how completions ended ---------------------------------------------------------------------------------------

@@ -334,8 +334,8 @@ DRAFT_ATTENTION_TRANSIENT = 4  # of one step and layer, in H float32 values a to
 RESERVE_SHARE = 0.05  # of the GPU: CUDA context, cuBLAS workspaces, allocator fragmentation (a choice, not measured)
 # bytes a draft activation takes, by --draft-dtype (resolved): under bfloat16 autocast the matmuls' outputs are
 # bfloat16, but the norms and the residual stream stay float32 and autocast keeps bfloat16 copies of float32 inputs,
-# so a step measured 0.85-0.96x float32's peak at 4,096-16,384 tokens on this CPU (benchmarks/draft_long_records.py,
-# two runs), not half: 3.5 bytes a value fits it
+# so a step measured 0.86-0.96x float32's peak at 4,096-16,384 tokens on this CPU (benchmarks/draft_long_records.py,
+# 2026-11-28), not half: 3.5 bytes a value fits it
 DRAFT_DTYPE_BYTES = {"float32": 4, "bfloat16": 3.5}
 ATTENTION_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # the attention kernel's inputs and output: autocast's dtype
 

@@ -34,7 +34,7 @@ import contextlib
 
 import torch
 
-from spectool.constants import ENGINE_DTYPES  # noqa: F401  (the one list)
+from spectool.constants import DRAFT_DTYPES, ENGINE_DTYPES  # noqa: F401  (the one list)
 
 # the largest mean |engine - trainer| logprob over the checked tokens that passes, by engine dtype:
 # float32 agrees to ~1e-6; bfloat16 in sync measured 0.020-0.048 per 4 sequences (SmolLM2-135M, CPU
@@ -81,14 +81,13 @@ def trainer_autocast(dtype: str, device: torch.device):
     return contextlib.nullcontext()
 
 
-DRAFT_DTYPES = ("auto", "float32", "bfloat16")  # init-draft --draft-dtype
 
 
 def draft_dtype(setting: str = "auto") -> str:
     """The precision the draft computes its training forward and loss in (init-draft --draft-dtype): `setting`, or
     by device when "auto": bfloat16 autocast on a GPU with bfloat16 units (compute capability 8.0+), float32
     elsewhere. Not on a CPU with AMX either: on this host's AMX a 128-wide draft's step under bfloat16 autocast took
-    0.76-0.84x float32's time at 4k-16k tokens (benchmarks/draft_long_records.py, docs/drafters.md "Long records"),
+    0.76-0.81x float32's time at 4k-16k tokens (benchmarks/draft_long_records.py, docs/drafters.md "Long records"),
     unmeasured at a real draft's width, and every other stage of the CPU build computes in float32; "bfloat16" opts
     in. Its weights, gradients and AdamW moments stay float32 either way."""
     if setting != "auto":

