@@ -8,7 +8,7 @@ the context of each engine is derived by the commands themselves (prompt + --max
    benchmarks/data/long_prompts_4k.jsonl), 2 samples each, --max-tokens 4608; the table counts the responses of at
    least 4,096 tokens and the stop reasons (EOS or cap).
 2. init-draft on that harvest (EAGLE-3, k <= 3), 3. export (checked on the engine), 4. rollout --compare at the
-   same lengths (plain and speculative decoding, the same prompts and seeds), 5. verify --depth D: each prompt is
+   same lengths (2 prompts: plain and speculative decoding, the same prompts and seeds), 5. verify --depth D: each prompt is
    first extended by D tokens of the policy's own sample, so the tested positions lie past D (D > 2,048).
 6. Acceptance by depth: for each harvested response of at least --min-depth-tokens tokens and each offset P of
    DEPTHS, the engine (the exported draft, k) continues prompt + response[:P] for --window tokens at T=1; vLLM's
@@ -157,7 +157,7 @@ def main() -> None:
     stage(out, "export", ["export", "--draft", str(d), "--out", str(e), "--k", str(a.k), "--min-acceptance", "1.0"],
           e / "config.json")
     rollout = out / "rollout"
-    stage(out, "rollout --compare", ["rollout", "--draft", str(e), "--k", str(a.k), *common, "--n-prompts", "4",
+    stage(out, "rollout --compare", ["rollout", "--draft", str(e), "--k", str(a.k), *common, "--n-prompts", "2",
                                      "--max-tokens", str(a.max_tokens), "--temperature", "1", "--compare", "--out",
                                      str(rollout)], rollout / "manifest.json")
     verify = out / "verify"
