@@ -140,3 +140,17 @@ def test_the_cards_command_line_gives_back_the_same_settings(monkeypatch):
     assert r.exit_code == 0, r.output
     assert seen == [cfg]
     assert "--no-verify" in command_line(ExportConfig(draft="d", out="o", verify=False))
+
+
+def test_a_draft_whose_data_has_no_held_out_prompt_is_checked_on_its_training_prompts(tmp_path):
+    """A small file whose every prompt hashes into train (benchmarks/data/long_prompts_4k.jsonl) once made export
+    refuse every draft trained on it ("yielded no prompts for split 'eval'"); the check now uses the training split
+    and the card says so."""
+    from spectool.commands.export import verify_split
+
+    only_train = tmp_path / "train_only.jsonl"
+    only_train.write_text(Path("benchmarks/data/long_prompts_4k.jsonl").read_text())
+    assert verify_split(str(only_train)) == "train"
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?"}) + "\n" for a in range(10) for b in range(10)))
+    assert verify_split(str(many)) == "eval"  # 100 prompts: about 10 held out

@@ -215,6 +215,16 @@ VERIFY_PROMPTS = 8
 VERIFY_SEED = 0  # the T=1 pass's sampling seed
 
 
+def verify_split(data: str) -> str:
+    """The held-out split of `data`, or its training split where it holds no held-out prompt (a small file whose every
+    prompt hashes into train: its draft would otherwise not export at all; the card says which split was used)."""
+    try:
+        load_source(data).tasks("eval", 1)
+        return "eval"
+    except SpectoolError:
+        return "train"
+
+
 def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family: str) -> Check:
     """Mean acceptance length on 8 held-out prompts at T=0 (the floor's) and at T=1 (seeded), both on one engine whose
     draft proposes as rollout's does (engine/proposals.py "auto"; at T=0 every mode proposes the argmax)."""
@@ -222,7 +232,8 @@ def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family:
 
     draft_arg = str(folder)
     tok = AutoTokenizer.from_pretrained(model_path)
-    prompts = encode_tasks(tok, load_source(data).tasks("eval", VERIFY_PROMPTS), cfg)
+    split = verify_split(data)
+    prompts = encode_tasks(tok, load_source(data).tasks(split, VERIFY_PROMPTS), cfg)
     context = resolve_max_model_len(model_path, max(map(len, prompts)), VERIFY_TOKENS, extra=cfg.k,
                                     user=cfg.max_model_len, names=LengthSettings(max_tokens="export's verification "
                                                                                 "tokens"), draft_path=draft_arg,
@@ -234,7 +245,7 @@ def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family:
     _, sampled = engine.generate(prompts, Sampling(max_tokens=VERIFY_TOKENS, temperature=1.0, seed=VERIFY_SEED))
     proposals, why = resolve_proposals(engine.cfg.draft_sampling)
     return Check(greedy.mean_acceptance_length, sampled.mean_acceptance_length, proposals, why, engine.served_by, data,
-                 len(prompts), VERIFY_TOKENS, VERIFY_SEED)
+                 len(prompts), VERIFY_TOKENS, VERIFY_SEED, split)
 
 
 def render(r: ExportResult) -> None:

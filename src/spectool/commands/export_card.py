@@ -37,6 +37,7 @@ class Check:
     prompts: int
     tokens: int
     seed: int  # the T=1 pass's sampling seed
+    split: str = "eval"  # the prompts' split: held-out ("eval"), or "train" where the data holds no held-out prompt
 
 
 def command_line(cfg: ExportConfig) -> str:
@@ -83,8 +84,9 @@ def model_card(*, base_model: str, library: str, family: str, k: int, fmt: str, 
     if check is None:
         lines += ["Not measured: exported with `--no-verify`.", ""]
     else:
+        which = "held-out" if check.split == "eval" else "training (the data holds no held-out prompt)"
         lines += ["Mean acceptance length (1 + accepted / drafts), measured by the export's check with this folder "
-                  f"loaded into {check.served_by}, {check.prompts} held-out prompts of `{check.data}`, "
+                  f"loaded into {check.served_by}, {check.prompts} {which} prompts of `{check.data}`, "
                   f"{check.tokens} tokens each, k={k}:", "",
                   "| temperature | mean acceptance length | draft proposals |", "|---|---|---|",
                   f"| 0 (greedy) | {check.t0:.2f} | argmax |",
