@@ -12,6 +12,10 @@ import torch
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-layer", "2-layer"])
 def small_vocab_export(tiny_policy, tmp_path_factory, request):
+    """The 2-layer draft's first layer takes hidden_norm(h) as its residual (norm_before_residual, as the
+    speculators format defaults it): the library and vLLM read that from the export too."""
+    import dataclasses
+
     from transformers import AutoModelForCausalLM
 
     from spectool.commands.export import run
@@ -24,6 +28,7 @@ def small_vocab_export(tiny_policy, tmp_path_factory, request):
     policy = AutoModelForCausalLM.from_pretrained(tiny_policy)
     torch.manual_seed(3)
     draft = new_draft(policy, torch.arange(0, policy.config.vocab_size, 2), default_aux_layer_ids(4), request.param)
+    draft.config = dataclasses.replace(draft.config, norm_before_residual=request.param == 2)
     save_draft(draft, root / "draft", extra=draft_metadata(resolve_model(str(tiny_policy)), 3))
     run(ExportConfig(draft=str(root / "draft"), out=str(root / "spec"), format="speculators", model=str(tiny_policy),
                      k=3, verify=False))
@@ -44,6 +49,8 @@ def test_the_speculators_library_loads_every_weight(tiny_policy, small_vocab_exp
     (local / "config.json").write_text(json.dumps(cfg))
     (local / "model.safetensors").write_bytes((spec / "model.safetensors").read_bytes())
     model = SpeculatorModel.from_pretrained(str(local))
+    assert model.config.norm_before_residual is draft.config.norm_before_residual
+    assert model.layers[0].norm_before_residual is draft.config.norm_before_residual
     sd = model.state_dict()
     ours = draft.export_state_dict()
     for name, value in ours.items():

@@ -596,6 +596,10 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
     if cfg.anchor_fraction is None:  # the family's measured default, saved resolved with the run
         cfg = dataclasses.replace(cfg, anchor_fraction=FAMILIES[cfg.method].anchor_fraction)
     cfg = dataclasses.replace(cfg, draft_dtype=draft_dtype(cfg.draft_dtype))  # by device, saved resolved
+    if cfg.init_from:  # a folder, or a hub id resolved through huggingface_hub's cache (saved resolved)
+        from spectool.draft.checkpoint import draft_folder  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+        cfg = dataclasses.replace(cfg, init_from=str(draft_folder(cfg.init_from, "--init-from")))
     t_start = time.perf_counter()
     out = Path(cfg.out)
     # setup: the data, the policy's features, the draft and its optimizer

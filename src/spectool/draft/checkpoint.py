@@ -147,7 +147,9 @@ def save_draft(draft, out: Path, extra: dict | None = None) -> None:
 def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
     """Load a draft folder; `policy` (transformers model) supplies the shared embedding.
 
-    Accepts spectool drafts and plain public EAGLE-3 folders (config.json + safetensors)."""
+    Accepts spectool drafts, plain public EAGLE-3 folders (config.json + safetensors) and EAGLE-3
+    folders in the speculators format (speculators_model_type, transformer_layer_config; the
+    decoder layer as layers.0.*). `path`: a folder (resolve a hub id with draft_folder first)."""
     from safetensors.torch import load_file  # noqa: PLC0415 (heavy, loaded only on this path)
 
     path = Path(path)
@@ -170,6 +172,8 @@ def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
     except Exception as e:  # noqa: BLE001 - safetensors raises several types on bad files
         raise SpectoolError(f"could not read draft weights in {path}: {e} (the file is corrupt)") from None
     draft = draft_class(cfg)(cfg)
+    if isinstance(draft, Eagle3Draft):  # the speculators names of its first layer (DFlash's layers.0 is its own)
+        sd = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in sd.items()}
     if "d2t" not in sd:
         sd["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
     sd.pop("t2d", None)
@@ -296,9 +300,77 @@ def policy_shape(config) -> dict:
             "num_hidden_layers": config.num_hidden_layers}
 
 
-def _config_from_vllm(c: dict, policy):
-    """The config of a public draft folder (no draft.json): EAGLE-3, P-EAGLE or DFlash."""
+def draft_folder(where: str | Path, flag: str = "--init-from") -> Path:
+    """A draft folder given as a local path or a hub id ("ORG/NAME"), resolved through huggingface_hub's
+    cache (HF_HOME / HF_HUB_CACHE): a cached snapshot is used without a network call; a missing one is
+    downloaded unless HF_HUB_OFFLINE is set, when the error says how to fetch it. `flag`: the setting as
+    the caller's user spells it."""
+    import os  # noqa: PLC0415 (binds a name this module uses otherwise)
+    import re  # noqa: PLC0415 (binds a name this module uses otherwise)
 
+    p = Path(where).expanduser()
+    if p.exists():
+        return p
+    where = str(where)
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", where) or where.startswith(("./", "../")):
+        raise SpectoolError(f"{flag} {where} does not exist (a draft folder, or a hub id ORG/NAME)")
+    from huggingface_hub import constants, snapshot_download  # noqa: PLC0415 (heavy, loaded only on this path)
+
+    cache = (os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+             or (os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else constants.HF_HUB_CACHE))
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    try:
+        return Path(snapshot_download(where, cache_dir=cache, local_files_only=True))
+    except Exception:  # noqa: BLE001, S110 - not in the cache (huggingface_hub raises several types): fetched below
+        pass
+    how = (f"fetch it where the hub is reachable (`hf download {where}` with the same HF_HOME, then copy {cache}), "
+           f"or pass the draft's folder")
+    if offline:
+        raise SpectoolError(f"{flag} {where}: not a folder here, and the hub id {where} is not in huggingface_hub's "
+                            f"cache {cache} while HF_HUB_OFFLINE is set; {how}")
+    try:
+        return Path(snapshot_download(where, cache_dir=cache))
+    except Exception as e:  # noqa: BLE001 - network, auth and not-found errors alike
+        raise SpectoolError(f"{flag} {where}: not a folder here, and the hub id {where} could not be downloaded "
+                            f"({type(e).__name__}: {e}); {how}") from None
+
+
+SPECULATORS_REFUSED = ("norm_before_fc", "fc_norm", "norm_output")  # speculators EAGLE-3 options spectool's draft lacks
+
+
+def _from_speculators(c: dict) -> dict:
+    """A speculators-format EAGLE-3 config.json (speculators_model_type eagle3: the decoder layer's settings under
+    transformer_layer_config, written as a diff against transformers' defaults) as the plain EAGLE-3 fields, with
+    norm_before_residual as vLLM reads it there (absent: true)."""
+    from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
+
+    if c.get("speculators_model_type") != "eagle3":
+        raise SpectoolError(f"draft config.json: a speculators '{c.get('speculators_model_type')}' draft; spectool "
+                            "loads the speculators format for EAGLE-3 drafts only")
+    on = [k for k in SPECULATORS_REFUSED if c.get(k)]
+    if on:
+        raise SpectoolError(f"draft config.json sets {', '.join(on)}: spectool's EAGLE-3 draft does not implement "
+                            "them (it would train and check a different network than vLLM serves)")
+    layer = dict(c.get("transformer_layer_config") or {})
+    kind = layer.get("model_type", "llama")
+    if kind != "llama":
+        raise SpectoolError(f"draft config.json: transformer_layer_config.model_type is '{kind}'; spectool's EAGLE-3 "
+                            "draft layer is a Llama decoder layer (model_type llama)")
+    full = AutoConfig.for_model(**layer).to_dict()  # the defaults the diff leaves out
+    if full.get("attention_bias") or full.get("mlp_bias"):
+        raise SpectoolError("draft config.json: transformer_layer_config has attention_bias / mlp_bias; spectool's "
+                            "EAGLE-3 draft layer has no biases")
+    return {**full, **{k: c[k] for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
+                       if c.get(k) is not None},
+            "architectures": ["LlamaForCausalLMEagle3"], "norm_before_residual": c.get("norm_before_residual", True)}
+
+
+def _config_from_vllm(c: dict, policy):
+    """The config of a public draft folder (no draft.json): EAGLE-3, P-EAGLE or DFlash; EAGLE-3 also in the
+    speculators format."""
+
+    if "speculators_model_type" in c:
+        c = _from_speculators(c)
     fam = family_of_config(c)
     if fam not in ("eagle3", "peagle", "dflash"):
         raise SpectoolError(f"draft config.json ({(c.get('architectures') or ['?'])[0]}) is not an EAGLE-3, P-EAGLE or "
@@ -332,7 +404,8 @@ def _config_from_vllm(c: dict, policy):
         return DFlashConfig(**common, mask_token_id=int(dflash["mask_token_id"]),
                             causal=bool(causal) if causal is not None else False)
     token = next((c[k] for k in PARALLEL_TOKEN_KEYS if k in c), None)
-    return DraftConfig(**common, family=fam, ptd_token_id=token)
+    return DraftConfig(**common, family=fam, ptd_token_id=token,
+                       norm_before_residual=bool(c.get("norm_before_residual", False)))
 
 
 DUMMY_DRAFT_VOCAB = 32000  # the draft vocabulary size of public EAGLE-3 drafts for 150k-token policies

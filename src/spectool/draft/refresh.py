@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from spectool import ranks
-from spectool.draft.checkpoint import check_fits, load_draft, policy_shape
+from spectool.draft.checkpoint import check_fits, draft_folder, load_draft, policy_shape
 from spectool.draft.guard import check_refreshable
 from spectool.draft.mtp import MtpDraft
 from spectool.draft.mtp_folder import load_mtp
@@ -126,10 +126,10 @@ class DraftRefresher:
 
     @classmethod
     def from_folder(cls, folder: str | Path, policy, settings: RefreshSettings | None = None, **kw) -> "DraftRefresher":
-        """From a spectool draft or export folder (or a plain EAGLE-3 folder); refuses a draft made
-        for another policy, naming the field."""
+        """From a spectool draft or export folder (or a plain or speculators-format EAGLE-3 folder, or its
+        hub id in huggingface_hub's cache); refuses a draft made for another policy, naming the field."""
 
-        folder = Path(folder)
+        folder = draft_folder(folder, "the draft")  # a hub id: from huggingface_hub's cache
         pol = _unwrap(policy)
         check_refreshable(folder, pol.config)  # the pre-flight's share a refresher can ask (draft/guard.py)
         draft, meta = load_draft(folder, pol)

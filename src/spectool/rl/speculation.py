@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from spectool.draft.checkpoint import draft_folder
 from spectool.draft.guard import Flags, check_speculation
 from spectool.engine.proposals import describe
 from spectool.engine.proposals import resolve as resolve_proposals
@@ -42,6 +43,8 @@ def resolve(cfg: RLConfig, model) -> Speculation:
             log.info(f"train-rl: {note}")
         return Speculation(None, model.path, s.k, "mtp", proposals, s.draft_sampling)
     schedule, folder, method = None, s.draft, s.method
+    if folder is not None:  # a folder, or a hub id resolved through huggingface_hub's cache
+        folder = str(draft_folder(folder, "speculation.draft"))
     if s.k == "auto":
         schedule, folder = read_schedule(s.sweep, s.draft, proposals, flag="speculation.")
         method = schedule_method(s.sweep)  # the family the sweep chose (its draft folder's)

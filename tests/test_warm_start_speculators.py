@@ -1,0 +1,178 @@
+"""Warm starts from the field's drafts: an EAGLE-3 draft written by the speculators library itself (0.9.0, a test
+dependency), with either norm_before_residual, loads through --init-from with the library's own logits, trains,
+exports; a hub id resolves through huggingface_hub's cache, offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from spectool.errors import SpectoolError
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["residual-h", "norm-before-residual"])
+def speculators_draft(tiny_policy, tmp_path_factory, request):
+    """(the library's model, its saved folder) for the tiny policy: one Llama layer, a 96-token draft vocabulary,
+    every weight random (norms too, so hidden_norm is no identity)."""
+    pytest.importorskip("speculators", reason="scripts/setup.sh installs speculators 0.9.0")
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import AutoConfig
+
+    layer = AutoConfig.from_pretrained(tiny_policy)
+    layer.num_hidden_layers = 1
+    layer._attn_implementation = "eager"  # the library's float mask (its flex attention is for GPUs)
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer, draft_vocab_size=96, norm_before_residual=request.param,
+        eagle_aux_hidden_state_layer_ids=[0, 2, 3],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=STEPS)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=str(tiny_policy), architectures=["LlamaForCausalLM"])))
+    model = Eagle3DraftModel(config)
+    V = layer.vocab_size
+    ids = torch.arange(0, V, 2)[:96]
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[ids] = True
+    model.load_vocab_mappings(t2d, ids - torch.arange(96))
+    model.load_verifier_weights()
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith(("embed_tokens", "verifier_")):
+                continue
+            p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight")
+                    else 0.05 * torch.randn(p.shape, generator=g))
+    folder = tmp_path_factory.mktemp("speculators") / "draft"
+    model.save_pretrained(str(folder))
+    return model.eval(), folder, request.param
+
+
+def _library_logits(model, aux: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
+    """The library's forward (no loss: it returns tokens), its lm_head's outputs captured per TTT step. Its step 0 reads
+    the next token at each position (input_ids shifted), as spectool's unroll does."""
+    seen = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
+    shifted = torch.cat([x[:, 1:], x.new_zeros(1, 1)], 1)
+    try:
+        with torch.no_grad():
+            model(hidden_states=aux, input_ids=shifted, document_ids=torch.zeros_like(x), ttt_steps=STEPS)
+    finally:
+        hook.remove()
+    return seen
+
+
+def test_a_speculators_draft_loads_with_the_librarys_logits(tiny_policy, speculators_draft):
+    from transformers import AutoModelForCausalLM
+
+    from spectool.draft.checkpoint import draft_folder, load_draft
+
+    model, folder, nbr = speculators_draft
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and "transformer_layer_config" in cfg  # the library's format
+    policy = AutoModelForCausalLM.from_pretrained(tiny_policy)
+    draft, _ = load_draft(draft_folder(str(folder)), policy)
+    assert draft.config.norm_before_residual is nbr and draft.config.draft_vocab_size == 96
+    assert draft.draft_to_target_ids().tolist() == torch.arange(0, policy.config.vocab_size, 2)[:96].tolist()
+    torch.manual_seed(0)
+    x = torch.randint(0, policy.config.vocab_size, (1, 20))
+    aux = torch.randn(1, 20, 3 * policy.config.hidden_size)
+    with torch.no_grad():
+        ours = draft.eval().unroll(aux, x, STEPS)
+    theirs = _library_logits(model, aux, x)
+    assert len(theirs) == len(ours) == STEPS
+    for j, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.shape == b.shape, j
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"step {j}")
+    if nbr:  # the other residual gives other logits: the setting is read, not ignored
+        import dataclasses
+
+        other = type(draft)(dataclasses.replace(draft.config, norm_before_residual=False))
+        other.load_state_dict(draft.state_dict())
+        with torch.no_grad():
+            assert not torch.allclose(other.eval().unroll(aux, x, STEPS)[0], theirs[0], atol=1e-3)
+
+
+def test_a_speculators_draft_trains_and_exports_with_its_residual(tiny_policy, speculators_draft, fake_harvest,
+                                                                   tmp_path):
+    from spectool.commands.export import run as export
+    from spectool.commands.init_draft import InitDraftConfig, run
+    from spectool.config import ExportConfig
+    from spectool.draft.checkpoint import load_draft
+
+    _, folder, nbr = speculators_draft
+    warm = load_draft(folder)[0]
+    r = run(InitDraftConfig(out=str(tmp_path / "d"), model=str(tiny_policy), data=str(fake_harvest),
+                            init_from=str(folder), ttt_steps=STEPS, epochs=1, batch_size=4, lr=1e-3, warmup_steps=1))
+    assert r.steps >= 1
+    trained = load_draft(tmp_path / "d")[0]
+    assert trained.config.norm_before_residual is nbr  # kept through save and load
+    assert trained.draft_to_target_ids().tolist() == warm.draft_to_target_ids().tolist()
+    assert not torch.equal(trained.fc.weight, warm.fc.weight)  # it trained from the warm start
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["norm_before_residual"] is nbr  # as vLLM reads it
+    for fmt in ("vllm", "speculators"):
+        export(ExportConfig(draft=str(tmp_path / "d"), out=str(tmp_path / fmt), format=fmt, model=str(tiny_policy),
+                            k=STEPS, verify=False))
+        assert json.loads((tmp_path / fmt / "config.json").read_text())["norm_before_residual"] is nbr
+        again = load_draft(tmp_path / fmt)[0]
+        assert again.config.norm_before_residual is nbr
+        assert torch.equal(again.midlayer.hidden_norm.weight, trained.midlayer.hidden_norm.weight)
+
+
+def test_speculators_options_spectool_lacks_are_refused(speculators_draft, tmp_path):
+    from spectool.draft.checkpoint import load_draft
+
+    _, folder, _ = speculators_draft
+    cfg = json.loads((folder / "config.json").read_text())
+    (tmp_path / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "norm_before_fc": True}))
+    with pytest.raises(SpectoolError, match="norm_before_fc"):
+        load_draft(tmp_path)
+    layer = {**cfg["transformer_layer_config"], "model_type": "qwen3"}
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "transformer_layer_config": layer}))
+    with pytest.raises(SpectoolError, match="model_type is 'qwen3'"):
+        load_draft(tmp_path)
+
+
+def _hub_cache(home, repo: str, src) -> str:
+    """`src`'s files as huggingface_hub lays out a downloaded repo under HF_HOME: blobs, a snapshot of links, refs/main."""
+    import hashlib
+    import os
+
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    root = home / "hub" / f"models--{repo.replace('/', '--')}"
+    (root / "blobs").mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(rev)
+    snap = root / "snapshots" / rev
+    snap.mkdir(parents=True)
+    for f in src.iterdir():
+        data = f.read_bytes()
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        os.symlink(os.path.relpath(blob, snap), snap / f.name)
+    return str(snap)
+
+
+def test_a_hub_id_resolves_from_the_cache_offline_and_a_missing_one_says_how(speculators_draft, tmp_path,
+                                                                             monkeypatch):
+    from spectool.draft.checkpoint import draft_folder, load_draft
+
+    _, folder, nbr = speculators_draft
+    snap = _hub_cache(tmp_path / "hf", "someorg/eagle3-tiny", folder)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    found = draft_folder("someorg/eagle3-tiny")
+    assert str(found) == snap
+    assert load_draft(found)[0].config.norm_before_residual is nbr
+    with pytest.raises(SpectoolError, match=r"--init-from someorg/missing.*HF_HUB_OFFLINE.*hf download someorg/missing"):
+        draft_folder("someorg/missing")
+    with pytest.raises(SpectoolError, match="does not exist"):
+        draft_folder(str(tmp_path / "no" / "such" / "folder"))
