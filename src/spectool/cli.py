@@ -241,17 +241,10 @@ def parse_float_list(text: str | None, flag: str) -> list[float] | None:
 
 
 def parse_json_object(text: str, flag: str) -> dict:
-    """A JSON object (the chat template's keyword arguments); the error names the flag."""
-    import json  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    """A JSON object (the chat template's keyword arguments); the error names the flag (prompts.template_kwargs)."""
+    from spectool.prompts import template_kwargs  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpectoolError(f"{flag}={text!r} is not valid JSON ({e.msg}); give a JSON object, e.g. "
-                            "'{\"enable_thinking\": false}'") from None
-    if not isinstance(value, dict):
-        raise SpectoolError(f"{flag}={text!r} must be a JSON object, e.g. '{{\"enable_thinking\": false}}'")
-    return value
+    return template_kwargs(text, flag)
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:
