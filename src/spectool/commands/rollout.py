@@ -210,10 +210,11 @@ def _warm_up(engine, tokenizer, source, tasks, cfg: RolloutConfig) -> None:
     """With --compare, every prompt at the run's sampling, up to WARM_UP_TOKENS each: the engine compiles the step
     shapes of this batch (speculation's vary with the tokens accepted) before anything is timed. Two prompts of 16
     tokens did not: the first timed pass of a k=3 engine at 13 sequences then paid for compiling. Without it,
-    nothing is compared, and two short greedy prompts start the engine's compilation."""
+    nothing is compared, and two short greedy prompts (within the run's max tokens: the context is sized for them)
+    start the engine's compilation."""
     s = cfg.sampling
     if not cfg.compare:
-        rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, 16, 0.0, 1.0, 0), cfg)
+        rollout_tasks(engine, tokenizer, source, tasks[:2], SamplingConfig(2, 1, min(s.max_tokens, 16), 0.0, 1.0, 0), cfg)
         return
     rollout_tasks(engine, tokenizer, source, tasks,
                   SamplingConfig(len(tasks), s.samples, min(s.max_tokens, WARM_UP_TOKENS), s.temperature, s.top_p, s.seed),
