@@ -125,6 +125,31 @@ def test_the_plan_rows_are_the_arithmetic():
     assert float32["policy weights"] == 2 * rows["policy weights"]
 
 
+def test_held_out_evaluation_sets_the_peak_where_its_logits_outgrow_the_step():
+    """Audit 2026-11c L3: evaluation (every --save-every) builds the policy's full-vocabulary logits [B, T, V]; at
+    --ttt-steps 1 on 640-token Qwen3-8B records that is 3.70 GiB against about 1.9 GiB of step rows. The plan holds
+    the larger of the two: at the defaults (5 steps) the step's rows and no evaluation row, at 1 step the evaluation's
+    bytes by hand."""
+    from spectool.memory import init_draft_plans
+
+    config, longest = _qwen3("8b"), 640
+
+    def train_plan(steps: int):
+        shape = draft_shape(config, "eagle3", 4096, 1, steps, 1.0)
+        plans = init_draft_plans(config, shape, total_bytes=80 * GIB, policy_dtype="bfloat16", features="stream",
+                                 longest=longest, **DEFAULTS)
+        return {k.split(" (")[0]: v * GIB for k, v in plans[-1].rows}
+
+    assert "held-out evaluation beyond the step" not in train_plan(5)
+    rows = train_plan(1)
+    step = sum(v for k, v in rows.items() if k.startswith(("step features", "draft activations", "draft logits",
+                                                            "fused attention")))
+    tokens = 4 * 640  # 4 records of 640 fit --max-batch-tokens 8192
+    by_hand = tokens * 151936 * (2 + 4 + 4) + tokens * 4096 * 4 * (1 + 1)  # bf16 logits, f32 copy and exp; Vd rows
+    assert abs(by_hand / GIB - 3.70) < 0.01 and by_hand > step  # step: about 1.9 GiB
+    assert rows["held-out evaluation beyond the step"] == pytest.approx(by_hand - step, rel=1e-9)
+
+
 def test_a_bfloat16_draft_plans_its_activations_at_autocasts_bytes_and_keeps_float32_state():
     """--draft-dtype bfloat16: activations at 3.5 bytes a value (autocast keeps the norms and the residual stream in
     float32: measured 0.85-0.96x float32's peak), the attention kernel's values in 2, a bfloat16 copy of the weights

@@ -381,6 +381,27 @@ def draft_step_rows(plan: Plan, d: DraftShape, n_aux: int, target_hidden: int, t
     plan.add(f"fused attention (linear in the {longest}-token longest record)", attention_bytes(d, tokens, draft_dtype))
 
 
+def eval_tokens(max_batch_tokens: int, batch_size: int, longest: int) -> int:
+    """Tokens of a held-out evaluation batch (init_draft's `heldout`): whole records of at most `longest` up to
+    --max-batch-tokens (at least one), at most batch_size of them."""
+    return max(1, min(batch_size, max_batch_tokens // longest)) * longest
+
+
+def eval_bytes(d: DraftShape, vocab: int, policy_bytes: float, tokens: int) -> int:
+    """Held-out evaluation over `tokens` (ttt.heldout_metrics + loss.acceptance_metrics, every --save-every; no
+    gradients, so the step's rows are freed by then): the policy's full-vocabulary logits [B, T, V] in its dtype, the
+    float32 copy logsumexp reads and its exp temporary, and float32 [B, T, Vd] rows: the draft's logits of every
+    unroll step and the policy's probabilities on the draft vocabulary."""
+    return int(tokens * (vocab * (policy_bytes + 8) + 4 * d.vocab * (1 + d.steps)))
+
+
+def eval_row(plan: Plan, step_rows_gib: float, d: DraftShape, vocab: int, policy_bytes: float, tokens: int) -> None:
+    """What held-out evaluation needs beyond the training step's rows (`step_rows_gib`, freed by then): the peak is the
+    larger of the two (evaluation's at --ttt-steps 1 or few anchors and a large vocabulary)."""
+    plan.add(f"held-out evaluation beyond the step ({tokens} tokens, full-vocabulary policy logits)",
+             max(0.0, eval_bytes(d, vocab, policy_bytes, tokens) - step_rows_gib * GIB))
+
+
 def attention_bytes(d: DraftShape, tokens: int, draft_dtype: str = "float32") -> int:
     """What the draft's fused attention adds over `tokens` packed tokens beyond the activations' q, k, v and output:
     per unroll step (every step runs the kernel over all of the record's positions, sampled anchors or not) and
@@ -430,7 +451,9 @@ def init_draft_plans(config, d: DraftShape, *, total_bytes: int, policy_dtype: s
         plan.add(f"policy weights ({policy_dtype}, resident: --features online)", wb * p)
         draft_rows(plan)
         plan.add("a batch's features on the device (half precision)", 2 * batch_size * longest * (n_aux + 1) * h)
+        before = plan.used_gib
         draft_step_rows(plan, d, n_aux, h, tokens, longest, max_batch_tokens, draft_dtype)
+        eval_row(plan, plan.used_gib - before, d, v, wb, eval_tokens(max_batch_tokens, batch_size, longest))
         forward_row(plan, batch_size * longest)  # before the step; freed by then, counted beside it (an upper bound)
         return [plan]
     feat = base(f"--features {features}, the feature pass")
@@ -441,7 +464,9 @@ def init_draft_plans(config, d: DraftShape, *, total_bytes: int, policy_dtype: s
     plan_head = "embedding and lm_head" if head > v * h else "output embedding (the targets)"
     train.add(f"the policy's {plan_head} ({policy_dtype}, kept)", wb * head)
     draft_rows(train)
+    before = train.used_gib
     draft_step_rows(train, d, n_aux, h, tokens, longest, max_batch_tokens, draft_dtype)
+    eval_row(train, train.used_gib - before, d, v, wb, eval_tokens(max_batch_tokens, batch_size, longest))
     return [feat, train]
 
 
