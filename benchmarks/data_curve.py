@@ -124,14 +124,15 @@ def interval(values: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    """mean(a) - mean(b) and its 95% Welch interval (Satterthwaite's degrees of freedom)."""
+def welch(a: list[float], b: list[float], intervals: int = 1) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its Welch interval (Satterthwaite's degrees of freedom) at 95% over `intervals`
+    intervals read together (Bonferroni: each at 1 - 0.05 / intervals)."""
     va, vb = (sum((x - sum(v) / len(v)) ** 2 for x in v) / (len(v) - 1) / len(v) for v in (a, b))
     diff = sum(a) / len(a) - sum(b) / len(b)
     if va + vb == 0:
         return diff, float("nan"), float("nan")
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = student_t_quantile(0.975, df) * (va + vb) ** 0.5
+    half = student_t_quantile(1 - 0.025 / intervals, df) * (va + vb) ** 0.5
     return diff, diff - half, diff + half
 
 
@@ -156,12 +157,18 @@ def report(rows: list[dict]) -> None:
               f"{max(r['peak_rss_gib'] for r in rs):.2f} | " + " | ".join(cells) + f" | {offline} |")
     names = [n for n, rs in arms.items() if len(rs) >= 2]
     if len(names) >= 2:
-        print("\n| arms compared | " + " | ".join(f"{m}: difference [95% Welch]" for m, _ in MODES) + " |")
+        pairs = [(x, y) for i, x in enumerate(names) for y in names[i + 1:]]
+        family = len(pairs) * len(MODES)  # the intervals read together: Bonferroni over all of them
+        print("\n| arms compared | " + " | ".join(f"{m}: difference [95% Welch; 95% over all {family}]" for m, _ in MODES)
+              + " |")
         print("|---|" + "---|" * len(MODES))
-        for i, x in enumerate(names):
-            for y in names[i + 1:]:
-                diffs = [welch(*([r[mode]["acceptance_length"] for r in arms[n]] for n in (x, y))) for mode, _ in MODES]
-                print(f"| {x} - {y} | " + " | ".join(f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]" for d, lo, hi in diffs) + " |")
+        for x, y in pairs:
+            cells = []
+            for mode, _ in MODES:
+                a, b = ([r[mode]["acceptance_length"] for r in arms[n]] for n in (x, y))
+                (d, lo, hi), (_, blo, bhi) = welch(a, b), welch(a, b, family)
+                cells.append(f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}; {blo:+.2f}, {bhi:+.2f}]")
+            print(f"| {x} - {y} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
