@@ -176,3 +176,34 @@ def test_a_hub_id_resolves_from_the_cache_offline_and_a_missing_one_says_how(spe
         draft_folder("someorg/missing")
     with pytest.raises(SpectoolError, match="does not exist"):
         draft_folder(str(tmp_path / "no" / "such" / "folder"))
+
+
+def test_trl_takes_a_hub_ids_draft_from_the_cache(speculators_draft, tiny_policy, tmp_path, monkeypatch):
+    """SpectoolSpeculation(draft="ORG/NAME") resolves through the same cache as --init-from: the draft checks pass
+    on the cached folder (a run past the policy's context is then refused, before any engine), the user's settings
+    keep the hub id, and a missing id offline says how to fetch it, naming the setting."""
+    pytest.importorskip("trl")
+    from trl import GRPOConfig
+
+    from spectool.integrations.trl import SpectoolSpeculation, task_data
+
+    from conftest import sums_with_answer
+
+    _, folder, _ = speculators_draft
+    snap = _hub_cache(tmp_path / "hf", "someorg/eagle3-tiny", folder)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ds, reward = task_data(str(sums_with_answer(tmp_path)), 4)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, per_device_train_batch_size=4,
+                      num_generations=4, max_completion_length=10**6, report_to="none", use_vllm=True,
+                      vllm_mode="colocate", save_strategy="no")
+    spec = SpectoolSpeculation("someorg/eagle3-tiny", k=2)
+    with pytest.raises(SpectoolError, match=r"GRPOConfig.max_completion_length 1000000"):
+        spec.grpo_trainer(args=args, model=str(tiny_policy), reward_funcs=reward, train_dataset=ds)
+    assert spec.draft == "someorg/eagle3-tiny"
+    assert spec.resolved().draft == snap and spec.resolved().method == "eagle3"
+    with pytest.raises(SpectoolError, match=r"SpectoolSpeculation\(draft=\.\.\.\) someorg/missing.*HF_HUB_OFFLINE"):
+        SpectoolSpeculation("someorg/missing").grpo_trainer(args=args, model=str(tiny_policy), reward_funcs=reward,
+                                                            train_dataset=ds)

@@ -25,18 +25,19 @@ class SpectoolSpeculation(SpeculationSettings):
 
         check_trl_version()
         self.validate()
+        spec = self.resolved()  # a hub id's draft as its cached folder, for every check and the engine
 
         trainer_cls = trainer_cls or GRPOTrainer
         args = trainer_kwargs.get("args")
         check_args(args)
-        if self.draft is not None:
-            check_draft(self, trainer_kwargs.get("model"), args)
-        check_lengths(self, trainer_kwargs.get("model"), args, trainer_kwargs=trainer_kwargs)  # against the context
+        if spec.draft is not None:
+            check_draft(spec, trainer_kwargs.get("model"), args)
+        check_lengths(spec, trainer_kwargs.get("model"), args, trainer_kwargs=trainer_kwargs)  # against the context
         if torch.cuda.is_available():  # before TRL puts the policy or the engine on the GPU
-            check_memory(self, args, trainer_kwargs)
-        with speculative_llm(self):
+            check_memory(spec, args, trainer_kwargs)
+        with speculative_llm(spec):
             trainer = trainer_cls(**trainer_kwargs)
-        attach(self, trainer)
+        attach(spec, trainer)
         return trainer
 
 

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spectool.constants import DEFAULT_K, DRAFT_SAMPLING, K_MAX, K_MIN, OWN_MTP, k_in_range
+from spectool.draft.checkpoint import draft_folder
 from spectool.draft.families import folder_family
 from spectool.draft.refresh_policy import RefreshSettings
 from spectool.engine.proposals import resolve
@@ -22,7 +23,8 @@ class SpeculationSettings:
 
     draft: str | None
     """A spectool draft or export folder (init-draft / export; EAGLE-3, P-EAGLE or DFlash: its family is
-    read from the folder), made for the trained policy; "mtp":
+    read from the folder), a speculators-format EAGLE-3 folder, or a hub id ORG/NAME of one (read from
+    huggingface_hub's cache, offline under HF_HUB_OFFLINE=1), made for the trained policy; "mtp":
     the policy's own MTP layers (a MiMo-layout model); None: plain decoding with spectool's engine
     settings, policy sync and logprob guard (a baseline)."""
     k: int = DEFAULT_K
@@ -58,6 +60,13 @@ class SpeculationSettings:
             raise SpectoolError(f"sweep {sweep} recommends no speculation at any batch size; use draft=None")
         return cls(folder, k=max(k for _, _, k in schedule), draft_sampling=draft_sampling, k_schedule=schedule,
                    **settings)
+
+    def resolved(self) -> "SpeculationSettings":
+        """A copy whose `draft` is a local folder (a hub id resolved through huggingface_hub's cache,
+        draft/checkpoint.draft_folder); the user's settings are not changed."""
+        if self.draft in (None, MTP):
+            return self
+        return replace(self, draft=str(draft_folder(self.draft, "SpectoolSpeculation(draft=...)")))
 
     @property
     def method(self) -> str:
