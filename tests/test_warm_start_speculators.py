@@ -207,3 +207,20 @@ def test_trl_takes_a_hub_ids_draft_from_the_cache(speculators_draft, tiny_policy
     with pytest.raises(SpectoolError, match=r"SpectoolSpeculation\(draft=\.\.\.\) someorg/missing.*HF_HUB_OFFLINE"):
         SpectoolSpeculation("someorg/missing").grpo_trainer(args=args, model=str(tiny_policy), reward_funcs=reward,
                                                             train_dataset=ds)
+
+
+@pytest.mark.engine
+def test_vllm_serves_a_speculators_folder_as_spectool_computes_it(speculators_draft, tiny_policy, tmp_path):
+    """The speculators folder as written (no export), served by the real engine: its drafter's first proposal round
+    equals spectool's unroll of the same folder, with either norm_before_residual (vLLM's llama_eagle3.py applies
+    it as spectool does, not only as the library does)."""
+    from transformers import AutoModelForCausalLM
+
+    from spectool.engine.engine import Engine, EngineConfig
+
+    from served import served_vs_trained
+
+    _, folder, _ = speculators_draft
+    policy = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32).eval()
+    with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), k=2, kv_cache_gib=1)) as engine:
+        served_vs_trained(engine, policy, folder, tmp_path)
