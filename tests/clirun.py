@@ -28,6 +28,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def nodes(commands: list[list[str]], cwds: list | None = None, env: dict | None = None,
+          timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Launchers started side by side, as a launch across nodes starts one per node (here all on this machine, on
+    loopback), each in its own working directory (`cwds`); their results once all have ended. One still running at
+    `timeout` is killed, so a launch whose nodes wait for each other forever fails the test instead of hanging it."""
+    import signal
+    import tempfile
+    import time
+
+    e = {**os.environ, **(env or {})}
+    logs = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in commands]  # no pipe fills up
+    procs = [subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, text=True, env=e, start_new_session=True)
+             for cmd, cwd, (out, err) in zip(commands, cwds or [None] * len(commands), logs)]
+    deadline = time.monotonic() + timeout
+    try:
+        codes = [p.wait(timeout=max(deadline - time.monotonic(), 0.1)) for p in procs]
+    except subprocess.TimeoutExpired:
+        codes = None
+    finally:
+        for p in procs:
+            if p.poll() is None:  # the launcher and the ranks it started (its own session)
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    results = []
+    for cmd, p, (out, err) in zip(commands, procs, logs):
+        out.seek(0), err.seek(0)
+        results.append(subprocess.CompletedProcess(cmd, p.returncode, out.read(), err.read()))
+        out.close(), err.close()
+    assert codes is not None, f"the nodes did not end within {timeout} s:\n" + "\n".join(r.stderr[-2000:] for r in results)
+    return results
+
+
 _ZYGOTE: dict = {}
 
 

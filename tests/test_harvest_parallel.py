@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from clirun import free_port, spectool
+from clirun import free_port, nodes, spectool
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +61,72 @@ def test_harvest_with_two_data_parallel_replicas_under_torchrun(tiny_policy, sum
     shards = [p.stem for p in shard_paths(out)]
     assert shards == [f"shard-{i:05d}" for i in range(5)]
     assert sorted(p.stem for p in (out / "hidden").glob("*.safetensors")) == shards  # each shard's features beside it
+
+
+def _torchrun(args: list, nodes: int, port: int) -> list[list[str]]:
+    """The launcher command of each node: 2 processes on one node, or 1 on each of 2 nodes meeting at a c10d
+    rendezvous on loopback (as on a cluster, with the first node's address)."""
+    import sys
+
+    spread = (["--nproc-per-node", "2", "--master-port", str(port)] if nodes == 1 else
+              ["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"])
+    return [[sys.executable, "-m", "torch.distributed.run", *spread, *(["--node-rank", str(i)] if nodes > 1 else []),
+             "-m", "spectool.cli", "harvest", *map(str, args)] for i in range(nodes)]
+
+
+@pytest.mark.multiproc
+def test_harvest_as_two_nodes_writes_what_one_node_writes(tiny_policy, sums, tmp_path):
+    """Two launchers side by side (node ranks 0 and 1, one replica each) make the same run as one launcher with two
+    processes: the same shards, records and features."""
+    from safetensors.torch import load_file
+
+    from spectool.records import load_records, shard_paths
+
+    def run(folder, n: int):
+        args = ["--model", tiny_policy, "--data", sums, "--out", folder, "--n-prompts", "6", "--max-tokens", "8",
+                "--hidden-states", "--data-parallel-size", "2"]
+        done = nodes(_torchrun(args, n, free_port()), env={"SPECTOOL_ENFORCE_EAGER": "1"}, timeout=300)
+        assert all(r.returncode == 0 for r in done), "\n".join(r.stderr[-3000:] for r in done)
+        assert sum(r.stdout.count("records (6 new)") for r in done) == 1  # the main process reports, on one node
+        records = sorted(load_records(folder).to_list(), key=lambda r: (r["prompt_id"], r["sample_idx"]))
+        return [p.name for p in shard_paths(folder)], records
+
+    shards, records = run(tmp_path / "two", 2)
+    assert (shards, records) == run(tmp_path / "one", 1) and len(records) == 6
+    assert json.loads((tmp_path / "two" / "manifest.json").read_text())["status"] == "complete"
+    assert not list((tmp_path / "two").glob(".spectool-rank-*"))  # the shared-folder check leaves nothing behind
+    for name in shards:  # the replicas' features, each beside its shard
+        one, two = (load_file(tmp_path / d / "hidden" / name.replace(".parquet", ".safetensors")) for d in ("one", "two"))
+        assert one.keys() == two.keys() and all(one[k].equal(two[k]) for k in one)
+
+
+@pytest.mark.multiproc
+def test_a_node_that_does_not_see_the_run_folder_is_refused(tiny_policy, sums, tmp_path):
+    """Two nodes whose --out is not one folder (a relative `run`, each launcher in its own directory, as two
+    machines' local disks) are refused on both, naming the node that does not see it and the shared filesystem
+    it needs; no engine starts."""
+    here = [tmp_path / "node0", tmp_path / "node1"]
+    for d in here:
+        d.mkdir()
+    args = ["--model", tiny_policy, "--data", sums, "--out", "run", "--n-prompts", "2", "--max-tokens", "4",
+            "--data-parallel-size", "2"]
+    done = nodes(_torchrun(args, 2, free_port()), cwds=here, timeout=180)
+    for r in done:
+        assert r.returncode != 0
+        assert "on a filesystem every node shares (e.g. NFS or Lustre)" in r.stderr, r.stderr[-3000:]
+        assert "rank 1 (node " in r.stderr and f"{here[0] / 'run'}" in r.stderr and f"{here[1] / 'run'}" in r.stderr
+    claimed = [d / "run" for d in here if (d / "run").exists()]  # the main process's; the other node wrote nothing
+    assert len(claimed) == 1 and sorted(p.name for p in claimed[0].iterdir()) == ["config.json"]  # no engine started
+
+
+def test_one_process_claims_its_folder_without_the_shared_folder_check(tmp_path, monkeypatch):
+    """Without a process group there is no other rank to compare with: the claim alone, no mark written, no wait
+    (a folder this process cannot see is the claim's business, not refused here)."""
+    from spectool import ranks
+
+    monkeypatch.setattr(ranks, "SEE_WAIT_S", 0.0)  # a check that ran would refuse the missing folder at once
+    assert ranks.claim_folder(tmp_path / "missing", lambda: "claimed") == "claimed"
+    assert not (tmp_path / "missing").exists()
 
 
 def test_harvest_data_parallel_without_a_launcher_is_refused(tiny_policy, sums, tmp_path):

@@ -91,33 +91,73 @@ def test_corrupt_draft_weights(tiny_policy, tmp_path):
         load_draft(tmp_path)
 
 
-@pytest.mark.multiproc
-def test_accelerate_launch_with_two_processes_trains_the_same_steps(tiny_policy, fake_harvest, tmp_path):
-    """`accelerate launch --multi_gpu --num_processes 2` on a CPU-only machine (torchrun + gloo DDP;
-    `--cpu` would start one process): each process takes half of every batch, only the main
-    process writes, and the result is a complete, loadable draft."""
+def _accelerate(args: list, machines: int, port: int) -> list[list[str]]:
+    """`accelerate launch --multi_gpu --num_processes 2` on a CPU-only machine (torchrun + gloo DDP; `--cpu` would
+    start one process): on one machine, or one process on each of 2 machines (node ranks 0 and 1) whose main
+    process listens on loopback, as a cluster's first node would."""
     import os
     import shutil
-    import subprocess
     import sys
 
     launcher = shutil.which("accelerate", path=os.path.dirname(sys.executable))
-    out = tmp_path / "ddp"
-    args = ["init-draft", "--model", str(tiny_policy), "--data", str(fake_harvest), "--out", str(out),
-            "--draft-vocab-size", "128", "--ttt-steps", "3", "--epochs", "2", "--batch-size", "4", "--save-every", "2"]
-    r = subprocess.run([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "spectool.cli", *args],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("init-draft ->") == 1  # rank 0 renders; both trained (DDP would hang otherwise)
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = json.loads((out / "manifest.json").read_text())["result"]["steps"]
-    assert [x["step"] for x in lines] == list(range(1, steps + 1))  # one writer: no duplicated lines
+    return [[launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", str(machines),
+             "--machine_rank", str(i), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+             "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "spectool.cli", "init-draft", *map(str, args)]
+            for i in range(machines)]
+
+
+@pytest.mark.multiproc
+def test_accelerate_launch_with_two_processes_trains_the_same_draft_on_one_node_or_two(tiny_policy, fake_harvest,
+                                                                                      tmp_path):
+    """Each process takes half of every batch, only the main process writes, and the result is a complete,
+    loadable draft; two launchers side by side (node ranks 0 and 1, one process each) train the same draft, bit
+    for bit, through the same losses."""
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from spectool.draft.checkpoint import load_draft
 
-    load_draft(out, AutoModelForCausalLM.from_pretrained(tiny_policy))
+    from clirun import free_port, nodes
+
+    def run(out, machines: int) -> list[dict]:
+        args = ["--model", tiny_policy, "--data", fake_harvest, "--out", out, "--draft-vocab-size", "128",
+                "--ttt-steps", "3", "--epochs", "2", "--batch-size", "4", "--save-every", "2"]
+        done = nodes(_accelerate(args, machines, free_port()), env={"OMP_NUM_THREADS": "1"}, timeout=300)
+        assert all(r.returncode == 0 for r in done), "\n".join(r.stderr[-3000:] for r in done)
+        # rank 0 renders; both trained (DDP would hang otherwise)
+        assert sum(r.stdout.count("init-draft ->") for r in done) == 1
+        lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        steps = json.loads((out / "manifest.json").read_text())["result"]["steps"]
+        assert [x["step"] for x in lines] == list(range(1, steps + 1))  # one writer: no duplicated lines
+        return [{k: x[k] for k in ("step", "loss", "loss_per_step", "eval") if k in x} for x in lines]
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert run(one, 1) == run(two, 2)
+    load_draft(two, AutoModelForCausalLM.from_pretrained(tiny_policy))
+    a, b = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    assert not list(two.glob(".spectool-rank-*"))  # the shared-folder check leaves nothing behind
+
+
+@pytest.mark.multiproc
+def test_a_machine_that_does_not_see_the_run_folder_is_refused(tiny_policy, fake_harvest, tmp_path):
+    """Two machines whose --out is not one folder (a relative `run`, each launcher in its own directory, as two
+    machines' local disks) are refused on both before any feature or step, naming the one that does not see it
+    and the shared filesystem it needs."""
+    from clirun import free_port, nodes
+
+    here = [tmp_path / "node0", tmp_path / "node1"]
+    for d in here:
+        d.mkdir()
+    args = ["--model", tiny_policy, "--data", fake_harvest, "--out", "run", "--draft-vocab-size", "128",
+            "--ttt-steps", "3", "--epochs", "1", "--batch-size", "4"]
+    done = nodes(_accelerate(args, 2, free_port()), cwds=here, env={"OMP_NUM_THREADS": "1"}, timeout=180)
+    for r in done:
+        assert r.returncode != 0
+        assert "on a filesystem every node shares (e.g. NFS or Lustre)" in r.stderr, r.stderr[-3000:]
+        assert "rank 1 (node 1, host " in r.stderr and f"{here[1] / 'run'}" in r.stderr  # machine rank 1: rank 1
+    assert sorted(p.name for p in (here[0] / "run").iterdir()) == ["init_draft.json"]  # claimed, nothing trained
+    assert not (here[1] / "run").exists()
 
 
 def test_remap_vocab_keeps_shared_rows_and_fills_new_ones_from_the_policy(tiny_policy):

@@ -173,7 +173,8 @@ def _place(cfg: HarvestConfig) -> _Place:
 
 def _open_run(cfg: HarvestConfig, model, source, tasks, out: Path, place: _Place) -> tuple[dict, list]:
     """Claim (or resume) the run folder and write its running manifest; (manifest, the prompts still to do).
-    The main process owns the folder, the other replicas stop with it if refused; more prompts (or another GPU
+    The main process owns the folder, the other replicas stop with it if refused or if any cannot see it (a launch
+    across nodes needs it on a shared filesystem: ranks.shared_folder); more prompts (or another GPU
     share, another parallelism) may resume a run; the model is compared by identity, not name."""
     from spectool import ranks  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from spectool.data.sources import MIX_SEPARATOR, mix_counts  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
@@ -182,9 +183,9 @@ def _open_run(cfg: HarvestConfig, model, source, tasks, out: Path, place: _Place
     from spectool.runs import MANIFEST, atomic_write_json, claim, load_manifest, make_manifest  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     chunk = chunk_prompts(cfg.sampling.samples, is_cpu_build())
-    ranks.together(lambda: claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
-                                 may_change={"sampling.n_prompts", "gpu_memory_utilization", "tensor_parallel_size",
-                                             "data_parallel_size", "max_model_len"}), main_only=True)
+    ranks.claim_folder(out, lambda: claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
+                                          may_change={"sampling.n_prompts", "gpu_memory_utilization", "tensor_parallel_size",
+                                                      "data_parallel_size", "max_model_len"}))  # one folder every replica sees
     if (out / MANIFEST).exists():
         chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
     manifest = make_manifest("harvest", model=model.name, model_path=model.path, model_identity=model.identity,

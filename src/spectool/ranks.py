@@ -1,7 +1,9 @@
 """The data-parallel group a trainer runs in (accelerate launch, torchrun: torch.distributed's default
 group), as the online draft sees it. One process without a group is a group of one, and every
 function here is then the identity. Collectives go through torch.distributed itself (gloo on the
-CPU, NCCL on GPUs); nothing here starts processes or groups: the launcher does.
+CPU, NCCL on GPUs); nothing here starts processes or groups: the launcher does. The run folder a launch's ranks
+share is claimed here too (claim_folder: harvest's replicas, init-draft's processes), refused when some rank does not
+see it (a launch across nodes without a shared filesystem).
 
 Every function is a collective: all ranks call it at the same point, in the same order.
 """
@@ -11,7 +13,10 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import secrets
+import socket
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -151,3 +156,70 @@ def barrier() -> None:
     if world() > 1:
         device = _device()
         dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
+
+
+SEE_WAIT_S = 10.0  # how long a rank looks again for the others' marks before the folder is called unshared
+
+
+def claim_folder(folder: Path, claim: Callable[[], T], flag: str = "--out") -> T | None:
+    """A collective: a command's `claim()` of its run folder on the main process (a refusal raised on every
+    rank), then every rank shown to see that folder (shared_folder). Returns what `claim()` returned on the
+    main process (None on the others)."""
+    result = together(claim, main_only=True)
+    shared_folder(folder, flag)
+    return result
+
+
+def shared_folder(folder: Path, flag: str = "--out") -> None:
+    """A collective: refuse, on every rank alike, a run folder that is not the same folder for every rank. The
+    ranks of a launch read and write one run folder (harvest's replicas their shards, init-draft's feature cache
+    and checkpoints), so across nodes it must be on a filesystem they share. Each rank writes a mark named by a
+    token of this launch into `folder` (which the main process has claimed), and looks for every other rank's:
+    a mark of a rank that sees another filesystem (or a copy of the folder) is not there. Without a process
+    group (one process) nothing is checked."""
+    if world() == 1:
+        return
+    token = gather(secrets.token_hex(8) if rank() == 0 else None)[0]  # the main process's, on every rank
+    marks = [folder / f".spectool-rank-{token}-{r}" for r in range(world())]
+    mine = marks[rank()]
+    wrote = _mark(mine)
+    barrier()
+    deadline = time.monotonic() + SEE_WAIT_S
+    seen = _seen(marks)
+    while len(seen) < world() and time.monotonic() < deadline:  # a network filesystem may show a new file late
+        time.sleep(0.25)
+        wrote = wrote or _mark(mine)
+        seen = _seen(marks)
+    node = os.environ.get("GROUP_RANK", os.environ.get("SLURM_NODEID", "?"))  # torchrun's node rank; srun's
+    views = gather((seen, node, socket.gethostname(), str(Path(folder).absolute())))  # every rank's look is done
+    if wrote:
+        mine.unlink(missing_ok=True)
+    blind = [r for r in range(world()) if 0 not in views[r][0] or r not in views[0][0]]
+    if blind:
+        def who(r: int) -> str:
+            return f"rank {r} (node {views[r][1]}, host {views[r][2]}, {flag} {views[r][3]})"
+
+        raise SpectoolError(
+            f"{flag} {folder} is not one folder for every process of this launch: "
+            f"{', '.join(who(r) for r in blind)} cannot see the files {who(0)} wrote there. A launch across nodes "
+            f"needs {flag} on a filesystem every node shares (e.g. NFS or Lustre), at the same path on each: pass "
+            f"{flag} as an absolute path on it")
+
+
+def _mark(path: Path) -> bool:
+    """This rank's mark written into its run folder, if this rank sees the folder."""
+    try:
+        os.listdir(path.parent)  # on NFS opening the folder revalidates what this client cached of it
+        path.write_text(socket.gethostname())
+        return True
+    except OSError:  # the folder is not there for this rank (or not writable): the others do not see its mark
+        return False
+
+
+def _seen(marks: list[Path]) -> set[int]:
+    """The ranks whose marks this rank sees."""
+    try:
+        names = set(os.listdir(marks[0].parent))  # a fresh listing, not a cached lookup
+    except OSError:
+        return set()
+    return {r for r, m in enumerate(marks) if m.name in names}

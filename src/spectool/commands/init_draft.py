@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spectool import ranks
 from spectool.config import InitDraftConfig
 from spectool.data import load_source
 from spectool.draft.checkpoint import draft_metadata, save_draft
@@ -77,11 +78,12 @@ from spectool.precision import draft_autocast, draft_dtype
 from spectool.prompts import encode_tasks, rendering
 from spectool.records import load_records
 from spectool.runs import append_jsonl, claim, load_manifest, truncate_jsonl
+from spectool.trackers import open_trackers
 from spectool.ui import console
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
 RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features", "harvest_identity", "draft_dtype",
-                     "max_model_len", "recompute_loss"}
+                     "max_model_len", "recompute_loss", "report_to"}
 # a rerun may change these and resume (harvest_identity: checked by check_harvest, which names what changed;
 # max_model_len: a context too short for the harvest is refused, so records never differ; recompute_loss: the same
 # loss and gradients)
@@ -242,10 +244,9 @@ def _setup(cfg: InitDraftConfig):
     if acc.num_processes > 1 and not (Path(cfg.data) / "manifest.json").exists():
         raise SpectoolError(f"--data {cfg.data} is a data source; under accelerate launch pass a harvest run "
                             "instead (spectool harvest --out H ..., then --data H): vLLM runs in one process")
-    recorded = None
-    if acc.is_main_process:  # one process claims --out (a refusal ends the launch; the others are stopped)
-        recorded = claim_out(cfg)
-    acc.wait_for_everyone()
+    # one process claims --out (a refusal raised on every rank); every rank must see it (a launch across nodes:
+    # a shared filesystem), as the feature cache and checkpoints the main process writes there are read by all
+    recorded = ranks.claim_folder(Path(cfg.out), lambda: claim_out(cfg))
     data = training_data(cfg, model)
     if acc.is_main_process:
         check_harvest(cfg, data, recorded)
@@ -565,7 +566,9 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats: _Features
         return epoch_order(feats.groups, seed, epoch, cfg.shuffle_window)
 
     with Progress(TextColumn("init-draft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeRemainingColumn(), disable=not acc.is_main_process) as bar:
+                  TimeRemainingColumn(), disable=not acc.is_main_process) as bar, \
+            open_trackers(cfg.report_to, "--report-to", cfg.out, dataclasses.asdict(cfg), tr.step,
+                          main=acc.is_main_process) as trackers:  # --report-to: each metrics.jsonl line, at its step
         job = bar.add_task("", total=tr.total, completed=tr.step, info="")
         while tr.step < tr.total:
             epoch, idx = tr.batch(order)
@@ -584,6 +587,7 @@ def _train(cfg: InitDraftConfig, tr: DraftTrainer, data: _Data, feats: _Features
                 tr.save()
             if acc.is_main_process:
                 append_jsonl(metrics_path, rec)
+                trackers.log(rec["step"], rec)
             top1 = rec.get("eval", {}).get("top1")
             bar.update(job, completed=tr.step, info=f"loss {rec['loss']:.3f}" + (f" top1 {top1[0]:.2f}" if top1 else ""))
     return tokens, seconds, peak

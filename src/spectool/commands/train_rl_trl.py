@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from spectool import ranks
+from spectool import ranks, trackers
 from spectool.context import RL_YAML
 from spectool.engine.compat import is_cpu_build
 from spectool.errors import SpectoolError
@@ -57,7 +57,11 @@ def grpo_config(cfg: RLConfig, out: Path, cpu: bool, world: int = 1):
         vllm_gpu_memory_utilization=e.gpu_memory_utilization,  # the CPU build's share: engine.spectool_kwargs
         vllm_max_model_length=e.max_model_len or None, use_cpu=cpu, bf16=not cpu and _trainer_bf16(e.dtype),
         logging_steps=1, chat_template_kwargs=template_kwargs(r.chat_template_kwargs) or None,  # as spectool renders
-        report_to="none", save_strategy="steps", save_steps=cfg.checkpoint_every, save_only_model=False,
+        save_strategy="steps", save_steps=cfg.checkpoint_every, save_only_model=False,
+        # rl.yaml's report_to: TRL's own callbacks log its log lines (metrics.jsonl's) there, under the run name and
+        # trackio project the built-in loop uses (TRL's tensorboard events: under <out>/trl/runs)
+        report_to=trackers.parse(cfg.report_to, "report_to") or "none", run_name=trackers.run_name(out),
+        project=trackers.PROJECT,
     )
 
 
@@ -121,7 +125,7 @@ def run(cfg: RLConfig) -> dict:
         claim(out, "train-rl", cfg.as_dict(), may_change=RESUMABLE_KEYS_IGNORED, flag="out")
         truncate_jsonl(out / "metrics.jsonl", int(ckpt.name.split("-")[1]) if ckpt else 0)
 
-    ranks.together(own_folder, main_only=True)
+    ranks.claim_folder(out, own_folder, flag="out")  # and every rank sees it (across nodes: a shared filesystem)
     trainer = spec.grpo_trainer(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
     trainer.add_callback(_callback(out))
     t = time.perf_counter()
