@@ -16,6 +16,22 @@ import pytest  # noqa: E402
 
 pytest_plugins = ["costs", "pytester"]  # tiers, cost markers and the budget (tests/costs.py); runs inside a run
 
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread_for_unit_tests(request):
+    """A unit test computes on one torch thread: tiny tensors on this 2-core machine, beside other jobs, spend more
+    in threads' spin-waits than in the work (tests/test_lossless.py: killed at 500 s with torch's default threads
+    under load, 41 s on one). Tests marked engine, e2e or multiproc keep the default (their engines' own)."""
+    if any(request.node.get_closest_marker(m) for m in ("engine", "e2e", "multiproc")):
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"

@@ -9,11 +9,13 @@ tests/budget.toml.
   one started in a child (a CLI run, an arm, a rank) needs `e2e` or `multiproc`, a launcher (torchrun,
   accelerate launch) needs `multiproc`. Engines are counted through $SPECTOOL_ENGINE_START_LOG
   (spectool.engine.engine writes a line per start, in any process), launchers by the Popen they run.
-- Budget. A whole tier run fails past its total. A test fails past its kind's limit (its setup, less the
-  shared fixtures it built, plus its call; engine starts it makes itself) unless allow-listed with its
-  measured seconds, and an allow-listed one past `margin` x its record. A shared fixture is held to the
-  e2e limit. Per-test limits scale with the host: the median ratio of this run's allow-listed tests to
-  their records, never below 1 (a slower machine is slower everywhere; one test that grew is not).
+- Budget. A whole tier run fails past its total. A test fails past its kind's limit (its setup and its
+  teardown, less the shared fixtures it built or finalised, plus its call; engine starts it makes itself)
+  unless allow-listed with its measured seconds, and an allow-listed one past `margin` x its record. A
+  shared fixture (its setup and its finaliser) is held to the e2e limit. Per-test limits scale with the
+  host: a fixed micro-benchmark (pure Python and one-thread torch on the CPU, `host_benchmark`) timed when
+  the run starts, against its time on the reference host (budget.toml [host]), never below 1. Never the
+  tests under judgment: a change that slows every CLI start is no slower host.
 - Every run writes .pytest-costs/<tier>.json (per test: kind, seconds per phase, engine starts; per
   shared fixture; per file) and prints per-file totals.
 """
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -59,16 +60,34 @@ class Spent:
         self.engines_children += children
         self.own_engines += (here + children) if own else 0
 
+    shared_teardown_s: float = 0.0  # shared fixtures finalised in this test's teardown (theirs, not its)
+
     @property
     def seconds(self) -> float:  # what the per-test rule reads
-        return self.setup_s + self.call_s
+        return self.setup_s + self.call_s + self.teardown_s
 
 
 @dataclass
 class FixtureCost:
     file: str
-    seconds: float = 0.0
+    seconds: float = 0.0  # setup + teardown: what the rule reads
     engines: int = 0
+    setup_s: float = 0.0
+    teardown_s: float = 0.0  # its finaliser (the code after its yield, addfinalizer's)
+
+
+@dataclass
+class Host:
+    """How much slower this machine is than the reference host, from `host_benchmark` (1 without a record)."""
+    ratio: float = 1.0
+    measured_s: float | None = None  # best of the repeats, this run
+    record_s: float | None = None  # budget.toml [host] benchmark_s
+
+    def describe(self) -> str:
+        if self.measured_s is None:
+            return "host: no [host] record in the budget, limits not scaled"
+        return (f"host: micro-benchmark (pure Python + torch on 1 CPU thread, best of {HOST_REPEATS}) "
+                f"{self.measured_s:.3g} s against {self.record_s:.3g} s on the reference host: limits x {self.ratio:.2f}")
 
 
 @dataclass
@@ -81,7 +100,9 @@ class Costs:
     tests: dict[str, Spent] = field(default_factory=dict)
     fixtures: dict[str, FixtureCost] = field(default_factory=dict)
     current: str | None = None
+    host: Host = field(default_factory=Host)
     fixture_depth: int = 0
+    finishing: dict[int, float] = field(default_factory=dict)  # id(fixturedef) -> when its finaliser began
     log_offset: int = 0
     launched: int = 0  # launchers run by the current test
     report: list[str] = field(default_factory=list)
@@ -165,6 +186,7 @@ class CostsPlugin:
 
     def __init__(self, config, costs: Costs):
         self.config, self.costs = config, costs
+        self.finalised_in_setup = 0.0  # the current test's shared finalisers that ran in its setup
         costs.engine_log.write_text("")
         self.saved_env = os.environ.get(ENGINE_START_LOG)
         os.environ[ENGINE_START_LOG] = str(costs.engine_log)  # children inherit it
@@ -198,6 +220,14 @@ class CostsPlugin:
             config.hook.pytest_deselected(items=drop)
             items[:] = keep
 
+    def pytest_sessionstart(self, session):
+        if self.config.option.collectonly:
+            return
+        host = tomllib.loads(self.costs.budget_file.read_text()).get("host", {})
+        if "benchmark_s" in host:  # timed before any test: what it measures is the machine, not the suite
+            measured = host_benchmark()
+            self.costs.host = Host(max(1.0, measured / host["benchmark_s"]), measured, host["benchmark_s"])
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):
         costs = self.costs
@@ -218,7 +248,9 @@ class CostsPlugin:
         costs.fixture_depth += 1
         t = time.perf_counter()
         try:
-            yield
+            outcome = yield
+            if outcome.excinfo is None:  # finalisers run last-in first-out: this one runs first, before its own
+                fixturedef.addfinalizer(lambda: costs.finishing.__setitem__(id(fixturedef), time.perf_counter()))
         finally:
             seconds = time.perf_counter() - t
             costs.fixture_depth -= 1
@@ -226,6 +258,7 @@ class CostsPlugin:
             if seconds >= 0.01 or name in costs.fixtures:  # pytest's own (tmp_path_factory...) cost nothing
                 fc = costs.fixtures.setdefault(name, FixtureCost(file=test.file))  # the file whose test built it
                 fc.seconds += seconds
+                fc.setup_s += seconds
             else:
                 fc = FixtureCost(file=test.file)
             if costs.fixture_depth == 0:
@@ -234,19 +267,36 @@ class CostsPlugin:
                 fc.engines += here + children
                 test.count(here, children, own=False)  # the test that builds it asks for what it starts: its marker says so
 
+    def pytest_fixture_post_finalizer(self, fixturedef, request):
+        """A shared fixture's finaliser: the fixture's cost (as its setup is), not the test whose teardown ran it."""
+        costs = self.costs
+        began = costs.finishing.pop(id(fixturedef), None)
+        if began is None:
+            return
+        seconds = time.perf_counter() - began
+        test = costs.tests.get(costs.current)
+        name = f"{fixturedef.argname} ({fixturedef.scope}) {fixturedef.baseid or 'pytest'}"
+        if seconds >= 0.01 or name in costs.fixtures:
+            fc = costs.fixtures.setdefault(name, FixtureCost(file=test.file if test else ""))
+            fc.seconds += seconds
+            fc.teardown_s += seconds
+        if test is not None:
+            test.shared_teardown_s += seconds
+
     def pytest_runtest_logreport(self, report):
         costs = self.costs
         test = costs.tests.get(report.nodeid)
         if test is None:
             return
         test.count(*costs.drain())
-        if report.when == "setup":
-            test.setup_s = max(0.0, report.duration - test.shared_fixture_s)
+        if report.when == "setup":  # a shared fixture finalised here (a new parameter replaces it) is not its setup
+            test.setup_s = max(0.0, report.duration - test.shared_fixture_s - test.shared_teardown_s)
+            self.finalised_in_setup = test.shared_teardown_s
         elif report.when == "call":
             test.call_s = report.duration
             test.launchers = costs.launched
         else:
-            test.teardown_s = report.duration
+            test.teardown_s = max(0.0, report.duration - (test.shared_teardown_s - self.finalised_in_setup))
         if report.failed:
             test.outcome = "failed"
         elif report.skipped and test.outcome == "passed":
@@ -262,21 +312,22 @@ class CostsPlugin:
         budget = tomllib.loads(costs.budget_file.read_text())
         whole_total = config.getoption("--test-budget-s") or budget["budget"][f"{costs.tier}_s"]
         problems = [v for n, t in costs.tests.items() for v in marker_violations(n, t)]
-        over, ratio = over_limits(costs, budget)
+        over = over_limits(costs, budget)
         problems += over
         if costs.whole_run and total > whole_total:
             problems.append(f"the {costs.tier} tier took {total / 60:.1f} min, over its budget of {whole_total / 60:.1f} min")
         out = config.rootpath / ".pytest-costs" / f"{costs.tier}.json"
         out.write_text(json.dumps({
             "tier": costs.tier, "whole_run": costs.whole_run, "total_s": round(total, 1), "budget_s": whole_total,
-            "host_ratio": round(ratio, 3), "python": sys.version.split()[0], "problems": problems,
+            "host_ratio": round(costs.host.ratio, 3), "host_benchmark_s": costs.host.measured_s,
+            "host_record_s": costs.host.record_s, "python": sys.version.split()[0], "problems": problems,
             "files": {k: round(v, 1) for k, v in per_file(costs).items()},
             "tests": {n: asdict(t) | {"seconds": round(t.seconds, 2)} for n, t in costs.tests.items()},
             "fixtures": {n: asdict(f) for n, f in costs.fixtures.items()},
         }, indent=1))
         held = "" if costs.whole_run else ", not a whole run: the total is not held to it"
         costs.report = [f"durations: {out.relative_to(config.rootpath)} ({costs.tier} tier, {total / 60:.1f} min"
-                        f" of a {whole_total / 60:.1f}-min budget{held})"]
+                        f" of a {whole_total / 60:.1f}-min budget{held})", costs.host.describe()]
         costs.problems = problems
         if problems and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -285,7 +336,7 @@ class CostsPlugin:
         costs, tr = self.costs, terminalreporter
         if not costs.report:
             return
-        tr.section("seconds per test file (setup, call, teardown and the shared fixtures it built)")
+        tr.section("seconds per test file (setup, call, teardown and the shared fixtures it built or finalised)")
         for name, s in per_file(costs).items():
             tr.write_line(f"{s:8.1f}  {name}")
         for line in costs.report:
@@ -309,10 +360,38 @@ def marker_violations(name: str, t: Spent) -> list[str]:
     return out
 
 
-def host_ratio(measured: dict[str, float], allow: dict[str, dict]) -> float:
-    """How much slower this machine runs the allow-listed tests than their records (median; >= 1)."""
-    ratios = [measured[n] / allow[n]["seconds"] for n in measured if n in allow and allow[n]["seconds"] > 0]
-    return max(1.0, statistics.median(ratios)) if len(ratios) >= 3 else 1.0
+HOST_REPEATS = 5
+
+
+def host_benchmark(repeats: int = HOST_REPEATS) -> float:
+    """Seconds for a fixed piece of CPU work, the best of `repeats` (the least disturbed by other jobs): pure Python
+    (integer arithmetic, a dict, a sort) and small torch ops on one thread, as the unit tests compute (about 0.08 s a
+    repeat on the reference host). Fixed work: no test, no spectool code, so a slower suite never reads as a slower
+    host."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a, b = torch.randn(192, 192, generator=g), torch.randn(192, 192, generator=g)
+        x = torch.randn(64, 256, generator=g)
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first pass warms the allocator and the kernels up: not counted
+            t = time.perf_counter()
+            acc, table = 0, {}
+            for i in range(300_000):
+                acc = (acc * 31 + i) % 1_000_003
+                table[i % 997] = acc
+            sorted(table.values())
+            for _ in range(200):
+                c = a @ b
+                y = torch.log_softmax(x @ x.T, -1).exp().sum() + c.tanh().mean()
+            float(y)
+            best = min(best, time.perf_counter() - t)
+        return best
+    finally:
+        torch.set_num_threads(threads)
 
 
 def bf16_native() -> bool:
@@ -328,12 +407,12 @@ def bf16_native() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def over_limits(costs: Costs, budget: dict) -> tuple[list[str], float]:
+def over_limits(costs: Costs, budget: dict) -> list[str]:
     limits, allow, margin = budget["limits"], budget.get("allow", {}), budget["budget"]["margin"]
     slow_bf16 = 1.0 if bf16_native() else limits.get("bf16_slowdown", 1.0)
     ran = {n: t for n, t in costs.tests.items() if t.outcome != "skipped"}
     seconds = {n: t.seconds for n, t in ran.items()} | {f"fixture: {n}": f.seconds for n, f in costs.fixtures.items()}
-    ratio = host_ratio(seconds, allow)
+    ratio = costs.host.ratio
     out = []
     for name, s in seconds.items():
         t = ran.get(name)
@@ -351,7 +430,7 @@ def over_limits(costs: Costs, budget: dict) -> tuple[list[str], float]:
             most = allow.get(name, {}).get("engines", limits[f"engines_{kind}"])
             if t.own_engines > most:
                 out.append(f"{name}: starts {t.own_engines} engines itself, over {most} (share a fixture, or allow-list it)")
-    return out, ratio
+    return out
 
 
 def per_file(costs: Costs) -> dict[str, float]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 BUDGET = """
 [budget]
 fast_s = 60
@@ -177,3 +179,64 @@ def test_a_launcher_needs_the_multiproc_marker(pytester):
     r = pytester.runpytest("tests")
     assert r.ret == 1
     r.stdout.fnmatch_lines(["*test_launch: runs 1 launcher(s) (torchrun, accelerate launch): mark it multiproc*"])
+
+
+def test_allow_listed_tests_that_all_slow_down_do_not_hide_a_slow_unit_test(pytester):
+    """The host is read from a fixed benchmark, not from the tests under judgment: three allow-listed tests at 3x
+    their records (a change that slows every CLI start, say) are over their records, and a unit test at 2.5x its
+    limit still fails (the median of the allow-listed tests' ratios, 3, used to scale every limit: all passed)."""
+    allow = "".join(f'[allow."tests/test_toy.py::test_cli_{i}"]\nseconds = 0.06\nreason = "measured"\n' for i in range(3))
+    toy(pytester, "import time\n" + "".join(f"def test_cli_{i}():\n    time.sleep(0.18)\n" for i in range(3))
+        + "def test_unit():\n    time.sleep(0.25)\n", BUDGET.replace("unit = 2", "unit = 0.1") + allow)
+    r = pytester.runpytest("tests")
+    assert r.ret == 1
+    r.stdout.fnmatch_lines(["*test_cli_0: 0.2 s, over its record 0.06 s x 1.5", "*test_unit: 0.* s, over the unit limit 0.1 s"])
+    assert json.loads((pytester.path / ".pytest-costs" / "fast.json").read_text())["host_ratio"] == 1
+
+
+def test_the_host_ratio_is_a_fixed_benchmark_against_its_record(pytester):
+    tests = "import time\ndef test_unit():\n    time.sleep(0.25)\n"
+    toy(pytester, tests, BUDGET.replace("unit = 2", "unit = 0.1") + "[host]\nbenchmark_s = 0.0001\n")
+    r = pytester.runpytest("tests")
+    assert r.ret == 0, r.stdout.str()  # this machine reads far slower than the record: the limit scales
+    r.stdout.fnmatch_lines(["host: micro-benchmark (pure Python + torch on 1 CPU thread, best of 5) * s against "
+                            "0.0001 s on the reference host: limits x *"])
+    record = json.loads((pytester.path / ".pytest-costs" / "fast.json").read_text())
+    assert record["host_benchmark_s"] > 0 and record["host_ratio"] == pytest.approx(record["host_benchmark_s"] / 0.0001, rel=1e-3)
+    toy(pytester, tests, BUDGET.replace("unit = 2", "unit = 0.1") + "[host]\nbenchmark_s = 100\n")
+    r = pytester.runpytest("tests")
+    assert r.ret == 1  # a faster machine than the record: never below 1
+    r.stdout.fnmatch_lines(["*limits x 1.00", "*test_unit: 0.* s, over the unit limit 0.1 s"])
+
+
+def test_teardown_is_held_and_a_shared_fixtures_finaliser_is_the_fixtures(pytester):
+    toy(pytester, """
+    import pytest, time
+
+    @pytest.fixture
+    def slow_to_close():
+        yield
+        time.sleep(0.3)
+
+    @pytest.fixture(scope="module")
+    def shared():
+        yield
+        time.sleep(0.3)
+
+    def test_own_teardown(slow_to_close):
+        pass
+
+    def test_last_user_of_the_shared_fixture(shared):
+        pass
+    """, BUDGET.replace("unit = 2", "unit = 0.1").replace("e2e = 2", "e2e = 0.2"))
+    r = pytester.runpytest("tests")
+    assert r.ret == 1
+    r.stdout.fnmatch_lines(["*test_own_teardown: 0.3 s, over the unit limit 0.1 s",
+                            "fixture: shared (module) tests/test_toy.py: 0.3 s, over the e2e limit 0.2 s"])
+    assert "test_last_user_of_the_shared_fixture:" not in r.stdout.str()  # the finaliser it ran is not its own
+    record = json.loads((pytester.path / ".pytest-costs" / "fast.json").read_text())
+    assert record["tests"]["tests/test_toy.py::test_own_teardown"]["teardown_s"] >= 0.3
+    last = record["tests"]["tests/test_toy.py::test_last_user_of_the_shared_fixture"]
+    assert last["teardown_s"] < 0.1 and last["shared_teardown_s"] >= 0.3
+    assert record["fixtures"]["shared (module) tests/test_toy.py"]["teardown_s"] >= 0.3
+    assert record["files"]["test_toy.py"] >= 0.6  # each counted once

@@ -161,12 +161,12 @@ def test_init_draft_mtp_changes_only_the_mtp_tensors_and_is_served(tiny_mimo, su
     r = spectool("rollout", "--model", str(out), "--method", "mtp", "--k", "2", "--n-prompts", "4", "--max-tokens",
                  "16", "--data", str(sums), "--split", "train", "--compare")
     assert "mean acceptance length (k=2)" in r.stdout and "speedup" in r.stdout
-    # one k (2 arms, not 3): the k list is test_weightless_mtp_sweep_then_forecast's
-    spectool("sweep-k", "--model", str(out), "--methods", "mtp", "--k", "2", "--batch-sizes", "2", "--min-seqs", "2",
+    # the trained layer served at k=1 (once) and k=2 (run again), each measured
+    spectool("sweep-k", "--model", str(out), "--methods", "mtp", "--k", "1,2", "--batch-sizes", "2", "--min-seqs", "2",
              "--min-seconds", "0", "--repeats", "1",
              "--max-tokens", "12", "--data", str(sums), "--out", str(tmp_path / "sweep"))
     rows = [x for x in json.loads((tmp_path / "sweep" / "sweep.json").read_text())["rows"] if x["method"] == "mtp"]
-    assert [x["k"] for x in rows] == [2] and all(x["mean_acceptance_length"] >= 1 for x in rows)
+    assert [x["k"] for x in rows] == [1, 2] and all(x["mean_acceptance_length"] >= 1 for x in rows)
     r = spectool("rollout", "--draft", str(out), "--model", str(tiny_mimo), check=False)
     assert r.returncode != 0 and "--method mtp" in r.stderr  # the folder is named for what it is
 

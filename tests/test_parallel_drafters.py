@@ -70,8 +70,9 @@ from conftest import GYM_SUMS as DATA  # noqa: E402
 @pytest.mark.parametrize("family", FAMILIES)
 def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_hs, tmp_path):
     """init-draft --method F -> export (loaded and measured on vLLM) -> rollout -> verify LOSSLESS with
-    the lossy control rejected, as a user runs them (on the test run's shared harvest). `--compare` is
-    the pipeline's (test_pipeline_e2e.py): here the rollout's own acceptance is what is read."""
+    the lossy control rejected, as a user runs them (on the test run's shared harvest). P-EAGLE's rollout
+    runs `--compare` (a plain arm, then the speedup and its one-draft-forward reading): the compare path
+    is the same for both parallel families (rollout reads only `Family.parallel`), so one pays for it."""
     harvest_run = harvest_hs
     import json
 
@@ -96,8 +97,11 @@ def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_hs, tmp
     assert json.loads((out / "manifest.json").read_text())["family"] == family
     snippet = (out / "verl.yaml").read_text()
     assert ("dflash" in snippet) if family == "dflash" else ("parallel_drafting: true" in snippet)
+    compare = ["--compare"] if family == "peagle" else []
     r = spectool("rollout", "--model", str(tiny_policy), "--data", DATA, "--draft", str(out), "--method", family,
-                 "--k", "3", "--n-prompts", "4", "--max-tokens", "16", "--out", str(tmp_path / "ro"))
+                 "--k", "3", "--n-prompts", "4", "--max-tokens", "16", *compare, "--out", str(tmp_path / "ro"))
+    if compare:  # a parallel drafter's step: one draft forward, not k
+        assert "speedup" in r.stdout and "(1 draft forward + the policy on " in r.stdout, r.stdout[-3000:]
     assert json.loads((tmp_path / "ro" / "manifest.json").read_text())["summary"]["acceptance"]["num_drafts"] > 0
     r = spectool("verify", "--model", str(tiny_policy), "--draft", str(out), "--method", family, "--data", "chat",
                  "--n-prompts", "3", "--samples", "150", "--positions", "5", "--k", "3", "--out", str(tmp_path / "v"))
