@@ -56,8 +56,9 @@ MUTANTS = (
            "sd(d) with the biased (1/R) variance"),
     Mutant("R1", "src/spectool/stats/refresh.py", "sd * math.sqrt(crc / (1 - rho)) / sxx", "sd / math.sqrt(sxx)",
            REFRESH, "slope se for independent steps (AR(1) sandwich dropped)"),
-    Mutant("R2", "src/spectool/stats/refresh.py", "df = 2 * m * m / (3 * m - 1) * (1 - rho) / (1 + rho)",
-           "df = 2 * m * m / (3 * m - 1)", REFRESH, "df not scaled by (1 - rho) / (1 + rho)"),
+    # the audit's R2 (df without its (1 - rho) / (1 + rho) scaling) on von Neumann's df under AR(1) steps since its M4
+    Mutant("R2", "src/spectool/stats/refresh.py", "return m * m / (m + (1 - rho) ** 2 / 2 * spread)",
+           "return 2 * m * m / (3 * m - 1)", REFRESH, "von Neumann's df without rho (independent steps')"),
     Mutant("R3", "src/spectool/stats/refresh.py", "crc += 2 * rho**lag * sum", "crc += rho**lag * sum", REFRESH,
            "c'Rc misses the factor 2 (one side of the band)"),
     Mutant("P1", "src/spectool/stats/lossless.py",

@@ -11,7 +11,7 @@ a refresh is cheap next to a step's generation) to this CPU's:
 - simulated: the same, many times: acceptance as the recorded frozen seeds show it (their level, one step's noise
   from successive differences, generation seconds), and a first refresh that bought nothing but changed the
   weights (the gain per prompt: noise around the previous draft's, spread as the live auto run measured it);
-  with independent steps, and with steps correlated as an AR(1) series (lag-1 correlation 0.3 and 0.6; the
+  with independent steps, and with steps correlated as an AR(1) series (lag-1 correlation 0.3, 0.6 and 0.8; the
   recorded frozen runs showed 0.29-0.37), beside the rule as it read the noise before issue 55.
 Power of rules 1-2 (a draft going stale: acceptance falling a fixed amount a step after the first refresh),
 simulated with independent and correlated steps, now and before issue 55: what reading the correlation costs.
@@ -237,7 +237,7 @@ def main() -> None:
     print("| lag-1 correlation | refresh cost s | fired: a frozen draft | a refresh that bought nothing | the same "
           "frozen draft, the slope's se for independent steps (before issue 55) |")
     print("|---|---|---|---|---|")
-    for rho in (0.3, 0.6):
+    for rho in (0.3, 0.6, 0.8):
         for c in (0.0, 2.0, costs[-1]):
             w = agreement * c / measured
             cells = []

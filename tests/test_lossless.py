@@ -98,6 +98,74 @@ def test_sequential_permutations_stop_once_p_is_resolved(monkeypatch):
     assert drawn == []  # chi-square law p 0.046: no permutations
 
 
+# verify's sequential permutations at level 0.01 with 20,000 at most: looks at 1,000, then 25% more each, 15 in all
+LOOKS_20K = [1000, 1250, 1563, 1954, 2443, 3054, 3818, 4773, 5967, 7459, 9324, 11655, 14569, 18212, 20000]
+
+
+def _recording_hits(monkeypatch) -> list[tuple[int, int]]:
+    """(relabellings drawn, hits) of every look from here on."""
+    import spectool.stats.lossless as stats
+
+    seen, real = [], stats._relabelled_hits
+
+    def record(cells, stat, rng, m):
+        hits = real(cells, stat, rng, m)
+        seen.append((m, hits))
+        return hits
+
+    monkeypatch.setattr(stats, "_relabelled_hits", record)
+    return seen
+
+
+def _clopper_pearson_upper(k: int, n: int, risk: float) -> float:
+    """The p with P(Binomial(n, p) <= k) = risk, from the binomial's terms in log space (not distributions.py's)."""
+    def cdf(p):
+        logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p)
+                + (n - i) * math.log1p(-p) for i in range(k + 1)]
+        top = max(logs)
+        return math.exp(top) * sum(math.exp(v - top) for v in logs)
+
+    lo, hi = 1e-12, 1 - 1e-12
+    for _ in range(100):
+        lo, hi = ((lo + hi) / 2, hi) if cdf((lo + hi) / 2) > risk else (lo, (lo + hi) / 2)
+    return (lo + hi) / 2
+
+
+def test_the_sequential_p_is_the_upper_bound_at_the_stop_with_a_union_over_looks(monkeypatch):
+    """A table far in the tail (no relabelling reaches it) at level 0.01: risk = level * RESOLUTION = 1e-4 shared by
+    the 15 looks. With 0 hits in n, the Clopper-Pearson upper bound at risk r is 1 - r^(1/n); it is below
+    level - risk first at n = ln(1e-4 / 15) / ln(1 - 0.0099) = 1,198, so the permutations stop at the second look
+    (1,250) with p = 1 - (1e-4 / 15)^(1/1250) + 1e-4. Without the union over looks they would stop at 1,000 (926
+    needed); the naive estimate at the stop would be 1 / 1,251 (audit 2026-11c, M5: P1, P2)."""
+    seen = _recording_hits(monkeypatch)
+    t = token_test(0, 1, [1] * 40 + [2] * 10, [1] * 10 + [2] * 40, permutations=20000, level=0.01)
+    assert seen == [(1000, 0), (250, 0)]
+    risk = 0.01 * 0.01
+    assert t.p == pytest.approx(1 - (risk / len(LOOKS_20K)) ** (1 / 1250) + risk, rel=1e-9)
+    assert t.p == pytest.approx(0.009589, abs=1e-6)  # below the level: rejected
+
+
+def test_the_sequential_p_never_rejects_just_above_the_level(monkeypatch):
+    """Token 1 drawn 14 times in 20 by arm a, 5 in 20 by arm b: the exact permutation p-value (the hypergeometric
+    tail of the chi-square statistic) is pi = 0.01039, 1.04 times the level 0.01; the chi-square law says 0.0044.
+    Over 40 seeds no sequential p is below the level (a run's bound fails with probability at most 1e-4), and each
+    is the Clopper-Pearson upper bound on its hits at 1e-4 / 15 plus 1e-4, computed here from the binomial's terms.
+    The naive estimate at the stop, (1 + hits) / (1 + n), is below the level in 17 of these 40 runs."""
+    a, b = [1] * 14 + [2] * 6, [1] * 5 + [2] * 15
+    cells = [(14, 5), (6, 15)]
+    stat = chi2_homogeneity(cells)[0]
+    pi = sum(math.comb(19, k) * math.comb(21, 20 - k) for k in range(20)
+             if chi2_homogeneity([(k, 19 - k), (20 - k, 1 + k)])[0] >= stat * (1 - 1e-12)) / math.comb(40, 20)
+    assert pi == pytest.approx(0.01039, abs=1e-5)
+    seen = _recording_hits(monkeypatch)
+    for seed in range(40):
+        seen.clear()
+        p = token_test(seed, 1, a, b, permutations=20000, level=0.01).p
+        hits, done = sum(h for _, h in seen), sum(m for m, _ in seen)
+        assert p >= 0.01, (seed, p, hits, done)
+        assert p == pytest.approx(_clopper_pearson_upper(hits, done, 1e-4 / len(LOOKS_20K)) + 1e-4, rel=1e-6)
+
+
 def test_an_arms_token_tests_stop_at_the_first_rejection():
     """verify.token_tests resolves the permutation p-values smallest chi-square p first and stops at the first that
     rejects: the arm is rejected whatever the others say, and they are left unresolved, never counted as rejections."""
@@ -296,6 +364,17 @@ def test_power_is_computed_where_it_is_claimed():
     assert not t.greedy_detectable(0.05)  # too concentrated: ~2 nats where 5.5 are needed
     assert t.expected[GREEDY] == pytest.approx(sum(-math.log(1 - q) for q in [1 - t.mean_top] * t.n), rel=0.5)
     assert t.detectable(0.05)["truncated"] == "none"
+
+
+def test_the_mixture_p_averages_the_likelihood_ratios():
+    """mixture_p is 1 / (the mean of the G = 12 likelihood ratios), not 1 / (the largest): one alternative at ratio 12
+    and eleven at 0 average to 1, no evidence (audit 2026-11c, M5: P3; no level test can tell, Ville's bound has the
+    slack)."""
+    assert len(ALTERNATIVES) == 12
+    assert mixture_p([math.log(2)] * 12) == pytest.approx(0.5)
+    assert mixture_p([math.log(12)] + [-math.inf] * 11) == pytest.approx(1.0)
+    assert mixture_p([math.log(48)] + [-math.inf] * 11) == pytest.approx(0.25)
+    assert mixture_p([math.log(6), math.log(18)] + [-math.inf] * 10) == pytest.approx(0.5)
 
 
 def test_non_finite_evidence_is_a_failed_test():

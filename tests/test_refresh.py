@@ -307,7 +307,7 @@ def test_the_worker_compares_a_multimodal_targets_language_model_head():
     assert shared_lm_head(torch.nn.Module()) is None
 
 
-def test_a_target_whose_language_model_has_no_head_shares_its_top_level_one():
+def test_a_target_whose_language_model_has_no_head_shares_its_top_level_one(monkeypatch):
     """The V2 runner falls back to the target's top-level lm_head when get_language_model() has none (review 4, N15;
     0.33's muse_glimmer target): the worker's guard must find that head, or a push would write the policy's."""
     from spectool.engine.probe import shared_lm_head
@@ -327,8 +327,44 @@ def test_a_target_whose_language_model_has_no_head_shares_its_top_level_one():
 
     target = Target()
     assert shared_lm_head(target) is target.lm_head
-    draft = type("Draft", (), {"lm_head": target.lm_head})()  # vLLM served the draft with the target's head
-    assert draft.lm_head is shared_lm_head(target)  # the worker's guard (worker_ext.spectool_reload_draft) holds it back
+    shared = type("Draft", (), {"lm_head": target.lm_head})()  # vLLM served the draft with the target's head
+    own = type("Draft", (), {"lm_head": torch.nn.Linear(4, 8, bias=False)})()  # a draft with a head of its own
+    assert "lm_head.weight" not in _weights_the_guard_lets_through(target, shared, monkeypatch)
+    assert "lm_head.weight" in _weights_the_guard_lets_through(target, own, monkeypatch)
+
+
+class _Reached(Exception):
+    """Raised where spectool_reload_draft would hand the weights to vLLM's loader: the guard has run."""
+
+
+def _weights_the_guard_lets_through(target, draft, monkeypatch) -> dict:
+    """The real worker_ext.spectool_reload_draft on a stand-in worker serving `draft` beside `target`, stopped where
+    it would call vLLM's loader (its vllm_config): the weights it would load. vllm.config is a stand-in module here
+    (importing vLLM takes ~5 s); the file's tensors come from a stand-in load_file, so what the guard popped shows."""
+    import sys
+    import types
+
+    import safetensors.torch
+
+    from spectool.engine.worker_ext import SpectoolWorkerExtension
+
+    weights = {"lm_head.weight": torch.zeros(8, 4), "fc.weight": torch.zeros(4, 4)}
+    monkeypatch.setattr(safetensors.torch, "load_file", lambda path: weights)
+    fake = types.ModuleType("vllm.config")
+    fake.set_current_vllm_config = None
+    monkeypatch.setitem(sys.modules, "vllm", sys.modules.get("vllm") or types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.config", fake)
+
+    class Worker(SpectoolWorkerExtension):
+        model_runner = types.SimpleNamespace(get_draft_model=lambda: draft, get_model=lambda: target)
+
+        @property
+        def vllm_config(self):
+            raise _Reached
+
+    with pytest.raises(_Reached):
+        Worker().spectool_reload_draft("draft.safetensors")
+    return weights
 
 
 @pytest.mark.engine

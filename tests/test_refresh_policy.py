@@ -4,6 +4,7 @@ against the previous draft on the same rollouts; each beyond the noise, with a b
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -23,8 +24,9 @@ def _jitter(x: int, sd: float = 0.01) -> float:
 
 def test_auto_refreshes_when_the_acceptance_gain_falls_beyond_the_noise():
     """Acceptance holds at 1.5 for 6 steps, then falls 0.03 a step: its gain over 1 has fallen 25% by step 10.
-    Rule 1 fires once the fall along the line clears the noise, a few steps later (16 here: the bend in the trend
-    reads as some correlation between steps, which widens the bound). The same fall inside noise of 0.3 per step
+    Rule 1 fires once the fall along the line clears the noise, some steps later (21 here: the bend in the trend
+    leaves residuals about one line that read as correlated steps, rho 0.73 from the levels, which widens the bound;
+    16 when rho was read from the differences alone, audit-2026-11c M4). The same fall inside noise of 0.3 per step
     is not one."""
     p = RefreshPolicy("auto", every=100, drop=0.25)
     fired = None
@@ -33,7 +35,7 @@ def test_auto_refreshes_when_the_acceptance_gain_falls_beyond_the_noise():
         if p.due(s):
             fired = s
             break
-    assert fired is not None and 11 <= fired <= 16 and "acceptance gain fell" in p.reason, (fired, p.ledger)
+    assert fired is not None and 11 <= fired <= 21 and "acceptance gain fell" in p.reason, (fired, p.ledger)
     assert p.ledger["fell_low"] >= 0.25 and p.ledger["fell"] > p.ledger["fell_low"]
     noisy = RefreshPolicy("auto", every=100, drop=0.25)
     for s in range(1, 16):
@@ -93,9 +95,23 @@ def test_the_refresh_statistics():
     assert stats.acceptance_fall(line, 3, t=0.0)[0] == pytest.approx(0.3)
     # the jump not read; von Neumann's df 2 m^2 / (3 m - 1) = 2.25 at m = 3; differences alternating: rho 0
     assert stats.step_noise([[1.0, 1.2, 1.0], [5.0, 5.2]]) == pytest.approx((0.2 / 2**0.5, 2.25, 0.0))
-    # differences 2, -1, -1: mean 0, variance 2, lag-1 products -2 and 1: corr -0.25, so rho = 1 + 2 corr = 0.5,
-    # and the df 2.25 * (1 - rho) / (1 + rho) = 0.75
-    assert stats.step_noise([[0.0, 2.0, 1.0, 0.0]]) == pytest.approx((1.0, 0.75, 0.5))
+    # differences 2, -1, -1: mean 0, variance 2, lag-1 products -2 and 1: corr -0.25, so rho = 1 + 2 corr = 0.5
+    # (4 levels: too few to read rho from); von Neumann's df under AR(1) steps: corr(d_t, d_(t+k)) =
+    # -rho^(k-1) (1 - rho) / 2, df = m^2 / (m + (1 - rho)^2 / 2 * (2 + 0.25)) = 9 / 3.28125 = 2.74 at m = 3, in quarters
+    # 2.5: more than the 2.25 of independent steps (the rule before scaled it down, to 0.75: audit-2026-11c M4)
+    assert stats.von_neumann_df(3, 0.5) == pytest.approx(9 / 3.28125)
+    assert stats.von_neumann_df(16, 0.0) == pytest.approx(2 * 16 * 16 / (3 * 16 - 1))
+    assert stats.von_neumann_df(2000, 0.8) == pytest.approx(2 * 2000 / (2 + 0.2 / 1.8), rel=1e-3)  # large m
+    assert stats.step_noise([[0.0, 2.0, 1.0, 0.0]]) == pytest.approx((1.0, 2.5, 0.5))
+    # rho from the levels: 1, 2, 0, 0, 0, 0, 2, 1 is a palindrome, so its line is flat at the mean 0.75; residuals
+    # 0.25, 1.25, -0.75 x 4, 1.25, 0.25: sum e^2 = 5.5, lag-1 products 0.3125 - 0.9375 + 3 * 0.5625 - 0.9375 + 0.3125
+    # = 0.4375, r = 0.0795, corrected r + (2 + 4 r) / 8 = 0.3693. The differences 1, -2, 0, 0, 0, 2, -1 (mean 0,
+    # variance 10/7, lag-1 products -4 over 6 pairs: corr -0.467) read rho 0.067; step_noise takes the larger
+    r = 0.4375 / 5.5
+    assert stats.levels_rho([[1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0]]) == pytest.approx(r + (2 + 4 * r) / 8)
+    sd, df, rho = stats.step_noise([[1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0]])
+    assert rho == pytest.approx(r + (2 + 4 * r) / 8) and df == math.floor(stats.von_neumann_df(7, rho) * 4) / 4
+    assert stats.levels_rho([[1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 2.0]]) is None  # 7 levels: below MIN_LEVELS
     # the slope's se under AR(1): c = (-1, 0, 1), Sxx = 2, c'Rc = 2 - 2 * 0.25 = 1.5 at rho 0.5; sd_step^2 = sd^2 / 0.5
     assert stats.fit_line([1.0, 2.0, 0.0], sd=0.1, rho=0.5).se == pytest.approx(0.1 * (1.5 / 0.5) ** 0.5 / 2)
     ratio, se, n = stats.ratio_of_gains([0.5, 0.4, 0.6], [0.4, 0.32, 0.48])
@@ -222,16 +238,17 @@ def test_the_placebo_fire_rate_is_bounded():
 
 def test_the_placebo_fire_rate_is_bounded_with_correlated_steps():
     """The same bound when one step's acceptance noise is correlated with the last's (an AR(1) series at lag-1
-    correlation 0.3 and 0.6: the recorded frozen runs showed 0.29-0.37): step_noise estimates the correlation from
-    the run's own differences and the slope's standard error and df carry it. 300 simulated runs of 32 steps per
-    cell at cost 0 (the hardest case), each at most REFRESH_ALPHA (with the binomial's slack); benchmarks/
-    refresh_placebo.py has the other costs. With the slope's se taken for independent steps (before issue 55) rule
-    2 fired in 12.4% of such runs at rho 0.6 (audit-2026-11b M2)."""
+    correlation 0.3 and 0.6: the recorded frozen runs showed 0.29-0.37; and 0.8 over 64 steps, a slowly drifting
+    policy): step_noise estimates the correlation from the run's own steps and the slope's standard error and df
+    carry it. 300 simulated runs per cell at cost 0 (the hardest case), each at most REFRESH_ALPHA (with the
+    binomial's slack); benchmarks/refresh_placebo.py has the other costs. With the slope's se taken for independent
+    steps (before issue 55) rule 2 fired in 12.4% of such runs at rho 0.6 (audit-2026-11b M2); with rho read from
+    16 differences alone, in 10.2% at rho 0.8 over 64 steps (audit-2026-11c M4)."""
     rng = random.Random(2)
-    for rho in (0.3, 0.6):
-        runs = [_placebo(rng, 0.0, steps=32, rho=rho) for _ in range(300)]
+    for rho, steps in ((0.3, 32), (0.6, 32), (0.8, 64)):
+        runs = [_placebo(rng, 0.0, steps=steps, rho=rho) for _ in range(300)]
         rate = sum(x > 0 for x in runs) / len(runs)
-        assert rate <= REFRESH_ALPHA + 2 * (REFRESH_ALPHA * (1 - REFRESH_ALPHA) / len(runs)) ** 0.5, (rho, rate)
+        assert rate <= REFRESH_ALPHA + 2 * (REFRESH_ALPHA * (1 - REFRESH_ALPHA) / len(runs)) ** 0.5, (rho, steps, rate)
 
 
 def test_a_frozen_draft_is_never_refreshed_but_its_decay_is_said_once():

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 # steps stays below alpha; a union bound). So a draft whose acceptance is only noise, or a refresh that bought
 # nothing, triggers another refresh with probability at most alpha per cycle. The assumption: one step's acceptance
 # noise is normal and stationary, independent between steps or correlated as an AR(1) series whose lag-1 correlation
-# the run's own successive differences estimate (step_noise; the slope's se and df carry it); measured with
-# independent and AR(1) steps (rho 0.3, 0.6) by benchmarks/refresh_placebo.py.
+# the run's own steps estimate (step_noise; the slope's se and df carry it); measured with independent and AR(1)
+# steps (rho 0.3, 0.6, 0.8) by benchmarks/refresh_placebo.py.
 REFRESH_ALPHA = 0.05  # per refresh cycle, shared by the three rules
-NOISE_WINDOW = 16  # successive differences of acceptance the step noise is estimated from (the newest)
+NOISE_WINDOW = 64  # successive differences of acceptance the step noise is estimated from (the newest)
+MIN_LEVELS = 8  # the fewest steps whose levels the lag-1 correlation is also read from (fewer: the differences only)
 
 
 def look_alpha(alpha: float, look: int) -> float:
@@ -31,30 +32,74 @@ def step_noise(segments: list[list[float]], window: int = NOISE_WINDOW) -> tuple
     jump not at all):
     - sd: von Neumann's sqrt(sum d^2 / (2 m)) over the m differences; with steps correlated at lag 1 (rho) it
       estimates sd_step * sqrt(1 - rho), which fit_line undoes;
-    - df: 2 m^2 / (3 m - 1), the chi-square df whose variance the estimator has for independent steps (about 2/3
-      of m, not m), scaled by (1 - rho) / (1 + rho) (correlated steps carry less information);
-    - rho: the steps' lag-1 autocorrelation from the differences' own, about their mean (for an AR(1) series
-      corr(d_t, d_(t-1)) = -(1 - rho) / 2, so rho = 1 + 2 corr; a steady trend moves only the mean), clipped to
-      [0, RHO_MAX]: positive correlation is what widens a slope's
-      spread and shrinks the differences; the recorded frozen runs showed 0.29-0.37 raw, 0.15-0.21 detrended."""
+    - rho: the steps' lag-1 autocorrelation, the larger of two readings, clipped to [0, RHO_MAX] (positive
+      correlation is what widens a slope's spread and shrinks the differences):
+      - from the differences' own, about their mean (for an AR(1) series corr(d_t, d_(t-1)) = -(1 - rho) / 2, so
+        rho = 1 + 2 corr; a steady trend moves only the mean). Nearly unbiased but wide: at rho 0.8 corr is -0.1
+        against -0.4 at rho 0.2, and 16 differences cannot tell them apart (sd of the reading about 0.45);
+      - from the same steps' levels about each segment's least-squares line (levels_rho), once there are MIN_LEVELS:
+        narrower (sd about 0.1 at 64 steps), biased low by about (2 + 4 rho) / n and corrected for it.
+      The slope's se grows like (1 + rho) / (1 - rho)^2 in rho, so a reading that falls low by chance, at one of a
+      cycle's many looks, is what fires a false refresh (audit-2026-11c M4: 10% of frozen runs at rho 0.8 with the
+      differences' reading alone, 16 of them);
+    - df: von_neumann_df(m, rho), the chi-square df of von Neumann's estimator under AR(1) steps (more than for
+      independent steps: the differences of correlated steps are less correlated with each other).
+    The recorded frozen runs showed rho 0.29-0.37 raw, 0.15-0.21 detrended (the differences' reading)."""
     diffs = [[b - a for a, b in zip(seg, seg[1:])] for seg in segments]
     newest = [d for seg in diffs for d in seg][-window:]
     if not newest:
         return None
     m = len(newest)
     sd = math.sqrt(sum(d * d for d in newest) / (2 * m))
-    pairs, kept = [], m  # lag-1 pairs of differences inside a segment, among the newest `window`
-    for seg in reversed(diffs):
+    pairs, tails, kept = [], [], m  # lag-1 pairs of differences inside a segment, among the newest `window`
+    for seg, levels in zip(reversed(diffs), reversed(segments)):
         tail = seg[-kept:] if kept else []
         pairs += list(zip(tail, tail[1:]))
+        tails.append(levels[-len(tail) - 1:] if tail else [])
         kept -= len(tail)
     rho, mean = 0.0, sum(newest) / m  # the differences' mean: a steady trend's step, not noise
     var = sum((d - mean) ** 2 for d in newest) / m
     if pairs and var > 0:
-        corr = sum((x - mean) * (y - mean) for x, y in pairs) / len(pairs) / var
-        rho = min(max(1 + 2 * corr, 0.0), RHO_MAX)
-    df = 2 * m * m / (3 * m - 1) * (1 - rho) / (1 + rho)
-    return sd, max(math.floor(df * 4) / 4, 0.25), rho  # df down to a quarter: fewer t quantiles to compute (cached)
+        rho = 1 + 2 * sum((x - mean) * (y - mean) for x, y in pairs) / len(pairs) / var
+    from_levels = levels_rho(tails)
+    if from_levels is not None:
+        rho = max(rho, from_levels)
+    rho = min(max(rho, 0.0), RHO_MAX)
+    return sd, max(math.floor(von_neumann_df(m, rho) * 4) / 4, 0.25), rho  # df in quarters: fewer t quantiles (cached)
+
+
+def levels_rho(segments: list[list[float]]) -> float | None:
+    """The steps' lag-1 autocorrelation from their levels about each segment's least-squares line (a trend, the
+    policy moving or a draft going stale, taken out), pooled over segments of 4 steps or more: r = sum e_t e_(t-1) /
+    sum e_t^2 over the n levels, bias-corrected to r + (2 + 4 r) / n (the lag-1 estimate about a mean is low by
+    about (1 + 3 rho) / n, Marriott and Pope 1954; a fitted line takes about one more (1 + rho) / n). None below
+    MIN_LEVELS levels."""
+    num = den = 0.0
+    n = 0
+    for seg in segments:
+        k = len(seg)
+        if k < 4:
+            continue
+        mx, my = (k - 1) / 2, sum(seg) / k
+        c = [x - mx for x in range(k)]
+        b = sum(x * y for x, y in zip(c, seg)) / sum(x * x for x in c)
+        e = [y - my - b * x for x, y in zip(c, seg)]
+        num += sum(u * v for u, v in zip(e, e[1:]))
+        den += sum(u * u for u in e)
+        n += k
+    if n < MIN_LEVELS or den <= 0:
+        return None
+    r = num / den
+    return r + (2 + 4 * r) / n
+
+
+def von_neumann_df(m: int, rho: float) -> float:
+    """The chi-square df 2 E[S]^2 / Var S of von Neumann's S = sum d^2 / (2 m) over m successive differences of
+    an AR(1) series at lag-1 correlation rho (normal steps): corr(d_t, d_(t+k)) = -rho^(k-1) (1 - rho) / 2, so
+    df = m^2 / (m + (1 - rho)^2 / 2 * sum_(k=1)^(m-1) (m - k) rho^(2 (k-1))): 2 m^2 / (3 m - 1) for independent
+    steps, 2 m / (2 + (1 - rho) / (1 + rho)) for large m (von Neumann 1941)."""
+    spread = sum((m - k) * rho ** (2 * (k - 1)) for k in range(1, m))
+    return m * m / (m + (1 - rho) ** 2 / 2 * spread)
 
 
 RHO_MAX = 0.9  # the largest lag-1 correlation read from a window's differences (beyond it a slope is mostly noise)
