@@ -231,6 +231,7 @@ def test_a_harvests_hidden_state_shards_are_trained_on_without_a_policy_forward(
 
     import spectool.hidden as hidden
     from spectool.commands.init_draft import run
+    from spectool.models import weights_digest
     from spectool.records import load_records
     from spectool.runs import MANIFEST, atomic_write_json, read_json
 
@@ -244,7 +245,8 @@ def test_a_harvests_hidden_state_shards_are_trained_on_without_a_policy_forward(
     layer_ids = hidden.default_aux_layer_ids(policy.config.num_hidden_layers)
     items = hidden.feature_items(policy, [p + r for p, r in zip(recs["prompt_ids"], recs["response_ids"])], layer_ids)
     hidden.save_features(with_shards / "hidden" / "shard-00000.safetensors", items)
-    atomic_write_json(with_shards / MANIFEST, {**read_json(with_shards / MANIFEST), "aux_layer_ids": layer_ids})
+    atomic_write_json(with_shards / MANIFEST, {**read_json(with_shards / MANIFEST), "aux_layer_ids": layer_ids,
+                                            "model_weights": weights_digest(tiny_policy)})  # as harvest records it
 
     def no_forward(*a, **k):
         raise AssertionError("the policy's features were recomputed")

@@ -15,12 +15,17 @@ record's features are, one epoch's order): numpy arrays, 50 MiB per million reco
 record, the shard paths included), where Python lists and dicts took 244 MiB (benchmarks/index_memory.py,
 docs/drafters.md).
 
-Features carry their identity, so none is reused for records it was not computed from: the stream folder holds
-`manifest.json` (the harvest's identity (`harvest_identity`), its record count, the layer ids, --shard-tokens, the
-policy's identity and a digest of the shuffle groups), each shard its record indices and lengths in its safetensors
-metadata, and the cache file the manifest in its own. Reused features are checked against both; a shard that does
-not fit, or cannot be read (a truncated file), is computed again. A disk that fills during a write keeps nothing of
-that shard and says what to change.
+Features carry their identity, so none is reused for other records or another checkpoint's weights, as far as
+those are checked: the stream folder holds `manifest.json` (the harvest's identity (`harvest_identity`), its record
+count, the layer ids, --shard-tokens, the policy's identity (shapes and tokenizer), the policy's weights digest
+(models.weights_digest: headers and sampled windows of every tensor, so a sparse edit that misses every window goes
+unseen) and a digest of the shuffle groups), each shard its record indices, lengths and weights digest in its
+safetensors metadata with a digest of its own tensors (hidden.CONTENT), and the cache file the manifest in its own.
+Reused features are checked against all of them, the tensors once per run that reuses them; a shard that does not
+fit, was changed in place, or cannot be read (a truncated file), is computed again (features are a cache of the
+policy's forward: a line on stderr says so). A harvest's --hidden-states shards are read only when the weights that
+computed them (their metadata, else the harvest manifest's `model_weights`) are --model's now. A disk that fills
+during a write keeps nothing of that shard and says what to change.
 
 One order for all three (`epoch_order`): the training records are cut into groups (a harvest's --hidden-states
 shards when it has them for these layers, else consecutive records up to `shard_tokens` tokens: the stream shards),
@@ -36,6 +41,7 @@ import errno
 import hashlib
 import json
 import shutil
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -45,7 +51,15 @@ import numpy as np
 import torch
 
 from spectool.errors import SpectoolError
-from spectool.hidden import FeatureItem, bytes_per_token, feature_items, load_features, save_features
+from spectool.hidden import (
+    CONTENT,
+    FeatureItem,
+    bytes_per_token,
+    content_misfit,
+    feature_items,
+    load_features,
+    save_features,
+)
 from spectool.records import shard_paths
 from spectool.runs import atomic_write_json
 
@@ -71,15 +85,31 @@ def record_lengths(records) -> tuple[np.ndarray, np.ndarray]:
 
 def harvest_identity(run_dir: Path) -> str:
     """What init-draft's features depend on in a harvest run: a sha256 over its records' files byte for byte (which
-    tokens, in which order; 0.63 GiB/s here: docs/drafters.md) and the names and sizes of its --hidden-states shards
-    (whether they are there decides the shuffle groups). A harvest re-run, resumed or grown in its folder has another."""
+    tokens, in which order; 0.63 GiB/s here, docs/drafters.md: seconds) and its --hidden-states shards (whether they
+    are there decides the shuffle groups, and which weights computed them what is trained on). A hidden-state shard
+    counts by its header, which holds the digest of its tensors (hidden.CONTENT) and the weights that computed them,
+    written with it: a shard rewritten in place (by another checkpoint, at the same size) changes it, and a harvest of
+    terabytes of hidden states is not read whole at every start. A shard without that digest (an older spectool's) is
+    read whole. A harvest re-run, resumed or grown in its folder has another identity."""
     h = hashlib.sha256()
     for p in shard_paths(run_dir):
         with open(p, "rb") as f:
             h.update(f"{p.name}\0".encode() + hashlib.file_digest(f, "sha256").digest())
     for p in sorted((Path(run_dir) / "hidden").glob("shard-*.safetensors")):
-        h.update(f"{p.name}\0{p.stat().st_size}\0".encode())
+        h.update(f"{p.name}\0".encode() + _shard_digest(p))
     return h.hexdigest()[:16]
+
+
+def _shard_digest(path: Path) -> bytes:
+    """A hidden-state shard's identity: its safetensors header (tensor names, shapes, offsets, and metadata with the
+    tensors' CONTENT digest) where it carries that digest, else the sha256 of the whole file."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = f.read(n) if 0 < n < 100_000_000 else b""
+        if CONTENT.encode() in header:
+            return hashlib.sha256(header).digest()
+        f.seek(0)
+        return hashlib.file_digest(f, "sha256").digest()
 
 
 def eval_sample(heldout: Sequence[int], lengths: np.ndarray, seed: int) -> list[int]:
@@ -265,7 +295,18 @@ def misfit(path: Path, want: dict[str, str]) -> str | None:
     except (SafetensorError, OSError) as e:
         return f"it cannot be read ({e})"
     diff = sorted(k for k in want if have.get(k) != want[k])
-    return f"its {', '.join(diff)} differ" if diff else None
+    return f"its {', '.join(_what_differs(k, have.get(k), want[k]) for k in diff)} differ" if diff else None
+
+
+def _what_differs(key: str, have: str | None, want: str) -> str:
+    """`key`, with the fields that differ when both values are JSON objects (the cache's "features": which input)."""
+    try:
+        h, w = json.loads(have), json.loads(want)
+    except (TypeError, ValueError):
+        return key
+    if not (isinstance(h, dict) and isinstance(w, dict)):
+        return key
+    return f"{key} ({', '.join(sorted(k for k in {*h, *w} if h.get(k) != w.get(k)))})"
 
 
 def save_or_advise(path: Path, items: list[FeatureItem], metadata: dict[str, str], done: str) -> int:
@@ -294,7 +335,11 @@ def _features_manifest(folder: Path, want: dict) -> None:
         diff = sorted(k for k in {*(have or {}), *want} if (have or {}).get(k) != want.get(k))
         why = ("they have no manifest (an older spectool wrote them)" if have is None
                else f"they were computed from other inputs ({', '.join(diff)} differ)")
-        print(f"the {len(shards)} feature shards in {folder} are not used: {why}; computing them again")
+        if "policy_weights" in diff:
+            why += (f"; the policy's weights changed ({(have or {}).get('policy_weights')} then, "
+                    f"{want.get('policy_weights')} now: --model holds another checkpoint)")
+        print(f"the {len(shards)} feature shards in {folder} are not used: {why}; they are a cache of the policy's "
+              "forward: computing them again", file=sys.stderr)
         for p in shards:
             p.unlink()
     atomic_write_json(path, want)
@@ -303,13 +348,15 @@ def _features_manifest(folder: Path, want: dict) -> None:
 def write_shards(policy, groups: Groups | list[list[int]], seq: Callable[[int], list[int]], layer_ids: list[int], folder: Path,
                  budget_bytes: float | None, on_shard: Callable[[int], None] | None = None, *,
                  lengths: np.ndarray | None = None, identity: dict | None = None) -> list[tuple[Path, np.ndarray]]:
-    """One features shard per group under `folder` (shard-NNNNN.safetensors), each with its record indices and
-    lengths in its metadata, beside a manifest: `identity` (what the features were computed from: harvest, records,
-    shard_tokens, policy), the layer ids and the groups' digest. A shard is kept only when the manifest and its own
-    metadata fit (a killed run resumes at the first missing one); one that does not, or cannot be read, is computed
-    again. Before each is written: it must fit `budget_bytes` with the shards already there (None: no budget) and
-    the disk's free space, else a refusal that names the way without disk; a disk that fills during the write keeps
-    nothing of it. lengths: [records] prompt + response tokens (None: read through `seq`)."""
+    """One features shard per group under `folder` (shard-NNNNN.safetensors), each with its record indices, lengths,
+    the policy's weights digest and its tensors' digest in its metadata, beside a manifest: `identity` (what the
+    features were computed from: harvest, records, shard_tokens, policy, policy_weights), the layer ids and the
+    groups' digest. A shard is kept only when the manifest and its own metadata fit and its tensors are what it was
+    written with (read whole once per call: a resume reads every kept shard at ~0.6 GiB/s; a killed run resumes at
+    the first missing one); one that does not, or cannot be read, is computed again. Before each is written: it
+    must fit `budget_bytes` with the shards already there (None: no budget) and the disk's free space, else a
+    refusal that names the way without disk; a disk that fills during the write keeps nothing of it.
+    lengths: [records] prompt + response tokens (None: read through `seq`)."""
     groups = groups if isinstance(groups, Groups) else Groups.of(groups)
     per_token = bytes_per_token(policy.config.hidden_size, len(layer_ids))
     folder.mkdir(parents=True, exist_ok=True)
@@ -321,10 +368,11 @@ def write_shards(policy, groups: Groups | list[list[int]], seq: Callable[[int], 
         path = folder / f"shard-{n:05d}.safetensors"
         seqs = None if lengths is not None else [seq(int(i)) for i in grp]
         tokens = lengths[grp].tolist() if lengths is not None else [len(s) for s in seqs]
-        meta = {"records": json.dumps(grp.tolist()), "lengths": json.dumps(tokens)}
-        why = misfit(path, meta) if path.exists() else None
+        meta = {"records": json.dumps(grp.tolist()), "lengths": json.dumps(tokens),
+                **({"policy_weights": identity["policy_weights"]} if identity and "policy_weights" in identity else {})}
+        why = (misfit(path, meta) or content_misfit(path)) if path.exists() else None
         if why:
-            print(f"feature shard {path} does not fit: {why}; computing it again")
+            print(f"feature shard {path} does not fit: {why}; computing it again", file=sys.stderr)
             used -= path.stat().st_size
             path.unlink()
         if not path.exists():
@@ -345,10 +393,14 @@ def write_shards(policy, groups: Groups | list[list[int]], seq: Callable[[int], 
     return out
 
 
-def harvest_shards(run_dir: Path, layer_ids: list[int], manifest: dict, lengths: np.ndarray) -> list[tuple[Path, np.ndarray]]:
+def harvest_shards(run_dir: Path, layer_ids: list[int], manifest: dict, lengths: np.ndarray, *, weights: str,
+                   say: bool = False) -> list[tuple[Path, np.ndarray]]:
     """A harvest's --hidden-states shards as (path, record indices), when they hold these layers and every record
-    (their lengths checked against the records', read from each shard's header and lengths only); else []. One that
-    cannot be read is refused with the fix."""
+    (their lengths checked against the records', read from each shard's header and lengths only) and were computed
+    by the policy weights `weights` (models.weights_digest of --model now: each shard's metadata `model_weights`, else
+    the manifest's); else []. Shards of other weights, or of weights nobody recorded (an older spectool), are not
+    read: init-draft computes the features itself (`say`: a line on stderr says why); the records still train. One
+    that cannot be read is refused with the fix."""
     from safetensors import SafetensorError, safe_open  # noqa: PLC0415 (heavy, loaded only on this path)
 
     paths = sorted((run_dir / "hidden").glob("shard-*.safetensors"))
@@ -359,10 +411,19 @@ def harvest_shards(run_dir: Path, layer_ids: list[int], manifest: dict, lengths:
         try:
             with safe_open(str(p), "pt") as f:
                 n = f.get_tensor("lengths").numpy()
+                made_by = (f.metadata() or {}).get("model_weights", manifest.get("model_weights"))
         except (SafetensorError, OSError) as e:
             raise SpectoolError(f"the harvest's --hidden-states shard {p} cannot be read ({e}): harvest again with "
                                 f"--hidden-states into a new --out, or move {run_dir / 'hidden'} away and init-draft "
                                 "computes the features itself (a new init-draft --out)") from None
+        if made_by != weights:
+            if say:
+                by = (f"other weights ({made_by}) than --model holds now ({weights})" if made_by
+                      else "weights the harvest did not record (an older spectool)")
+                print(f"the harvest's --hidden-states shards in {run_dir / 'hidden'} are not used: {p.name} was computed "
+                      f"by {by}; init-draft computes the policy's features itself (training on the harvest's records "
+                      "is fine; its features must be --model's)", file=sys.stderr)
+            return []
         out.append((p, np.arange(start, start + len(n), dtype=INDEX)))
         if len(n) > len(lengths) - start or not np.array_equal(n, lengths[start : start + len(n)]):
             return []

@@ -189,7 +189,7 @@ def _open_run(cfg: HarvestConfig, model, source, tasks, out: Path, place: _Place
     if (out / MANIFEST).exists():
         chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
     manifest = make_manifest("harvest", model=model.name, model_path=model.path, model_identity=model.identity,
-                             model_fingerprint=model.fingerprint,
+                             model_fingerprint=model.fingerprint, model_weights=model.weights,
                              data=cfg.data, rendering=rendering(cfg), chunk_prompts=chunk, status="running",
                              prompts_per_source=mix_counts(cfg.data, tasks, source) if MIX_SEPARATOR in cfg.data else None)
     done = set(load_records(out)["prompt_id"])
@@ -259,7 +259,8 @@ def _generate(cfg: HarvestConfig, model, source, engine, tasks: list, todo: list
             if not place.writer:  # the replica's other tensor-parallel processes generated the same rows
                 continue
             if policy is not None:
-                c.hidden_bytes += _store_hidden(policy, rows, layer_ids, out / "hidden" / f"shard-{index:05d}.safetensors")
+                c.hidden_bytes += _store_hidden(policy, rows, layer_ids, out / "hidden" / f"shard-{index:05d}.safetensors",
+                                                model.weights)
                 c.hidden_tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
             write_shard(out, index, rows)
             c.records += len(rows)
@@ -331,8 +332,10 @@ def _load_policy(path: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev).eval()
 
 
-def _store_hidden(policy, rows: list[dict], layer_ids: list[int], path: Path) -> int:
-    """The shard's policy features in the one features format (hidden.save_features); bytes."""
+def _store_hidden(policy, rows: list[dict], layer_ids: list[int], path: Path, weights: str) -> int:
+    """The shard's policy features in the one features format (hidden.save_features), with the weights that computed
+    them (models.weights_digest: init-draft reads them only for a --model with these weights); bytes."""
     from spectool.hidden import feature_items, save_features  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
-    return save_features(path, feature_items(policy, [r["prompt_ids"] + r["response_ids"] for r in rows], layer_ids))
+    return save_features(path, feature_items(policy, [r["prompt_ids"] + r["response_ids"] for r in rows], layer_ids),
+                         {"model_weights": weights})

@@ -153,19 +153,53 @@ def bytes_per_token(hidden_size: int, n_aux: int = 3) -> int:
     return 8 + (n_aux + 1) * hidden_size * 2
 
 
+CONTENT = "content_sha256"  # a features file's metadata key: tensors_digest of what it holds (checked on reuse)
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """Short sha256 over each tensor's name, dtype, shape and bytes, in name order (CPU tensors): a features file's
+    content, whatever its header says. ~0.6 GiB/s (hashlib's sha256)."""
+    import hashlib  # noqa: PLC0415 (used on this path only)
+
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        t = tensors[k].contiguous()
+        h.update(f"{k}\0{t.dtype}\0{list(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()[:16]
+
+
+def content_misfit(path: Path) -> str | None:
+    """Why a features file's tensors are not what it was written with (its CONTENT digest), or None when they are;
+    reads the whole file (tensors_digest's rate). A file without the digest (an older spectool's) is a misfit."""
+    from safetensors import SafetensorError, safe_open  # noqa: PLC0415 (heavy, loaded only on this path)
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            want = (f.metadata() or {}).get(CONTENT)
+            have = tensors_digest({k: f.get_tensor(k) for k in f.keys()}) if want else None  # noqa: SIM118
+    except (SafetensorError, OSError) as e:
+        return f"it cannot be read ({e})"
+    if want is None:
+        return f"it carries no {CONTENT} (an older spectool wrote it)"
+    return None if have == want else f"its tensors changed after it was written ({CONTENT} {want}, now {have})"
+
+
 def save_features(path: Path, items: list[FeatureItem], metadata: dict[str, str] | None = None) -> int:
     """The one on-disk format of policy features (harvest --hidden-states shards, init-draft's
     cache): safetensors with ids, aux, last concatenated over sequences, and their lengths; aux
     and last in float16, or bfloat16 when any item needed it (to_store); `metadata` in its header
-    (features.write_shards: the records it holds). Written atomically; returns bytes."""
+    (features.write_shards: the records it holds), and CONTENT: the digest of its tensors (a file changed in place
+    is told apart: content_misfit). Written atomically; returns bytes."""
     from safetensors.torch import save  # noqa: PLC0415 (heavy, loaded only on this path)
 
     half = torch.bfloat16 if any(x[1].dtype == torch.bfloat16 or x[2].dtype == torch.bfloat16 for x in items) \
         else torch.float16
-    blob = save({"ids": torch.cat([x[0] for x in items]).to(torch.int64).contiguous(),
-                 "aux": torch.cat([x[1].to(half) for x in items]).contiguous(),
-                 "last": torch.cat([x[2].to(half) for x in items]).contiguous(),
-                 "lengths": torch.tensor([len(x[0]) for x in items], dtype=torch.int64)}, metadata=metadata)
+    tensors = {"ids": torch.cat([x[0] for x in items]).to(torch.int64).contiguous(),
+               "aux": torch.cat([x[1].to(half) for x in items]).contiguous(),
+               "last": torch.cat([x[2].to(half) for x in items]).contiguous(),
+               "lengths": torch.tensor([len(x[0]) for x in items], dtype=torch.int64)}
+    blob = save(tensors, metadata={**(metadata or {}), CONTENT: tensors_digest(tensors)})
     atomic_write_bytes(path, blob)
     return len(blob)
 

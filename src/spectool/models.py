@@ -39,6 +39,12 @@ class ModelRef:
         """Short hash of the fingerprint: what run manifests compare."""
         return _short_hash(json.dumps([self.fingerprint[k] for k in FINGERPRINT_FIELDS]))
 
+    @property
+    def weights(self) -> str:
+        """weights_digest of the folder: which checkpoint of this policy it is (what the policy's features were
+        computed by; `identity` stays the same across a policy's checkpoints, so a draft still fits them)."""
+        return weights_digest(Path(self.path))
+
 
 @lru_cache(maxsize=None)
 def model_fingerprint(path: Path) -> dict:
@@ -54,6 +60,75 @@ def _config_fingerprint(cfg, tokenizer_vocab_sha: str) -> dict:
     return {"architecture": (getattr(cfg, "architectures", None) or [type(cfg).__name__])[0],
             "num_hidden_layers": int(cfg.num_hidden_layers), "hidden_size": int(cfg.hidden_size),
             "vocab_size": int(cfg.vocab_size), "tokenizer_vocab_sha": tokenizer_vocab_sha}
+
+
+WEIGHT_WINDOWS = 16  # byte windows read per weight tensor, evenly spaced over its bytes
+WINDOW_BYTES = 4096  # each; a tensor of at most WEIGHT_WINDOWS * WINDOW_BYTES bytes is read whole
+BIN_WINDOWS = 1024  # a pytorch_model*.bin file (no header to read tensors by): windows over the whole file
+
+
+def weights_digest(path: Path) -> str:
+    """A short hash telling a policy folder's weights apart from another checkpoint's of the same shapes (an RL step
+    saved over the last one): over its safetensors files' headers (each tensor's name, dtype and shape, in name
+    order, so another split into files or another tensor order gives the same digest) and, per tensor,
+    WEIGHT_WINDOWS evenly spaced windows of WINDOW_BYTES bytes read through the header's offsets (small tensors
+    whole). Any dense change to a tensor (a full fine-tune step, a merged LoRA) changes bytes in every window;
+    reads ~64 KiB a tensor (26 MiB for a 400-tensor 16 GB checkpoint), not the file.
+    Its limit: a sparse edit whose changed bytes all fall outside the windows (a few elements of one tensor) keeps
+    the digest. A folder with pytorch_model*.bin files only: their sizes and BIN_WINDOWS windows over each file's
+    bytes (a resave in another layout reads as other weights). A hub id is resolved to its cached snapshot first
+    (resolve_model). No weights files: refused (nothing tells its checkpoints apart). Cached per folder while its
+    files' names, sizes and modification times stay the same."""
+    folder = Path(path)
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
+    if not files:
+        raise SpectoolError(f"--model {folder}: no weights files (*.safetensors or pytorch_model*.bin) in the folder, "
+                            "so its checkpoints cannot be told apart; save the model there with save_pretrained")
+    stats = tuple((p.name, st.st_size, st.st_mtime_ns) for p in files for st in [p.stat()])
+    return _weights_digest(str(folder.resolve()), stats)
+
+
+@lru_cache(maxsize=None)
+def _weights_digest(folder: str, stats: tuple) -> str:
+    h = hashlib.sha256()
+    if not stats[0][0].endswith(".safetensors"):
+        for name, size, _ in stats:
+            with open(Path(folder) / name, "rb") as f:
+                h.update(f"{size}\0".encode())
+                for start in _windows(size, BIN_WINDOWS):
+                    h.update(os.pread(f.fileno(), WINDOW_BYTES, start))
+        return h.hexdigest()[:16]
+    tensors = []  # (name, dtype, shape, file, first byte, bytes)
+    for name, _, _ in stats:
+        with open(Path(folder) / name, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        for k, t in header.items():
+            if k != "__metadata__":
+                (a, b) = t["data_offsets"]
+                tensors.append((k, t["dtype"], t["shape"], name, 8 + n + a, b - a))
+    handles = {name: open(Path(folder) / name, "rb") for name, _, _ in stats}  # noqa: SIM115 (closed below)
+    try:
+        for k, dtype, shape, name, first, size in sorted(tensors):
+            h.update(json.dumps([k, dtype, shape]).encode())
+            fd = handles[name].fileno()
+            if size <= WEIGHT_WINDOWS * WINDOW_BYTES:
+                h.update(os.pread(fd, size, first))
+            else:
+                for start in _windows(size, WEIGHT_WINDOWS):
+                    h.update(os.pread(fd, WINDOW_BYTES, first + start))
+    finally:
+        for f in handles.values():
+            f.close()
+    return h.hexdigest()[:16]
+
+
+def _windows(size: int, n: int) -> list[int]:
+    """Start offsets of n windows of WINDOW_BYTES evenly spaced over `size` bytes, first and last included (one window
+    from 0 when the bytes fit n windows: read it all)."""
+    if size <= n * WINDOW_BYTES:
+        return list(range(0, size, WINDOW_BYTES))
+    return [i * (size - WINDOW_BYTES) // (n - 1) for i in range(n)]
 
 
 def fingerprint_mismatch(trained_for: dict, actual: dict) -> list[str]:

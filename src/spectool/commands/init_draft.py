@@ -33,6 +33,7 @@ import gc
 import hashlib
 import json
 import shutil
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ from spectool.features import (
     write_shards,
 )
 from spectool.harvesting import HarvestConfig, harvest
-from spectool.hidden import bytes_per_token, default_aux_layer_ids
+from spectool.hidden import bytes_per_token, content_misfit, default_aux_layer_ids
 from spectool.models import fingerprint_mismatch, resolve_model
 from spectool.precision import draft_autocast, draft_dtype
 from spectool.prompts import encode_tasks, rendering
@@ -83,8 +84,9 @@ from spectool.ui import console
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
 RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features", "harvest_identity", "draft_dtype",
-                     "max_model_len", "recompute_loss", "report_to"}
+                     "max_model_len", "recompute_loss", "report_to", "model_weights"}
 # a rerun may change these and resume (harvest_identity: checked by check_harvest, which names what changed;
+# model_weights: by check_weights;
 # max_model_len: a context too short for the harvest is refused, so records never differ; recompute_loss: the same
 # loss and gradients)
 # (every --features trains the same draft: a stream run short of disk resumes with --features online)
@@ -138,9 +140,11 @@ def claim_out(cfg: InitDraftConfig) -> str | None:
     from spectool.runs import read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     saved = Path(cfg.out) / RUN_CONFIG
-    recorded = read_json(saved).get("harvest_identity") if saved.exists() else None
+    before = read_json(saved) if saved.exists() else {}
+    recorded = before.get("harvest_identity")
     claim(Path(cfg.out), "mtp-model" if cfg.method == "mtp" else "draft",
-          {**dataclasses.asdict(cfg), "harvest_identity": recorded}, saved_as=RUN_CONFIG,
+          {**dataclasses.asdict(cfg), "harvest_identity": recorded, "model_weights": before.get("model_weights")},
+          saved_as=RUN_CONFIG,
           may_change=RESUME_MAY_CHANGE, defaults=OLDER_RUNS,
           hint=f" (--init-from {cfg.out} warm-starts a new draft from it)")
     return recorded
@@ -160,6 +164,24 @@ def check_harvest(cfg: InitDraftConfig, data: _Data, recorded: str | None) -> No
     if recorded is None:
         saved = Path(cfg.out) / RUN_CONFIG
         atomic_write_json(saved, {**read_json(saved), "harvest_identity": data.identity})
+
+
+def check_weights(cfg: InitDraftConfig, weights: str) -> None:
+    """Refuse a resume whose draft checkpoint was trained on features of other policy weights than --model holds now
+    (an RL checkpoint saved over the folder since: the draft would go on from the old policy's features onto the new
+    one's, a mix no single policy computes); without a checkpoint yet the run goes on (its features, a cache, are
+    computed again: features.write_shards). Records the weights (models.weights_digest) in init_draft.json."""
+    from spectool.runs import atomic_write_json, read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+    saved = Path(cfg.out) / RUN_CONFIG
+    recorded = read_json(saved).get("model_weights")
+    if recorded not in (None, weights) and (Path(cfg.out) / ".train" / "checkpoint.pt").exists():
+        raise SpectoolError(f"--out {cfg.out} holds a draft trained on the features of other weights of --model "
+                            f"{cfg.model} (weights digest {recorded}; the folder holds {weights} now: another "
+                            f"checkpoint). Pick a new --out to train on these weights (--init-from {cfg.out} "
+                            "warm-starts from this draft), or restore the earlier weights to resume")
+    if recorded != weights:
+        atomic_write_json(saved, {**read_json(saved), "model_weights": weights})
 
 
 def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
@@ -203,6 +225,7 @@ class _Data:
     lengths: np.ndarray  # [records] int64 prompt + response tokens
     model_path: str  # the policy's folder
     identity: str = ""  # features.harvest_identity: a resume over a changed harvest is refused
+    weights: str = ""  # models.weights_digest of --model: features of other weights are not used
 
     def seq(self, i: int) -> list[int]:
         """Record i's prompt + response ids (read from the memory-mapped records, one record at a time)."""
@@ -250,6 +273,7 @@ def _setup(cfg: InitDraftConfig):
     data = training_data(cfg, model)
     if acc.is_main_process:
         check_harvest(cfg, data, recorded)
+        check_weights(cfg, data.weights)
     # The policy is loaded after the harvest's engine is gone: on a GPU it then has the memory to
     # itself, and features and training run there (accelerate's device).
     policy = AutoModelForCausalLM.from_pretrained(model.path, dtype=getattr(torch, policy_dtype(cfg)))
@@ -273,7 +297,8 @@ def _tokens_to_cache(cfg: InitDraftConfig, model) -> int:
     if (p / MANIFEST).exists():
         lengths = record_lengths(load_records(p))[1]
         ids = _layer_ids(cfg, model.fingerprint["num_hidden_layers"])  # what the draft reads (training_features)
-        if _usable_shards(cfg, harvest_shards(p, ids, read_json(p / MANIFEST), lengths), lengths, say=False):
+        if _usable_shards(cfg, harvest_shards(p, ids, read_json(p / MANIFEST), lengths, weights=model.weights), lengths,
+                          say=False):
             return 0
         return int(lengths.sum())
     tasks, longest_prompt = _source_prompts(cfg, model)
@@ -395,7 +420,7 @@ def training_data(cfg: InitDraftConfig, model) -> _Data:
     prompt_lens, lengths = record_lengths(records)
     heldout = eval_sample(np.flatnonzero(held), lengths, cfg.seed)  # bounded at any data size
     return _Data(run_dir, hm, records, np.flatnonzero(~held).astype(np.int32), heldout, prompt_lens, lengths,
-                 model.path, harvest_identity(run_dir))
+                 model.path, harvest_identity(run_dir), model.weights)
 
 
 def _initial_draft(cfg: InitDraftConfig, policy, data: _Data, main: bool):
@@ -461,11 +486,13 @@ def training_features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list
     from spectool.hidden import feature_items, load_features  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     pin = next(policy.parameters()).device.type == "cuda"  # training batches copy from here to the GPU
-    shards = _usable_shards(cfg, harvest_shards(data.run_dir, layer_ids, data.manifest, data.lengths), data.lengths)
+    shards = _usable_shards(cfg, harvest_shards(data.run_dir, layer_ids, data.manifest, data.lengths, weights=data.weights,
+                                                say=True), data.lengths)
     groups = (Groups.of(idx for _, idx in shards).keep(data.train) if shards
               else token_groups(data.train, data.lengths, cfg.shard_tokens))
     identity = {"harvest": data.identity, "records": len(data.records), "shard_tokens": cfg.shard_tokens,
-                "policy": data.manifest["model_identity"]}  # with the layer ids: what the features were computed from
+                "policy": data.manifest["model_identity"], "policy_weights": data.weights}
+    # with the layer ids: what the features were computed from (the policy's shapes and its weights)
     online = OnTheFly(policy, data.seq, layer_ids)
     if cfg.features == "online":
         return _Features(online, resident(online, data.heldout), online, groups, 0)
@@ -487,8 +514,9 @@ def training_features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list
         return _Features(Streamed(shards, cfg.shuffle_window, pin), heldout, Streamed(shards, 1), groups, disk)
     cache = folder / "features.safetensors"  # held in memory whole, as the first release held it
     meta = {"features": json.dumps({**identity, "layer_ids": [int(x) for x in layer_ids]}, sort_keys=True)}
-    if cache.exists() and (why := misfit(cache, meta)):
-        print(f"the features cache {cache} is not used: {why}; computing it again")
+    if cache.exists() and (why := misfit(cache, meta) or content_misfit(cache)):
+        print(f"the features cache {cache} is not used: {why}; it is a cache of the policy's forward: computing it "
+              "again", file=sys.stderr)
         cache.unlink()
     if cache.exists():
         items = load_features(cache, pin, resident=True)
@@ -649,7 +677,7 @@ def run(cfg: InitDraftConfig) -> InitDraftResult:
             save_draft(tr.unwrapped, out, extra=meta)
         atomic_write_json(out / MANIFEST, make_manifest(
             "mtp-model" if cfg.method == "mtp" else "draft", model=model.name, model_identity=model.identity,
-            family=cfg.method, harvest=str(data.run_dir),
+            model_weights=data.weights, family=cfg.method, harvest=str(data.run_dir),
             harvest_data=data.manifest.get("data"), rendering=data.manifest.get("rendering"), records=len(data.records),
             train_records=len(data.train),
             eval_records=len(data.heldout), ttt_steps=cfg.ttt_steps, result=result,
