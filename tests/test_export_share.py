@@ -154,3 +154,25 @@ def test_a_draft_whose_data_has_no_held_out_prompt_is_checked_on_its_training_pr
     many = tmp_path / "many.jsonl"
     many.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?"}) + "\n" for a in range(10) for b in range(10)))
     assert verify_split(str(many)) == "eval"  # 100 prompts: about 10 held out
+
+
+def test_a_draft_harvested_from_other_columns_is_checked_on_them(random_draft, tiny_policy, tmp_path, fakes):
+    """A file (or hub) source harvested with --prompt-col/--answer-col: export's check reads it with the harvest's
+    columns (from the harvest's config.json), not the defaults, which the file does not have."""
+    import shutil
+
+    from spectool.commands.export import run
+    from spectool.config import ExportConfig
+
+    draft, data, harvest = tmp_path / "draft", tmp_path / "qa.jsonl", tmp_path / "harvest"
+    shutil.copytree(random_draft, draft)
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n"
+                            for i in range(100)))
+    harvest.mkdir()
+    (harvest / "config.json").write_text(json.dumps({"prompt_col": "question", "answer_col": "solution",
+                                                     "sampling": {}}))
+    m = json.loads((draft / "manifest.json").read_text()) if (draft / "manifest.json").exists() else {}
+    (draft / "manifest.json").write_text(json.dumps({**m, "harvest_data": str(data), "harvest": str(harvest)}))
+    r = run(ExportConfig(draft=str(draft), out=str(tmp_path / "out"), model=str(tiny_policy), k=2))
+    assert r.mean_acceptance_length == 1.75
+    assert "question" in (tmp_path / "out" / "README.md").read_text()

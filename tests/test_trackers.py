@@ -197,3 +197,13 @@ def test_wandb_offline_gets_the_steps(tmp_path, monkeypatch):
         for step in range(1, 4):
             t.log(step, {"step": step, "loss": float(step)})
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_all_is_every_installed_tracker_as_in_trl():
+    import importlib.util
+
+    from spectool.trackers import PACKAGES, parse
+
+    installed = [n for n, p in PACKAGES.items() if importlib.util.find_spec(p) is not None]
+    assert parse("all", "--report-to") == installed and "tensorboard" in installed
+    assert parse("none", "--report-to") == []

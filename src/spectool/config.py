@@ -103,13 +103,18 @@ class InitDraftConfig:
     chat_template_kwargs: dict | None = None
     """Extra keyword arguments to the chat template, a JSON object (TRL's chat_template_kwargs), e.g.
     '{"enable_thinking": false}' for Qwen3."""
+    prompt_col: str = "prompt"
+    """When --data is a file or hub source: its prompt column (a text, or a conversation: a list of messages)."""
+    answer_col: str = "answer"
+    """When --data is a file or hub source: its answer column (a hub source's may be a nested field: a.b)."""
     method: str = "eagle3"
     """eagle3: a new EAGLE-3 draft (a chain) | peagle: P-EAGLE, all k positions in one forward | dflash: a DFlash
     block drafter (one forward, the policy's hidden states as context) | mtp: fine-tune the model's own MTP layers
     (trunk frozen; --out is then a model folder, the policy with its new MTP tensors). For peagle and dflash
     --ttt-steps is the trained block size: the largest k the draft serves."""
     init_from: str | None = None
-    """Warm-start from a draft folder of the same family (EAGLE-3, P-EAGLE or DFlash)."""
+    """Warm-start from a draft of the same family (EAGLE-3, P-EAGLE or DFlash): a spectool or vLLM draft folder, a
+    speculators-format EAGLE-3 folder, or a hub id ORG/NAME of one (read from huggingface_hub's cache)."""
     remap_vocab: bool = False
     """With --init-from: rebuild the draft vocabulary from this data (--draft-vocab-size); shared rows kept.
     Default: keep the warm start's map."""

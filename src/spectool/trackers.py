@@ -38,13 +38,16 @@ TENSORBOARD_DIR = "tensorboard"  # in the run folder
 
 
 def parse(report_to: str, key: str) -> list[str]:
-    """The trackers `report_to` names: TRL's names, comma-separated ("tensorboard,trackio"), or "none". An unknown
+    """The trackers `report_to` names: TRL's names, comma-separated ("tensorboard,trackio"), "all" (every one
+    installed) or "none". An unknown
     name, or one whose package is not installed, is refused here, before any work, naming `key` (the flag or the
     rl.yaml key) and the pip line."""
     names = [x.strip() for x in str(report_to).split(",") if x.strip()]
     if names == ["none"]:
         return []
-    allowed = f"{', '.join(PACKAGES)}, a comma-separated list of them, or none (TRL's report_to names)"
+    if names == ["all"]:  # TRL's (transformers') "all": every installed one
+        return [n for n, package in PACKAGES.items() if importlib.util.find_spec(package) is not None]
+    allowed = f"{', '.join(PACKAGES)}, a comma-separated list of them, all (those installed) or none (TRL's report_to names)"
     for name in names:
         if name not in PACKAGES:
             raise SpectoolError(f"{key}={report_to!r}: {name!r} is not a tracker spectool reports to; use {allowed}")

@@ -131,7 +131,9 @@ def run(cfg: ExportConfig) -> ExportResult:
         if meta:  # the draft's metadata travels with it: every draft check applies to the export too
             atomic_write_json(tmp / DRAFT_JSON, {**meta, "export_format": cfg.format})
         verify_data = _draft_data(src) or "chat"  # held-out prompts of the data the draft was trained on
-        check = _verify(tmp, model.path, verify_data, cfg, family) if cfg.verify else None
+        data = training_data(src)  # with its harvest's columns: a file or hub source read as it was harvested
+        columns = {k: v for k in ("prompt_col", "answer_col") if (v := (data.get("harvest") or {}).get(k))}
+        check = _verify(tmp, model.path, verify_data, cfg, family, columns) if cfg.verify else None
         acc, served_by = (check.t0, check.served_by) if check else (None, None)
         if acc is not None and acc < cfg.min_acceptance_length:
             raise SpectoolError(
@@ -140,7 +142,6 @@ def run(cfg: ExportConfig) -> ExportResult:
             )
         (tmp / snip.filename).write_text(snip.text)
         atomic_write_json(tmp / EXPORT_CONFIG, asdict(cfg))  # the resolved settings, next to the artifact
-        data = training_data(src)
         atomic_write_json(tmp / MANIFEST, make_manifest(
             "export", format=cfg.format, target=cfg.target, snippet=snip.filename, model=model_name,
             model_identity=model.identity, k=cfg.k, source=str(src), family=family, verified_mean_acceptance_length=acc,
@@ -215,25 +216,26 @@ VERIFY_PROMPTS = 8
 VERIFY_SEED = 0  # the T=1 pass's sampling seed
 
 
-def verify_split(data: str) -> str:
-    """The held-out split of `data`, or its training split where it holds no held-out prompt (a small file whose every
-    prompt hashes into train: its draft would otherwise not export at all; the card says which split was used)."""
+def verify_split(data: str, columns: dict | None = None) -> str:
+    """The held-out split of `data` (read with `columns`: load_source's prompt_col/answer_col), or its training split
+    where it holds no held-out prompt (a small file whose every prompt hashes into train: its draft would otherwise
+    not export at all; the card says which split was used)."""
     try:
-        load_source(data).tasks("eval", 1)
+        load_source(data, **(columns or {})).tasks("eval", 1)
         return "eval"
     except SpectoolError:
         return "train"
 
 
-def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family: str) -> Check:
+def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family: str, columns: dict) -> Check:
     """Mean acceptance length on 8 held-out prompts at T=0 (the floor's) and at T=1 (seeded), both on one engine whose
     draft proposes as rollout's does (engine/proposals.py "auto"; at T=0 every mode proposes the argmax)."""
     from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     draft_arg = str(folder)
     tok = AutoTokenizer.from_pretrained(model_path)
-    split = verify_split(data)
-    prompts = encode_tasks(tok, load_source(data).tasks(split, VERIFY_PROMPTS), cfg)
+    split = verify_split(data, columns)
+    prompts = encode_tasks(tok, load_source(data, **columns).tasks(split, VERIFY_PROMPTS), cfg)
     context = resolve_max_model_len(model_path, max(map(len, prompts)), VERIFY_TOKENS, extra=cfg.k,
                                     user=cfg.max_model_len, names=LengthSettings(max_tokens="export's verification "
                                                                                 "tokens"), draft_path=draft_arg,

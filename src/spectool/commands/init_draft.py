@@ -195,6 +195,7 @@ def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
     run_dir = Path(cfg.out) / "harvest"
     harvest(HarvestConfig(model=cfg.model, data=cfg.data, system_prompt=cfg.system_prompt,
                           chat_template_kwargs=cfg.chat_template_kwargs, out=str(run_dir), split="train", sampling=cfg.harvest,
+                          prompt_col=cfg.prompt_col, answer_col=cfg.answer_col,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
                           max_model_len=cfg.max_model_len))
 
@@ -311,7 +312,8 @@ def _source_prompts(cfg: InitDraftConfig, model) -> tuple[int, int]:
 
     h = cfg.harvest
     tok = AutoTokenizer.from_pretrained(model.path)
-    tasks = load_source(cfg.data, seed=h.seed).tasks("train", h.n_prompts)
+    tasks = load_source(cfg.data, seed=h.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col).tasks(
+        "train", h.n_prompts)
     return len(tasks), max(map(len, encode_tasks(tok, tasks, cfg)))
 
 

@@ -46,7 +46,7 @@ def resolve(cfg: RLConfig, model) -> Speculation:
     if folder is not None:  # a folder, or a hub id resolved through huggingface_hub's cache
         folder = str(draft_folder(folder, "speculation.draft"))
     if s.k == "auto":
-        schedule, folder = read_schedule(s.sweep, s.draft, proposals, flag="speculation.")
+        schedule, folder = read_schedule(s.sweep, folder, proposals, flag="speculation.")  # the resolved folder
         method = schedule_method(s.sweep)  # the family the sweep chose (its draft folder's)
     k = max(k for _, _, k in schedule) if schedule else s.k
     return Speculation(schedule, check_speculation(model, method, folder, k, RL_FLAGS).draft, k, method, proposals,
