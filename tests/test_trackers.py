@@ -207,3 +207,15 @@ def test_all_is_every_installed_tracker_as_in_trl():
     installed = [n for n, p in PACKAGES.items() if importlib.util.find_spec(p) is not None]
     assert parse("all", "--report-to") == installed and "tensorboard" in installed
     assert parse("none", "--report-to") == []
+
+
+def test_train_rl_takes_report_to_as_a_flag_as_init_draft_does():
+    from typer.testing import CliRunner
+
+    from spectool.cli import app
+
+    r = CliRunner().invoke(app, ["train-rl", "--set", "speculation.enabled=false", "--report-to", "trackio",
+                                 "--print-config"])
+    assert r.exit_code == 0 and "report_to: trackio" in r.output
+    r = CliRunner().invoke(app, ["train-rl", "--set", "speculation.enabled=false", "--report-to", "comet"])
+    assert r.exit_code != 0 and "report_to='comet'" in r.output

@@ -330,12 +330,15 @@ def train_rl(
     set_: list[str] = typer.Option([], "--set", help="Override one key: section.key=value (repeatable)."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
     backend: Optional[str] = typer.Option(None, "--backend", help="builtin | trl (the config's `backend` key)."),
+    report_to: Optional[str] = typer.Option(None, "--report-to", help="tensorboard | trackio | wandb | all | none, or "
+                                            "a comma-separated list (the config's `report_to` key)."),
 ) -> None:
     """Online GRPO with speculative rollouts and a draft refreshed from the policy's hidden states."""
     try:
         from spectool.rl.config import load_config, to_yaml  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
-        cfg = load_config(config, [*set_, *([f"backend={backend}"] if backend else [])])
+        cfg = load_config(config, [*set_, *([f"backend={backend}"] if backend else []),
+                                   *([f"report_to={report_to}"] if report_to else [])])
         if print_config:
             typer.echo(to_yaml(cfg))
             return
