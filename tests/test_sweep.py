@@ -313,3 +313,144 @@ def test_a_resumed_sweep_measures_a_round_in_one_sitting_and_every_row_has_its_t
     sweep_k = _stand_in_sweep(monkeypatch, calls)
     sweep_k.run(SweepConfig(**{**cfg.__dict__, "ks": [3]}), progress=lambda s: None)  # an arm dropped: nothing to do
     assert calls == []
+
+
+def _calibration():
+    """benchmarks/sweep_calibration.py as a module (the A/A analysis of the committed engine pools)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_calibration.py"
+    spec = importlib.util.spec_from_file_location("sweep_calibration", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _pool_run(label, rate, waves, batch=1, trend=0.0):
+    """One collected engine run of the pool: `waves` waves of 10 tokens at `rate` tokens/s, wave i faster by
+    (1 + trend) ** i."""
+    ws = [[10.0, 10.0 / (rate * (1 + trend) ** i)] for i in range(waves)]
+    t, s = sum(x for x, _ in ws), sum(y for _, y in ws)
+    return {"label": label, "wall_s": 1.0, "rows": [{"method": "none" if label == "plain" else "eagle3",
+                                                      "k": 0 if label == "plain" else 3, "batch": batch, "tokens": t,
+                                                      "seconds": s, "tokens_per_s": t / s, "sequences": waves,
+                                                      "waves": ws, "mean_acceptance_length": None, "per_position": []}]}
+
+
+def test_the_pool_analysis_draws_with_replacement_from_a_pool_centred_on_the_paired_rate():
+    """audit-2026-11c M1. The draft's gain is removed on the statistic the decision reads (the rate over the first n
+    waves both engines decoded), not over all of a run's waves: a draft whose runs decode more waves, faster ones
+    last, is then exactly as fast as plain decoding paired wave by wave. And a sweep's runs are drawn with replacement
+    (independent, as real engine runs are), so a sweep may take more runs of a label than the pool holds."""
+    cal = _calibration()
+    plains = [_pool_run("plain", 30 * (1 + 0.03 * i), 4) for i in range(3)]
+    drafts = [_pool_run("draft", 45 * (1 - 0.02 * i), 6, trend=0.1) for i in range(3)]
+    centred = cal._null(drafts, plains, [1])
+    gaps = [paired_log_rates([p["rows"][0]["waves"], d["rows"][0]["waves"]]) for p in plains for d in centred]
+    assert sum(d - p for p, d in gaps) / len(gaps) == pytest.approx(0.0, abs=1e-12)
+    rng = __import__("random").Random(0)
+    rows = cal._drawn_sweep(rng, {"plain": plains, "draft": centred}, ["plain", "draft", "draft", "draft"], 3)
+    arms = [(r["k"], r["run"]) for r in rows]
+    assert sorted(arms) == sorted((k, n) for n in range(3) for k in range(4))  # 9 draft runs from a pool of 3
+    assert len({id(r["waves"]) for r in rows if r["k"]}) < 9  # some drawn twice
+
+
+def test_the_pool_analysis_is_the_same_under_any_string_hash(tmp_path):
+    """audit-2026-11c M2: the unequal-noise A/A table drew its labels in set order, which the string hash decides,
+    so it differed between processes. Two processes whose hash orders {"plain", "draft"} differently print the
+    same analysis."""
+    import json
+    import os
+    import random
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def order(seed):
+        out = subprocess.run([sys.executable, "-c", "print(list({'plain', 'draft'}))"], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONHASHSEED": str(seed)}, check=True)
+        return out.stdout
+
+    first = order(0)
+    seeds = [0, next(s for s in range(1, 20) if order(s) != first)]  # two hash seeds that order the labels apart
+    rng = random.Random(5)
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps(_pool_run(lab, rate * math.exp(rng.gauss(0, 0.3)), 4)) + "\n"
+                            for _ in range(6) for lab, rate in (("plain", 30), ("draft", 45))))
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_calibration.py"
+    args = [sys.executable, str(script), "analyse", "--pool", str(pool), "--rounds", "2", "--arms", "1", "--resample",
+            "2", "--null-sweeps", "100", "--boots", "2", "--boot-sweeps", "10", "--cells", "3x2"]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True,  # side by side: each imports torch (~2 s)
+                              env={**os.environ, "PYTHONHASHSEED": str(s), "OMP_NUM_THREADS": "1"}) for s in seeds]
+    outs = [p.communicate()[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert "plain's runs as plain, the draft's as the arms | 3 | 2 | 1 |" in outs[0]
+    assert outs[0] == outs[1]
+
+
+def test_the_load_warning_says_when_the_machine_moved():
+    """sweep-k's bound does not hold under contention (skewed slow-downs, audit-2026-11c M3): the load it records
+    per engine run warns when the 1-minute load moved by more than 1 between runs at a batch size, when another job
+    ran before the sweep started, or when the hypervisor stole more than 5% of a run's CPU time."""
+    from spectool.machine_load import between, load_warning
+
+    def at(batch, end, steal=None):
+        return {"batch": batch, "load1": [end - 0.3, end], "steal": steal, "cores": 2}
+
+    steady = [at(1, 2.1), at(1, 2.6), at(4, 2.3), at(4, 3.2)]  # batch 4 ends later in each run: compared apart
+    assert load_warning(steady, idle=0.4) is None
+    moved = load_warning([*steady, at(1, 3.3)], idle=0.4)
+    assert "at batch 1" in moved and "between 2.1 and 3.3" in moved and "is not held" in moved
+    assert "was 1.8 before the sweep" in load_warning(steady, idle=1.8)
+    assert "took 12%" in load_warning([at(1, 2.0, 0.12), at(1, 2.0, 0.01)])
+    assert load_warning([at(1, 2.0, 0.04)]) is None
+    w = between({"load1": 0.5, "jiffies": (10, 1000)}, {"load1": 1.5, "jiffies": (30, 1200)})
+    assert w["load1"] == [0.5, 1.5] and w["steal"] == pytest.approx(0.1) and w["cores"] >= 1
+    assert between({"load1": 0.5, "jiffies": None}, {"load1": 0.5, "jiffies": None})["steal"] is None
+
+
+def test_the_power_sweep_k_states_is_the_chance_the_bound_clears():
+    """stats.sweep.power, against the audit's simulated default sweep (5 arms, one truly 1.3x, engine noise 3% and
+    5% a run: 84% at 3 rounds, 87% at 4) and against block_speedups itself on simulated one-arm sweeps."""
+    import random
+
+    from spectool.stats.sweep import power
+
+    assert power(math.sqrt(2) * 0.03, 3, 5) == pytest.approx(0.84, abs=0.01)
+    assert power(math.sqrt(2) * 0.05, 4, 5) == pytest.approx(0.87, abs=0.01)
+    assert math.isnan(power(0.05, 1, 1))
+    rng = random.Random(2)
+    n, sd = 3000, 0.15
+    hit = sum(block_speedups([[0.0, rng.gauss(math.log(1.3), sd)] for _ in range(3)])[0].lo >= 1.03 for _ in range(n))
+    assert abs(hit / n - power(sd, 3, 1)) < 3 * math.sqrt(0.25 / n)
+
+
+def test_a_sweep_records_the_load_states_its_power_and_the_schedules_level(tmp_path, monkeypatch):
+    """sweep.json carries each engine run's load and the warning when it moved (the bound is not held then), the
+    power at the noise measured, and the schedule file says its false-recommendation level is per batch size: up to
+    5% for each of the 2 batch sizes, 10% for the schedule (audit-2026-11c L6)."""
+    import json
+
+    from spectool import machine_load
+
+    calls = []
+    sweep_k = _stand_in_sweep(monkeypatch, calls)
+    measure = sweep_k.subproc.call
+
+    def loaded(*a, **kw):  # the machine's load rises by 0.5 with every engine run
+        return [{**r, "load": {"load1": [1.0, 1.0 + 0.5 * len(calls)], "steal": None, "cores": 2}}
+                for r in measure(*a, **kw)]
+
+    monkeypatch.setattr(sweep_k.subproc, "call", loaded)
+    monkeypatch.setattr(machine_load, "snapshot", lambda: {"load1": 0.2, "jiffies": None})
+    said = []
+    result = sweep_k.run(SweepConfig(out=str(tmp_path / "s"), draft="d", ks=[2], batch_sizes=[1, 4], repeats=3, seed=0),
+                         progress=said.append)
+    stored = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert len(stored["load"]) == 12 and stored["idle_load"] == 0.2  # 6 engine runs x 2 batch sizes
+    assert "moved between" in stored["load_warning"] and any("is not held" in s for s in said)
+    assert set(stored["power"]) == {"1", "4"} and 0 <= stored["power"]["1"]["power"] <= 1
+    assert "load" not in result["rows"][0]
+    schedule = json.loads((tmp_path / "s" / "schedule.json").read_text())
+    assert "per batch size" in schedule["false_recommendations"] and "up to 10%" in schedule["false_recommendations"]

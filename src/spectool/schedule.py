@@ -13,13 +13,15 @@ SCHEDULE = "schedule.json"
 
 
 def write_schedule(run_dir: Path, schedule: list[tuple[int, int, int]], kind: str, draft: str | None,
-                   draft_sampling: str, method: str = "eagle3") -> None:
+                   draft_sampling: str, method: str = "eagle3", false_recommendations: str | None = None) -> None:
     """kind "sweep": measured with `draft` (a drafter family `method`) and `draft_sampling`, which
     a run must then use; kind "forecast": predicted for an acceptance, usable with any draft of
-    that family."""
+    that family. `false_recommendations`: sweep-k's level for the schedule as a whole (one recommendation per
+    batch size, each bounded alone)."""
 
     atomic_write_json(Path(run_dir) / SCHEDULE, {"kind": kind, "method": method, "schedule": [list(r) for r in schedule],
-                                                 "draft": draft, "draft_sampling": draft_sampling})
+                                                 "draft": draft, "draft_sampling": draft_sampling}
+                      | ({"false_recommendations": false_recommendations} if false_recommendations else {}))
 
 
 def schedule_method(run_dir: str) -> str:

@@ -13,7 +13,11 @@ Workflow:
     step costs the same whatever is accepted, so tokens/s scales with tokens per step);
  3. per batch size, the recommendation: the fastest (method, k) whose lower bound clears 1 + `min_gain`
     (recommend: at most 5% false recommendations per batch size), else no speculation, with the reason;
-    plus the schedule `rollout --k auto` uses;
+    plus the schedule `rollout --k auto` uses (one recommendation per batch size, so its own level is up to 5% x the
+    batch sizes: `schedule_level`, written into schedule.json); per batch size the chance that an arm truly 1.3x
+    would clear its bound at the noise measured (`measured_power`); the machine's load per engine run (the 1-minute
+    load average and CPU steal over its timed waves, machine_load), with a warning that the bound is not held when
+    it moved (contention slows runs now and then, skewed noise the bound does not allow for);
  4. rows.jsonl (appended per engine run, each row with the time it was measured: a killed sweep resumes; a larger
     --repeats adds rounds; a round that holds some engines but not all, stopped inside or given another arm since,
     is measured again whole, since a round's engines are paired by the time they ran in), sweep.csv, sweep.json,
@@ -31,7 +35,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from spectool import subproc
+from spectool import machine_load, subproc
 from spectool.config import SweepConfig
 from spectool.context import describe_finish, resolve_max_model_len
 from spectool.costmodel import ceiling, k_schedule, output_lengths
@@ -47,7 +51,7 @@ from spectool.plots import pyplot, save
 from spectool.prompts import encode_tasks
 from spectool.runs import atomic_write_bytes
 from spectool.schedule import write_schedule
-from spectool.stats.sweep import SWEEP_ALPHA, block_speedups, paired_log_rates
+from spectool.stats.sweep import SWEEP_ALPHA, block_speedups, paired_log_rates, power
 from spectool.ui import console
 
 ROWS = "rows.jsonl"
@@ -269,6 +273,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
                  f"{floor / 60:.1f} min of timing (>= {cfg.min_seconds:g} s per batch size a run) plus each engine's "
                  "start and warm-up; the time left is said after each run")
     started = time.monotonic()
+    idle = machine_load.snapshot()["load1"] if plan else None  # before this sitting's first engine: other jobs'
     for i, (method, k, run_no, todo) in enumerate(plan):
         if i:
             spent = time.monotonic() - started
@@ -297,6 +302,11 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     eagle_rec = recommend(rows, cfg.batch_sizes, cfg.min_gain, method="eagle3") if "eagle3" in cfg.methods else None
     family, family_rec = schedule_family(rows, cfg)
     draft = drafts.get(family, draft)
+    loads = [{"method": r["method"], "k": r["k"], "run": r.get("run", 0), "batch": r["batch"], **r["load"]}
+             for r in done if "load" in r and r["batch"] in cfg.batch_sizes and r.get("run", 0) < cfg.repeats]
+    load_warning = machine_load.load_warning(loads, idle) if loads or idle is not None else None
+    if load_warning:
+        progress(f"warning: {load_warning}")
     result = {"rows": rows, "recommendation": {str(b): v for b, v in rec.items()},
               "eagle3_schedule": k_schedule(eagle_rec) if eagle_rec else None, "draft": draft,
               "schedule_method": family, "schedule": k_schedule(family_rec) if family_rec else None,
@@ -304,10 +314,13 @@ def run(cfg: SweepConfig, progress=print) -> dict:
               "draft_model": drafts.get("draft_model"), "model": model.name, "max_k": max(cfg.ks),
               "draft_sampling": cfg.draft_sampling,
               "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights, "max_model_len": context,
-              "finish_reasons": _finish_reasons(done)}
+              "finish_reasons": _finish_reasons(done), "idle_load": idle, "load": loads, "load_warning": load_warning,
+              "power": measured_power(rows, cfg.batch_sizes, cfg.min_gain),
+              "false_recommendations": schedule_level(len(cfg.batch_sizes))}
     atomic_write_json(out / "sweep.json", result)
     if result["schedule"]:
-        write_schedule(out, result["schedule"], "sweep", draft, cfg.draft_sampling, family)
+        write_schedule(out, result["schedule"], "sweep", draft, cfg.draft_sampling, family,
+                       false_recommendations=result["false_recommendations"])
     _write_csv(out / "sweep.csv", rows)
     _plots(out, rows, cfg)
     atomic_write_json(out / MANIFEST, make_manifest("sweep", model=model.name, model_identity=model.identity,
@@ -346,6 +359,41 @@ def _resumed_rows(rows_path: Path, cfg: SweepConfig, progress) -> list[dict]:
     kept = [r for r in done if (r.get("run", 0), r["batch"]) not in split]
     atomic_write_bytes(rows_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
     return kept
+
+
+def schedule_level(batch_sizes: int, alpha: float = SWEEP_ALPHA) -> str:
+    """What the `--k auto` schedule's false-recommendation level is: sweep-k bounds each batch size's recommendation
+    at `alpha` (every arm counted), and the schedule takes one per batch size, so it holds a false one with up to
+    batch_sizes x alpha (Bonferroni over the batch sizes; audit-2026-11c L6)."""
+    return (f"at most {alpha:.0%} false recommendations per batch size; this schedule takes one from each of "
+            f"{batch_sizes} batch size{'s' if batch_sizes > 1 else ''}, so it holds a false one with up to "
+            f"{min(1.0, batch_sizes * alpha):.0%} probability")
+
+
+POWER_SPEEDUP = 1.3  # the gain whose chance sweep-k states at the noise it measured
+
+
+def measured_power(rows: list[dict], batch_sizes: list[int], min_gain: float) -> dict[str, dict]:
+    """Per batch size, the noise this sweep measured (the sd of an arm's paired log differences a round, pooled over
+    its arms) and the chance that an arm truly POWER_SPEEDUP times as fast would clear the bound at it
+    (stats.sweep.power), at this sweep's rounds and one more. The noise itself is estimated on rounds - 1 degrees of
+    freedom per arm: a rough figure. Batch sizes without a bound (one round, or none measured) are left out."""
+    out = {}
+    for b in batch_sizes:
+        spec = [r for r in rows if r["batch"] == b and r["method"] != "none" and r.get("log_se", 0) > 0
+                and r.get("rounds", 0) >= 2]
+        if not spec:
+            continue
+        rounds = spec[0]["rounds"]
+        arms = sum(r["batch"] == b and r["method"] != "none" for r in rows)  # what the bound counts
+        sd = math.sqrt(sum(r["log_se"] ** 2 * r["rounds"] for r in spec) / len(spec))
+        now, more = power(sd, rounds, arms, POWER_SPEEDUP, min_gain), power(sd, rounds + 1, arms, POWER_SPEEDUP, min_gain)
+        out[str(b)] = {"noise": sd, "rounds": rounds, "arms": arms, "speedup": POWER_SPEEDUP, "power": now,
+                       "power_one_more_round": more,
+                       "said": f"at the noise measured ({sd:.1%} a round between an arm and plain decoding, on "
+                               f"{rounds - 1} df), an arm truly {POWER_SPEEDUP:g}x would be recommended in about "
+                               f"{now:.0%} of sweeps of {rounds} rounds ({more:.0%} with --repeats {rounds + 1})"}
+    return out
 
 
 def schedule_family(rows: list[dict], cfg: SweepConfig) -> tuple[str | None, dict | None]:
@@ -436,9 +484,13 @@ def render(result: dict, out: str) -> None:
         what = (f"{v['method']} k={v['k']} ({v['speedup']:.2f}x)" if v["method"] != "none"
                 else "no speculation" + (f" ({v['why']})" if "why" in v else ""))
         c.print(f"batch {b}: recommend {what}", highlight=False, soft_wrap=True)
+    for b, p in (result.get("power") or {}).items():
+        c.print(f"batch {b}: {p['said']}", highlight=False, soft_wrap=True)
     if result.get("schedule"):
         c.print(f"schedule for rollout --k auto: {result['schedule_method']} drafts, k per batch size "
-                f"{result['schedule']}", highlight=False)
+                f"{result['schedule']} ({result['false_recommendations']})", highlight=False, soft_wrap=True)
+    if result.get("load_warning"):
+        c.print(f"[bold yellow]warning:[/] {result['load_warning']}", soft_wrap=True)
     for method, counts in (result.get("finish_reasons") or {}).items():
         c.print(f"{'plain decoding' if method == 'none' else method}: completions ended {describe_finish(counts)}",
                 highlight=False)
@@ -471,7 +523,7 @@ def sweep_speedups(rows: list[dict], alpha: float = SWEEP_ALPHA) -> list[dict]:
             row = _pooled(sorted((r for r in at if (r["method"], r["k"]) == (m, k)), key=lambda r: r.get("run", 0)))
             row.pop("drift", None)
             if fits:
-                row["speedup"], row["rounds"] = fits[i].speedup, fits[i].rounds
+                row["speedup"], row["rounds"], row["log_se"] = fits[i].speedup, fits[i].rounds, fits[i].se
                 if not math.isnan(fits[i].lo):
                     row["speedup_lo"], row["speedup_hi"] = fits[i].lo, fits[i].hi
             else:
@@ -488,6 +540,7 @@ def _pooled(runs: list[dict]) -> dict:
     and last run's time."""
     row = dict(runs[0])
     row.pop("run", None)
+    row.pop("load", None)  # per engine run: sweep.json's `load`
     times = sorted(r["measured_at"] for r in runs if "measured_at" in r)  # ISO 8601 UTC: sorts as text
     row.pop("measured_at", None)
     if times:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from spectool.stats.distributions import student_t_quantile
+from spectool.stats.distributions import normal_cdf, student_t_quantile
 
 # --- sweep-k: an arm against plain decoding, beyond the noise between engine runs -----------------
 # Design (sweep-k): `repeats` rounds; each round runs plain decoding and every arm in a fresh engine, one after the
@@ -23,6 +23,12 @@ from spectool.stats.distributions import student_t_quantile
 # whatever the arms' noise and however they correlate through plain decoding. One round measures no noise between
 # runs, and differences identical in every round (a standard error of 0) measure none either: neither gets a bound,
 # so neither recommends anything.
+# What breaks the bound: not unequal variance (each arm's own differences carry it) but noise that is not normal. Skew
+# above all: contention only ever slows a run (usually fast, now and then much slower), and with 2-4 rounds a sweep
+# rarely samples the slow tail, so sd(d) is understated when it does not and the mean is pulled when it does. Runs
+# slowed that way (log rate s - Exp(mean s), arms 15% against plain 2%) gave 12-28% false recommendations at
+# --min-gain 0 (audit-2026-11c M3; benchmarks/sweep_calibration.py simulate has the cells). Hence sweep-k records the
+# machine's load per engine run and says when it moved (spectool.machine_load): the bound is not held then.
 
 SWEEP_ALPHA = 0.05  # the recommendation's false-alarm rate per batch size, every arm it looked at counted
 
@@ -64,3 +70,28 @@ def block_speedups(log_rates: list[list[float]], alpha: float = SWEEP_ALPHA) -> 
     return out
 
 
+
+
+def power(sd_d: float, rounds: int, arms: int, speedup: float = 1.3, min_gain: float = 0.03,
+          alpha: float = SWEEP_ALPHA) -> float:
+    """The chance that an arm truly `speedup` times as fast as plain decoding gets a lower bound (block_speedups)
+    that clears 1 + min_gain, when its paired log differences have sd `sd_d` a round (normal noise), in a sweep of
+    `rounds` rounds and `arms` arms counted. The bound clears when (mean - c) / (sd_d / sqrt(R)) = Z + delta exceeds
+    q * t, t = sd(d) / sd_d: delta = (log speedup - c) / (sd_d / sqrt(R)), c = log(1 + min_gain), q the t quantile;
+    t has the density of sqrt(chi2_df / df), so the power is the integral of Phi(delta - q t) over it (Simpson's
+    rule). nan with one round (no bound)."""
+    df = rounds - 1
+    if df < 1 or not sd_d > 0:
+        return float("nan")
+    delta = (math.log(speedup) - math.log(1 + min_gain)) / (sd_d / math.sqrt(rounds))
+    q = student_t_quantile(1.0 - alpha / arms, rounds - 1)
+    # density of t = sqrt(chi2_df / df): 2 (df/2)^(df/2) t^(df-1) exp(-df t^2 / 2) / Gamma(df/2)
+    log_c = math.log(2) + df / 2 * math.log(df / 2) - math.lgamma(df / 2)
+    steps, top = 4000, 1 + 12 / math.sqrt(df)  # the density is negligible beyond
+    h = top / steps
+    total = 0.0
+    for i in range(steps + 1):
+        t = i * h
+        dens = math.exp(log_c + (df - 1) * math.log(t) - df * t * t / 2) if t > 0 else (math.exp(log_c) if df == 1 else 0.0)
+        total += (1 if i in (0, steps) else 4 if i % 2 else 2) * dens * normal_cdf(delta - q * t)
+    return min(1.0, total * h / 3)
