@@ -365,9 +365,9 @@ HOST_REPEATS = 5
 
 def host_benchmark(repeats: int = HOST_REPEATS) -> float:
     """Seconds for a fixed piece of CPU work, the best of `repeats` (the least disturbed by other jobs): pure Python
-    (integer arithmetic, a dict, a sort) and small torch ops on one thread, as the unit tests compute (about 0.08 s a
-    repeat on the reference host). Fixed work: no test, no spectool code, so a slower suite never reads as a slower
-    host."""
+    (integer arithmetic, a dict, a sort) and small torch ops on one thread, as the unit tests compute (0.056-0.058 s a
+    repeat on the reference host; the whole call, torch's import aside, 0.55-0.61 s). Fixed work: no test, no
+    spectool code, so a slower suite never reads as a slower host."""
     import torch
 
     threads = torch.get_num_threads()
