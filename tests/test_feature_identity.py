@@ -427,6 +427,33 @@ def test_a_harvests_hidden_states_of_other_weights_are_not_read(tmp_path, capsys
     assert "weights the harvest did not record" in capsys.readouterr().err
 
 
+def test_a_harvests_hidden_state_shard_changed_in_place_is_refused(tmp_path):
+    """The audit's L4 for a harvest's --hidden-states shard: bytes changed in place under an intact header keep its
+    identity (harvest_identity reads headers), so init-draft checks each shard's tensors against the digest written
+    with it before training on them (features.check_harvest_contents), and refuses a changed one naming the fix."""
+    from safetensors.torch import save
+
+    from spectool.features import check_harvest_contents, harvest_identity
+    from spectool.hidden import save_features
+
+    harvest = _hand_made_harvest(tmp_path / "h", 2)
+    (harvest / "hidden").mkdir()
+    p = harvest / "hidden" / "shard-00000.safetensors"
+    save_features(p, [_item([1, 2]), _item([3])], {"model_weights": "A"})
+    shards = [(p, np.arange(2))]  # what harvest_shards returns for it
+    check_harvest_contents(shards)  # as written: passes
+    before, blob = harvest_identity(harvest), bytearray(p.read_bytes())
+    blob[-8:] = bytes([0x7F]) * 8  # the tail of the feature data, header intact
+    p.write_bytes(bytes(blob))
+    assert harvest_identity(harvest) == before  # the identity's stated limit: the check below is what sees it
+    with pytest.raises(SpectoolError, match=r"--hidden-states shard .*shard-00000.safetensors is not what the harvest "
+                                            r"wrote: its tensors changed after it was written .*Harvest again with "
+                                            r"--hidden-states into a new --out, or move .*hidden away"):
+        check_harvest_contents(shards)
+    p.write_bytes(save({"ids": torch.tensor([1, 2, 3])}))  # a shard with no digest to check against (by hand)
+    check_harvest_contents(shards)
+
+
 def test_a_resumed_draft_trained_on_other_weights_is_refused(tmp_path):
     """init_draft.json records --model's weights digest; a rerun whose draft checkpoint was trained on other weights'
     features is refused naming --out (and stays refused: the claim keeps the recorded digest); with no checkpoint yet

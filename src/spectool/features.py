@@ -429,3 +429,16 @@ def harvest_shards(run_dir: Path, layer_ids: list[int], manifest: dict, lengths:
             return []
         start += len(n)
     return out if start == len(lengths) else []
+
+
+def check_harvest_contents(shards: list[tuple[Path, np.ndarray]]) -> None:
+    """Refuse a harvest's --hidden-states shard whose tensors are not what it was written with (its CONTENT digest,
+    written with it: bytes changed in place under an intact header, which harvest_identity, reading headers only,
+    does not see), naming the fix. Reads every shard whole (~0.6 GiB/s, hidden.tensors_digest), once per init-draft
+    start that trains on them: a shard holds at most --shard-tokens tokens then (init-draft's _usable_shards). A
+    shard without the digest (written by hand, or an older spectool) is not checked."""
+    for p, _ in shards:
+        if why := content_misfit(p, missing_ok=True):
+            raise SpectoolError(f"the harvest's --hidden-states shard {p} is not what the harvest wrote: {why}. Harvest "
+                                f"again with --hidden-states into a new --out, or move {p.parent} away and init-draft "
+                                "computes the features itself (a new init-draft --out)")

@@ -169,9 +169,10 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
-def content_misfit(path: Path) -> str | None:
+def content_misfit(path: Path, missing_ok: bool = False) -> str | None:
     """Why a features file's tensors are not what it was written with (its CONTENT digest), or None when they are;
-    reads the whole file (tensors_digest's rate). A file without the digest (an older spectool's) is a misfit."""
+    reads the whole file (tensors_digest's rate). A file without the digest (an older spectool's) is a misfit, or
+    None with `missing_ok` (nothing to check it against)."""
     from safetensors import SafetensorError, safe_open  # noqa: PLC0415 (heavy, loaded only on this path)
 
     try:
@@ -181,7 +182,7 @@ def content_misfit(path: Path) -> str | None:
     except (SafetensorError, OSError) as e:
         return f"it cannot be read ({e})"
     if want is None:
-        return f"it carries no {CONTENT} (an older spectool wrote it)"
+        return None if missing_ok else f"it carries no {CONTENT} (an older spectool wrote it)"
     return None if have == want else f"its tensors changed after it was written ({CONTENT} {want}, now {have})"
 
 

@@ -60,6 +60,7 @@ from spectool.features import (
     Lazy,
     OnTheFly,
     Streamed,
+    check_harvest_contents,
     epoch_order,
     eval_sample,
     harvest_identity,
@@ -490,6 +491,7 @@ def training_features(cfg: InitDraftConfig, policy, data: _Data, layer_ids: list
     pin = next(policy.parameters()).device.type == "cuda"  # training batches copy from here to the GPU
     shards = _usable_shards(cfg, harvest_shards(data.run_dir, layer_ids, data.manifest, data.lengths, weights=data.weights,
                                                 say=True), data.lengths)
+    check_harvest_contents(shards)  # read whole once per start: bytes changed under an intact header are refused
     groups = (Groups.of(idx for _, idx in shards).keep(data.train) if shards
               else token_groups(data.train, data.lengths, cfg.shard_tokens))
     identity = {"harvest": data.identity, "records": len(data.records), "shard_tokens": cfg.shard_tokens,
