@@ -310,7 +310,8 @@ class CostsPlugin:
         costs.drain()  # session fixtures' late starts: nobody's test
         total = time.time() - costs.t0
         budget = tomllib.loads(costs.budget_file.read_text())
-        whole_total = config.getoption("--test-budget-s") or budget["budget"][f"{costs.tier}_s"]
+        # the tier's total scales with the host as each test's limit does (the fixed micro-benchmark, never the tests)
+        whole_total = config.getoption("--test-budget-s") or budget["budget"][f"{costs.tier}_s"] * costs.host.ratio
         problems = [v for n, t in costs.tests.items() for v in marker_violations(n, t)]
         over = over_limits(costs, budget)
         problems += over
@@ -326,8 +327,10 @@ class CostsPlugin:
             "fixtures": {n: asdict(f) for n, f in costs.fixtures.items()},
         }, indent=1))
         held = "" if costs.whole_run else ", not a whole run: the total is not held to it"
+        scaled = f", {budget['budget'][f'{costs.tier}_s'] / 60:.0f} min x host {costs.host.ratio:.2f}" \
+            if costs.host.ratio > 1 and not config.getoption("--test-budget-s") else ""
         costs.report = [f"durations: {out.relative_to(config.rootpath)} ({costs.tier} tier, {total / 60:.1f} min"
-                        f" of a {whole_total / 60:.1f}-min budget{held})", costs.host.describe()]
+                        f" of a {whole_total / 60:.1f}-min budget{scaled}{held})", costs.host.describe()]
         costs.problems = problems
         if problems and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
