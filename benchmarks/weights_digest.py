@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spectool.models import _weights_digest, weights_digest
+from spectool.models import weights_digest
 
 
 def drop(folder: Path) -> None:
@@ -62,7 +62,6 @@ def main() -> None:
         folder = Path(arg).expanduser()
         gib = sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 2**30
         for cold in (True, False):
-            _weights_digest.cache_clear()
             if cold:
                 drop(folder)
             t = time.perf_counter()

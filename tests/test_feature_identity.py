@@ -313,6 +313,10 @@ def test_the_weights_digest_changes_with_any_dense_tensor_change_and_not_with_a_
     sparse = t["lm_head.weight"].clone()
     sparse.view(-1)[(WINDOW_BYTES + gap // 2) // 4] += 1.0  # inside the gap after window 0
     assert weights_digest(_weights_folder(d, {**t, "lm_head.weight": sparse})) == base
+    for i in (1, WEIGHT_WINDOWS // 2, WEIGHT_WINDOWS - 1):  # each window is read: one element in it is seen
+        one = t["lm_head.weight"].clone()
+        one.view(-1)[(i * gap + WINDOW_BYTES // 2) // 4] += 1.0
+        assert weights_digest(_weights_folder(d, {**t, "lm_head.weight": one})) != base, i
     # a pytorch_model.bin folder (no header): its bytes' windows; none at all: refused
     b = tmp_path / "bin"
     b.mkdir()

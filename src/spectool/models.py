@@ -12,7 +12,7 @@ import importlib.util
 import json
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from spectool.errors import SpectoolError
@@ -39,10 +39,12 @@ class ModelRef:
         """Short hash of the fingerprint: what run manifests compare."""
         return _short_hash(json.dumps([self.fingerprint[k] for k in FINGERPRINT_FIELDS]))
 
-    @property
+    @cached_property
     def weights(self) -> str:
         """weights_digest of the folder: which checkpoint of this policy it is (what the policy's features were
-        computed by; `identity` stays the same across a policy's checkpoints, so a draft still fits them)."""
+        computed by; `identity` stays the same across a policy's checkpoints, so a draft still fits them). Read the
+        first time it is asked (before a command loads the policy) and kept with this ModelRef: what one command
+        records stays one checkpoint's even when the next is saved over the folder meanwhile."""
         return weights_digest(Path(self.path))
 
 
@@ -77,37 +79,33 @@ def weights_digest(path: Path) -> str:
     Its limit: a sparse edit whose changed bytes all fall outside the windows (a few elements of one tensor) keeps
     the digest. A folder with pytorch_model*.bin files only: their sizes and BIN_WINDOWS windows over each file's
     bytes (a resave in another layout reads as other weights). A hub id is resolved to its cached snapshot first
-    (resolve_model). No weights files: refused (nothing tells its checkpoints apart). Cached per folder while its
-    files' names, sizes and modification times stay the same."""
+    (resolve_model). No weights files: refused (nothing tells its checkpoints apart). Read anew at each call (0.01-0.03
+    s from the page cache: a cache keyed by the files' sizes and times could miss a same-size rewrite within the
+    clock's tick); ModelRef.weights keeps it for a command."""
     folder = Path(path)
     files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not files:
         raise SpectoolError(f"--model {folder}: no weights files (*.safetensors or pytorch_model*.bin) in the folder, "
                             "so its checkpoints cannot be told apart; save the model there with save_pretrained")
-    stats = tuple((p.name, st.st_size, st.st_mtime_ns) for p in files for st in [p.stat()])
-    return _weights_digest(str(folder.resolve()), stats)
-
-
-@lru_cache(maxsize=None)
-def _weights_digest(folder: str, stats: tuple) -> str:
     h = hashlib.sha256()
-    if not stats[0][0].endswith(".safetensors"):
-        for name, size, _ in stats:
-            with open(Path(folder) / name, "rb") as f:
+    if files[0].suffix != ".safetensors":
+        for p in files:
+            with open(p, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
                 h.update(f"{size}\0".encode())
                 for start in _windows(size, BIN_WINDOWS):
                     h.update(os.pread(f.fileno(), WINDOW_BYTES, start))
         return h.hexdigest()[:16]
     tensors = []  # (name, dtype, shape, file, first byte, bytes)
-    for name, _, _ in stats:
-        with open(Path(folder) / name, "rb") as f:
+    for p in files:
+        with open(p, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(n))
         for k, t in header.items():
             if k != "__metadata__":
                 (a, b) = t["data_offsets"]
-                tensors.append((k, t["dtype"], t["shape"], name, 8 + n + a, b - a))
-    handles = {name: open(Path(folder) / name, "rb") for name, _, _ in stats}  # noqa: SIM115 (closed below)
+                tensors.append((k, t["dtype"], t["shape"], p.name, 8 + n + a, b - a))
+    handles = {p.name: open(p, "rb") for p in files}  # noqa: SIM115 (closed below)
     try:
         for k, dtype, shape, name, first, size in sorted(tensors):
             h.update(json.dumps([k, dtype, shape]).encode())
