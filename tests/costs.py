@@ -328,7 +328,7 @@ class CostsPlugin:
         }, indent=1))
         held = "" if costs.whole_run else ", not a whole run: the total is not held to it"
         scaled = f", {budget['budget'][f'{costs.tier}_s'] / 60:.0f} min x host {costs.host.ratio:.2f}" \
-            if costs.host.ratio > 1 and not config.getoption("--test-budget-s") else ""
+            if round(costs.host.ratio, 2) > 1 and not config.getoption("--test-budget-s") else ""
         costs.report = [f"durations: {out.relative_to(config.rootpath)} ({costs.tier} tier, {total / 60:.1f} min"
                         f" of a {whole_total / 60:.1f}-min budget{scaled}{held})", costs.host.describe()]
         costs.problems = problems

@@ -240,3 +240,15 @@ def test_teardown_is_held_and_a_shared_fixtures_finaliser_is_the_fixtures(pytest
     assert last["teardown_s"] < 0.1 and last["shared_teardown_s"] >= 0.3
     assert record["fixtures"]["shared (module) tests/test_toy.py"]["teardown_s"] >= 0.3
     assert record["files"]["test_toy.py"] >= 0.6  # each counted once
+
+
+def test_the_tiers_total_scales_with_the_host_benchmark_too(pytester):
+    tests = "import time\ndef test_slowish():\n    time.sleep(0.3)\n"
+    toy(pytester, tests, BUDGET.replace("fast_s = 60", "fast_s = 0.05"))
+    r = pytester.runpytest("tests")
+    assert r.ret == 1  # 0.3 s of test against a 0.05-s total
+    r.stdout.fnmatch_lines(["*the fast tier took * min, over its budget of 0.0 min*"])
+    toy(pytester, tests, BUDGET.replace("fast_s = 60", "fast_s = 0.05") + "[host]\nbenchmark_s = 0.0001\n")
+    r = pytester.runpytest("tests")
+    assert r.ret == 0, r.stdout.str()  # a host hundreds of times slower than the record: its total scales too
+    r.stdout.fnmatch_lines(["durations: * min x host *"])
