@@ -248,6 +248,20 @@ def main() -> None:
                 stats.step_noise = step_noise
             print(f"| {rho:g} | {c:g} | " + " | ".join(rate(k, args.sims) for k in cells) + " |")
 
+    long_steps = 2 * args.steps  # audit 2026-11c M4: at 0.8 the rule before it fired in 10.2% of 64-step runs
+    print(f"\n## placebo, simulated with correlated steps over {long_steps} steps ({args.sims} runs a cell)")
+    print("| lag-1 correlation | refresh cost s | fired: a frozen draft | the same, the slope's se for independent steps |")
+    print("|---|---|---|---|")
+    for c in (0.0, 2.0):
+        w = agreement * c / measured
+        cells = []
+        for noise in (step_noise, independent_steps):
+            stats.step_noise = noise
+            cells.append(sum(simulate(rng, level, sd, gen, c, w, long_steps, every, drop, None, prompts, None,
+                                      rho=0.8) is not None for _ in range(args.sims)))
+            stats.step_noise = step_noise
+        print(f"| 0.8 | {c:g} | " + " | ".join(rate(k, args.sims) for k in cells) + " |")
+
     print(f"\n## power, rules 1-2: a draft going stale after its first refresh ({args.sims} runs of {args.steps} steps; "
           "acceptance falls by the slope a step from the refresh on)")
     print("| fall a step | lag-1 correlation | refresh cost s | fired: now | median steps after the refresh "
