@@ -5,9 +5,9 @@ A mutant is killed when pytest reports a failed or errored test; the suite's own
 not a kill. The working tree is never written: each mutant runs in a scratch copy of src/ and tests/ (the copy's
 src first on PYTHONPATH), so it can run beside other work.
 
-    .venv/bin/python benchmarks/mutation.py                 # all 19, their targeted unit tests (~6 min here)
+    .venv/bin/python benchmarks/mutation.py                 # all 19, their targeted unit tests (96 s here)
     .venv/bin/python benchmarks/mutation.py P1 P3 --all-unit  # those mutants against every unit test
-    .venv/bin/python benchmarks/mutation.py --out benchmarks/data/mutation_<date>.json
+    .venv/bin/python benchmarks/mutation.py --out benchmarks/data/mutation_<date>.json  # 2026-11-28: 19/19, 96 s
 
 Exit status: 0 when every mutant run was killed, 1 when one survived, 2 when a mutant no longer applies (its
 `old` text is not in the source exactly once: the code moved, so the mutant must be rewritten, not skipped).
