@@ -139,6 +139,17 @@ def test_speculators_options_spectool_lacks_are_refused(speculators_draft, tmp_p
         load_draft(tmp_path)
 
 
+def _offline_hub_with(folder, home, monkeypatch) -> str:
+    """`folder` as the hub's someorg/eagle3-tiny in a cache under `home`, that cache the process's (HF_HOME), offline;
+    the snapshot's path."""
+    snap = _hub_cache(home, "someorg/eagle3-tiny", folder)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return snap
+
+
 def _hub_cache(home, repo: str, src) -> str:
     """`src`'s files as huggingface_hub lays out a downloaded repo under HF_HOME: blobs, a snapshot of links, refs/main."""
     import hashlib
@@ -164,11 +175,7 @@ def test_a_hub_id_resolves_from_the_cache_offline_and_a_missing_one_says_how(spe
     from spectool.draft.checkpoint import draft_folder, load_draft
 
     _, folder, nbr = speculators_draft
-    snap = _hub_cache(tmp_path / "hf", "someorg/eagle3-tiny", folder)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snap = _offline_hub_with(folder, tmp_path / "hf", monkeypatch)
     found = draft_folder("someorg/eagle3-tiny")
     assert str(found) == snap
     assert load_draft(found)[0].config.norm_before_residual is nbr
@@ -190,11 +197,7 @@ def test_trl_takes_a_hub_ids_draft_from_the_cache(speculators_draft, tiny_policy
     from conftest import sums_with_answer
 
     _, folder, _ = speculators_draft
-    snap = _hub_cache(tmp_path / "hf", "someorg/eagle3-tiny", folder)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snap = _offline_hub_with(folder, tmp_path / "hf", monkeypatch)
     ds, reward = task_data(str(sums_with_answer(tmp_path)), 4)
     args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, per_device_train_batch_size=4,
                       num_generations=4, max_completion_length=10**6, report_to="none", use_vllm=True,
