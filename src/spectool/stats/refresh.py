@@ -142,7 +142,11 @@ def fit_line(levels: list[float], sd: float, rho: float = 0.0) -> Line:
     slope = sum(x * y for x, y in zip(c, levels)) / sxx
     crc, lag = sxx, 1
     while rho > 0 and lag < n and rho**lag > 1e-9:  # c'Rc = Sxx + 2 sum over lags of rho^lag sum_i c_i c_(i + lag)
-        crc += 2 * rho**lag * sum(c[i] * c[i + lag] for i in range(n - lag))
+        # sum_i c_i c_(i + lag) over the k = n - lag pairs, c_i = i - mx, is sum c_i^2 + lag sum c_i over i < k: in
+        # closed form (a loop over i made fit_line O(n^2) at rho 0.8, most of a simulated 64-step run's time)
+        k = n - lag
+        sum_cc = (k - 1) * k * (2 * k - 1) / 6 - mx * k * (k - 1) + k * mx * mx + lag * (k * (k - 1) / 2 - k * mx)
+        crc += 2 * rho**lag * sum_cc
         lag += 1
     return Line(my - slope * mx, slope, sd * math.sqrt(crc / (1 - rho)) / sxx)
 
