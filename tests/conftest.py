@@ -97,6 +97,20 @@ def tiny_policy(tmp_path_factory) -> Path:
     return make_policy(tmp_path_factory.mktemp("tiny_policy"))
 
 
+@pytest.fixture(scope="session")
+def long_context_policy(tiny_policy, tmp_path_factory):
+    """The tiny policy claiming an 8192-token context, as SmolLM2 does: longer than TRL's fixed 4096-token step
+    budget, which the CPU build (prompts never chunked) refuses unless spectool raises the budget to the context."""
+    import json
+    import shutil
+
+    folder = tmp_path_factory.mktemp("long") / "policy"
+    shutil.copytree(tiny_policy, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 8192}))
+    return folder
+
+
 def sums_with_answer(folder: Path, answer: str = "8") -> Path:
     """100 "What is a + b?" prompts whose (fake) answer is always `answer`: a random tiny policy
     ends on it in some samples, so GRPO groups get mixed rewards."""

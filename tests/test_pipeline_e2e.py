@@ -111,7 +111,6 @@ def test_the_policy_as_its_own_draft_is_the_oracle(tiny_policy, tmp_path):
 
 
 LONG = 2300  # --max-tokens past the 2,048-token context every engine once had (the embedded policy serves 8,192)
-LONG_SEED = "0"  # a seed at which the embedded policy rambles past 2,048 tokens (at T=1 SmolLM2 often does)
 
 
 @pytest.fixture(scope="module")
@@ -126,35 +125,79 @@ def long_stories(tmp_path_factory):
     return path
 
 
-def _whole(folder) -> list[int]:
-    """The run's response lengths, each checked whole: "length" only at exactly --max-tokens, else EOS."""
+@pytest.fixture(scope="module")
+def rambling_policy(long_context_policy, tmp_path_factory):
+    """The tiny policy with an 8,192-token context that never ends at EOS, as a reasoning policy writes to the
+    cap: coordinate 0 of its residual stream is a constant (every input embedding holds it, no layer writes it),
+    so after the final norm it is positive at every position, and the output layer's EOS row reads it with
+    weight -1000: EOS's logit is far below every other token's, whatever the machine's rounding."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("rambling") / "policy"
+    model = AutoModelForCausalLM.from_pretrained(long_context_policy, torch_dtype=torch.float32)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0] = 0.0
+            layer.mlp.down_proj.weight[0] = 0.0
+        model.lm_head.weight[model.config.eos_token_id] = 0.0
+        model.lm_head.weight[model.config.eos_token_id, 0] = -1000.0
+    model.save_pretrained(folder)
+    shutil.copytree(long_context_policy, folder, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("*.safetensors", "config.json", "generation_config.json"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def long_log(tmp_path_factory):
+    """One chat prompt of about 2,000 tokens (a system turn and a voyage log to continue): a completion of a
+    few dozen tokens runs past position 2,048."""
+    words = "the ship sailed north across grey water while the crew sang old songs about home".split()
+    log = " ".join(f"On day {d}, " + " ".join(words[d % len(words):] + words[:d % len(words)]) + "." for d in range(1, 90))
+    path = tmp_path_factory.mktemp("log") / "log.jsonl"
+    path.write_text(json.dumps({"prompt": [
+        {"role": "system", "content": "You are a novelist."},
+        {"role": "user", "content": f"Here is the log of a long voyage.\n\n{log}\n\nContinue the log."}]}) + "\n")
+    return path
+
+
+def _whole(folder, max_tokens: int) -> list[int]:
+    """The run's last positions (prompt + response), each response checked whole: "length" only at exactly
+    --max-tokens, else EOS, and the run's context held the prompt and all --max-tokens past 2,048."""
     from spectool.records import load_records
 
     recs = load_records(folder)
     for p, resp, why in zip(recs["prompt_ids"], recs["response_ids"], recs["finish_reason"]):
-        assert (why == "length") == (len(resp) == LONG) and len(resp) <= LONG and len(p) + LONG > 2048, (len(resp), why)
-    return [len(r) for r in recs["response_ids"]]
+        assert (why == "length") == (len(resp) == max_tokens) and len(resp) <= max_tokens, (len(resp), why)
+        assert len(p) + max_tokens > 2048, len(p)
+    return [len(p) + len(r) for p, r in zip(recs["prompt_ids"], recs["response_ids"])]
 
 
-def test_harvest_and_rollout_return_completions_past_2048_tokens_whole(long_stories, tmp_path):
-    """The embedded policy (8,192-token limit) at --max-tokens 2300: the context follows the run (the longest
-    prompt + 2,300), so a completion runs past 2,048 tokens and comes back whole; both commands count how their
-    completions ended and save it."""
+def test_harvest_and_rollout_return_completions_past_2048_tokens_whole(rambling_policy, long_stories, long_log, tmp_path):
+    """The context follows the run (the longest prompt + --max-tokens), so what the engine generates runs past
+    position 2,048 and comes back whole; both commands count how their completions ended and save it. harvest
+    writes 2,300-token completions (a reasoning-length response the old 2,048 context cut) from the tiny policy
+    claiming SmolLM2's 8,192-token limit; rollout continues a 2,000-token prompt past position 2,048 on the
+    embedded SmolLM2 itself (2,300 SmolLM2 tokens take 2 CPU cores over 2 minutes a command)."""
     from spectool.context import finish_counts
     from spectool.records import load_records
 
-    common = ["--model", "smollm2-135m", "--data", str(long_stories), "--split", "train", "--n-prompts", "1",
-              "--samples", "2", "--max-tokens", str(LONG), "--temperature", "1.0", "--seed", LONG_SEED]
-    r = spectool("harvest", "--out", str(tmp_path / "h"), *common)
-    lengths = _whole(tmp_path / "h")
-    assert max(lengths) > 2048, lengths
-    counts = finish_counts(load_records(tmp_path / "h")["finish_reason"])
+    sample = ["--n-prompts", "1", "--samples", "2", "--temperature", "1.0", "--seed", "0"]
+    r = spectool("harvest", "--out", str(tmp_path / "h"), "--model", str(rambling_policy), "--data",
+                 str(long_stories), "--split", "train", "--max-tokens", str(LONG), *sample)
+    recs = load_records(tmp_path / "h")
+    ends = _whole(tmp_path / "h", LONG)
+    assert max(e - len(p) for e, p in zip(ends, recs["prompt_ids"])) > 2048, ends
+    counts = finish_counts(recs["finish_reason"])
     assert json.loads((tmp_path / "h" / "manifest.json").read_text())["finish_reasons"] == counts
     assert f"{counts['stop']} at EOS, {counts['length']} at the length cap" in " ".join(r.stdout.split())
 
-    r = spectool("rollout", "--out", str(tmp_path / "r"), *common)
-    lengths = _whole(tmp_path / "r")
-    assert max(lengths) > 2048, lengths
+    r = spectool("rollout", "--out", str(tmp_path / "r"), "--model", "smollm2-135m", "--data", str(long_log),
+                 "--split", "eval", "--max-tokens", "256", *sample)  # eval: its one prompt's split
+    recs = load_records(tmp_path / "r")
+    ends = _whole(tmp_path / "r", 256)
+    assert max(ends) > 2048 > max(map(len, recs["prompt_ids"])), ends
     summary = json.loads((tmp_path / "r" / "manifest.json").read_text())["summary"]
-    assert summary["finish_reasons"] == finish_counts(load_records(tmp_path / "r")["finish_reason"])
+    assert summary["finish_reasons"] == finish_counts(recs["finish_reason"])
     assert summary["max_model_len"] > 2048 and "completions ended" in r.stdout

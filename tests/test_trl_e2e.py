@@ -43,19 +43,6 @@ def _args(out, **kw):
     return GRPOConfig(**{**base, **kw})
 
 
-@pytest.fixture(scope="module")
-def long_context_policy(tiny_policy, tmp_path_factory):
-    """The tiny policy claiming an 8192-token context, as SmolLM2 does: longer than TRL's fixed 4096-token step
-    budget, which the CPU build (prompts never chunked) refuses unless spectool raises the budget to the context."""
-    import shutil
-
-    folder = tmp_path_factory.mktemp("long") / "policy"
-    shutil.copytree(tiny_policy, folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 8192}))
-    return folder
-
-
 @pytest.mark.e2e
 @pytest.mark.fast  # TRL with a refreshed draft: the integration's headline in the fast tier
 def test_grpo_with_a_refreshed_draft(long_context_policy, random_draft, sums, tmp_path):
@@ -244,7 +231,6 @@ def test_train_rl_backend_trl_runs_rl_yaml_and_resumes(tiny_policy, random_draft
     assert state.read_bytes() == before
     r = spectool(*args, "--set", "policy.steps=5", "--set", "policy.lr=2e-3", check=False, env=env)
     assert r.returncode != 0 and "policy.lr" in r.stderr
-
 
 
 
