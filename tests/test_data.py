@@ -218,3 +218,41 @@ def test_mix_errors_name_the_part():
         load_source(f"{GYM}+{GYM}@2")
     with pytest.raises(SpectoolError, match="unknown reasoning-gym task"):
         load_source(f"{GYM}+gym:no_such_task")
+
+
+def test_every_command_reads_the_columns_it_is_given(gym_jsonl, tiny_policy, tmp_path):
+    """sweep-k, verify and train-rl (both backends) read a file by --prompt-col/--answer-col (rl.yaml's prompt_col,
+    answer_col), as harvest, init-draft and rollout do: a file without a `prompt` column is refused naming the
+    columns it has, and with its columns named it gets as far as the context check (an 8-token context is short
+    for every prompt here), before any engine starts or any run folder is claimed."""
+    from spectool.commands import sweep_k, train_rl, train_rl_trl, verify
+    from spectool.config import SweepConfig, VerifyConfig
+    from spectool.integrations.trl import task_data
+
+    file = dict(model=str(tiny_policy), data=str(gym_jsonl), max_model_len=8)
+    named = dict(prompt_col="question", answer_col="solution")
+    runs = {"sweep-k": lambda **c: sweep_k.run(SweepConfig(out=str(tmp_path / "s"), methods=["ngram"], **file, **c)),
+            "verify": lambda **c: verify.run(VerifyConfig(out=str(tmp_path / "v"), draft_model="policy", **file, **c)),
+            "train-rl": lambda **c: train_rl.run(_rl_config(tmp_path / "rl", **file, **c)),
+            "train-rl --backend trl": lambda **c: train_rl_trl.run(_rl_config(tmp_path / "trl", **file, **c, backend="trl"))}
+    for name, run in runs.items():
+        with pytest.raises(SpectoolError, match=r"no column 'prompt' \(columns: \['question', 'solution'\]\); pick one "
+                           r"with --prompt-col, or prompt_col in rl.yaml"):
+            run()
+        with pytest.raises(SpectoolError, match="max.model.len") as refused:
+            run(**named)
+        assert "column" not in str(refused.value), name
+    assert not [p for p in tmp_path.iterdir()]  # nothing claimed
+
+    ds, reward = task_data(str(gym_jsonl), 4, **named)  # what TRL users' own runs (and the trl backend) train on
+    by_id = {t.id: t for t in load_source(str(gym_jsonl), **named).tasks("train", 4)}
+    assert [m[-1]["content"] for m in ds["prompt"]] == [by_id[i].prompt for i in ds["task_id"]]
+    assert reward(ds["prompt"], [f"The answer is {by_id[i].answer}." for i in ds["task_id"]], ds["task_id"]) == [1.0] * 4
+
+
+def _rl_config(out, model: str, data: str, max_model_len: int, **columns):
+    from spectool.rl.config import RLConfig, SpeculationSection
+
+    cfg = RLConfig(model=model, data=data, out=str(out), speculation=SpeculationSection(enabled=False), **columns)
+    cfg.engine.max_model_len = max_model_len
+    return cfg

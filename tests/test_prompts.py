@@ -134,7 +134,7 @@ def test_a_one_user_turn_conversation_is_its_text(tmp_path):
 def test_a_bad_prompt_cell_names_the_column_flag(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps({"prompt": [{"role": "user"}]}) + "\n")
-    with pytest.raises(SpectoolError, match=r"row 1, column 'prompt' \(--prompt-col\)"):
+    with pytest.raises(SpectoolError, match=r"row 1, column 'prompt' \(--prompt-col, or prompt_col in rl.yaml\)"):
         load_source(str(p)).tasks("train", 1) or load_source(str(p)).tasks("eval", 1)
 
 

@@ -24,7 +24,9 @@ def test_template_loads_and_overrides_apply():
      ("speculation.k=0", "speculation.k"),
      ("speculation.draft_sampling=sampled", "speculation.draft_sampling"),
      ("draft_refresh.ttt_steps=2", "draft_refresh.ttt_steps"),
-     ("rollout=3", "must be a section")],
+     ("rollout=3", "must be a section"),
+     ("prompt_col=", "prompt_col=None: must be a column name"),
+     ('answer_col=" "', "answer_col=' ': must be a column name")],
 )
 def test_bad_keys_and_values_are_named(override, needle):
     with pytest.raises(SpectoolError, match=needle.replace(".", r"\.")):

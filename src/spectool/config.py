@@ -432,6 +432,10 @@ class SweepConfig:
     '{"enable_thinking": false}' for Qwen3."""
     split: str = "eval"
     """train | eval (held-out prompts)."""
+    prompt_col: str = "prompt"
+    """Prompt column of a file or hub source (a text, or a conversation: a list of messages)."""
+    answer_col: str = "answer"
+    """Answer column of a file or hub source (a hub source's may be a nested field: a.b)."""
     ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     """Draft lengths to measure, comma-separated (init-draft trains 5 positions by default)."""
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
@@ -572,6 +576,10 @@ class VerifyConfig:
     '{"enable_thinking": false}' for Qwen3."""
     split: str = "eval"
     """train | eval (held-out prompts)."""
+    prompt_col: str = "prompt"
+    """Prompt column of a file or hub source (a text, or a conversation: a list of messages)."""
+    answer_col: str = "answer"
+    """Answer column of a file or hub source (a hub source's may be a nested field: a.b)."""
     k: int = DEFAULT_K
     """Draft tokens per step."""
     n_prompts: int = 4

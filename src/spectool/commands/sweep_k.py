@@ -82,7 +82,8 @@ def _real_inputs(cfg: SweepConfig):
     if cfg.draft_model:
         drafts["draft_model"] = draft_model_path(cfg.draft_model, model)
     _check_mtp(cfg, model)
-    tasks = load_source(cfg.data, seed=cfg.seed).tasks(cfg.split, max(cfg.batch_sizes + [cfg.min_seqs]))
+    tasks = load_source(cfg.data, seed=cfg.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col).tasks(
+        cfg.split, max(cfg.batch_sizes + [cfg.min_seqs]))
     tok = AutoTokenizer.from_pretrained(model.path)
     lengths = output_lengths(cfg.lengths, len(tasks), cfg.max_tokens, cfg.seed) if cfg.lengths else None
     return model, drafts, encode_tasks(tok, tasks, cfg), lengths

@@ -142,7 +142,7 @@ def _setup(cfg: RLConfig) -> _Run:
     from transformers import AutoTokenizer  # noqa: PLC0415 (heavy, loaded only on this path)
 
     out, model = Path(cfg.out), resolve_model(cfg.model)
-    source = load_source(cfg.data, seed=cfg.seed)
+    source = load_source(cfg.data, seed=cfg.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     if not source.verifiable:
         raise SpectoolError(f"data {cfg.data} has no verifier: GRPO needs rewards (use gym:... or a file with answers)")
     tokenizer = AutoTokenizer.from_pretrained(model.path)

@@ -114,7 +114,7 @@ def run(cfg: RLConfig) -> dict:
     ckpt = _last_checkpoint(out)
     spec = speculation_for(cfg, model)
     ds, reward = task_data(cfg.data, min(cfg.policy.steps * cfg.rollout.prompts_per_step, 4096), cfg.seed,
-                           system_prompt=cfg.rollout.system_prompt)
+                           system_prompt=cfg.rollout.system_prompt, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     # TRL's arguments start accelerate's process group (gloo on the CPU, NCCL on GPUs) when launched with several
     args = grpo_config(cfg, out, cpu=is_cpu_build() or not torch.cuda.is_available(),
                        world=int(os.environ.get("WORLD_SIZE", "1")))

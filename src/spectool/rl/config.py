@@ -84,6 +84,8 @@ class EngineSection:
 class RLConfig:
     model: str = DEFAULT_MODEL
     data: str = DEFAULT_DATA
+    prompt_col: str = "prompt"  # a file or hub source's prompt column (a text, or a conversation: a list of messages)
+    answer_col: str = "answer"  # a file or hub source's answer column (a hub source's may be a nested field: a.b)
     out: str = "runs/rl"
     seed: int = 0
     backend: str = "builtin"  # builtin (one process) | trl (TRL's GRPOTrainer: accelerate/DeepSpeed/FSDP, LoRA)
@@ -100,6 +102,9 @@ class RLConfig:
 
     def validate(self) -> None:
         r, s, p, d = self.rollout, self.speculation, self.policy, self.draft_refresh
+        for key in ("prompt_col", "answer_col"):
+            _need(isinstance(getattr(self, key), str) and getattr(self, key).strip(), key, getattr(self, key),
+                  "a column name of the data")
         _need(r.prompts_per_step >= 1, "rollout.prompts_per_step", r.prompts_per_step, ">= 1")
         _need(r.group_size >= 2, "rollout.group_size", r.group_size, ">= 2 (GRPO compares samples within a group)")
         _need(r.max_tokens >= 1, "rollout.max_tokens", r.max_tokens, ">= 1")
