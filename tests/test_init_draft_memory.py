@@ -1,4 +1,4 @@
-"""init-draft's one-GPU memory plan (memory.init_draft_plans, check_init_draft; commands/init_draft.check_memory):
+"""init-draft's one-GPU memory plan (memory.init_draft_plans, check_init_draft; draft_inputs.check_memory):
 arithmetic at Qwen3-8B, 14B and 32B shapes (config objects, no weights) on stand-in 40 and 80 GiB devices, refusals
 that name the flag and whose advice fits, the refusal before anything is harvested; and features served by a
 bfloat16 policy training the same draft as a float32 one's, within a stated tolerance."""
@@ -228,6 +228,7 @@ def test_init_draft_refuses_before_harvesting(tmp_path, monkeypatch, capsys, siz
     """On a stand-in GPU, init-draft prints its plan and refuses (naming the flag) before anything is harvested;
     a plan that fits goes on (stopped at the next check). The longest record is bounded before the harvest by the
     data source's longest prompt + --max-tokens."""
+    from spectool import draft_inputs
     from spectool.commands import init_draft
     from spectool.config import InitDraftConfig, SamplingConfig
     from spectool.errors import SpectoolError
@@ -241,8 +242,8 @@ def test_init_draft_refuses_before_harvesting(tmp_path, monkeypatch, capsys, siz
         return fn
 
     monkeypatch.setattr(init_draft, "check_speculation", lambda *a, **k: None)  # not under test: vLLM's registry
-    monkeypatch.setattr(init_draft, "_check_disk_budget", stop("past the plan"))  # what runs next, then Accelerator
-    monkeypatch.setattr(init_draft, "harvest", stop("harvest reached"))
+    monkeypatch.setattr(init_draft, "check_disk_budget", stop("past the plan"))  # what runs next, then Accelerator
+    monkeypatch.setattr(draft_inputs, "harvest", stop("harvest reached"))
     cfg = InitDraftConfig(out=str(tmp_path / "out"), model=str(policy), data="gym:chain_sum", dtype=dtype,
                           features=features, harvest=SamplingConfig(n_prompts=8, samples=1, max_tokens=512))
     if refused:
@@ -386,7 +387,7 @@ def test_each_rank_plans_its_share_of_a_batch(tmp_path, monkeypatch, capsys):
     def stop(*a, **k):
         raise RuntimeError("past the plan")
 
-    monkeypatch.setattr(init_draft, "_check_disk_budget", stop)  # what runs after the plan
+    monkeypatch.setattr(init_draft, "check_disk_budget", stop)  # what runs after the plan
     cfg = InitDraftConfig(out=str(tmp_path / "out"), model=str(policy), data="gym:chain_sum", features="online",
                           batch_size=32, harvest=SamplingConfig(n_prompts=8, samples=1, max_tokens=512))
     with pytest.raises(RuntimeError, match="past the plan"):

@@ -57,7 +57,8 @@ def test_flags_parse_into_the_settings():
                                                  "temperature", "min_seqs", "min_seconds", "min_gain", "repeats", "seed",
                                                  "draft_sampling", "system_prompt", "chat_template_kwargs",
                                                  "gpu_memory_utilization", "dummy_weights", "acceptance_length",
-                                                 "lengths", "prompt_len", "dtype", "max_model_len")}
+                                                 "lengths", "prompt_len", "dtype", "max_model_len", "prompt_col",
+                                                 "answer_col")}
     cfg = _build(CLI["sweep-k"], {**kw, "ks": "3,1,3", "batch_sizes": "8", "methods": "eagle3, mtp",
                                   "acceptance_rates": "0.9,0.5"})
     assert cfg.ks == [1, 3] and cfg.methods == ["eagle3", "mtp"] and cfg.acceptance_rates == [0.9, 0.5]
