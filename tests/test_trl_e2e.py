@@ -197,7 +197,8 @@ def test_a_draft_for_another_policy_is_refused(random_draft, sums, tmp_path):
 @pytest.mark.e2e
 def test_train_rl_backend_trl_runs_rl_yaml_and_resumes(tiny_policy, random_draft, sums, tmp_path):
     """The same rl.yaml through TRL: metrics.jsonl, TRL checkpoints with the refreshed draft beside
-    them, a longer rerun resumes from the last one (nothing repeated), other settings are refused."""
+    them, a longer rerun resumes from the last one (nothing repeated), and report_to's tensorboard events in one run
+    across the resume; other settings are refused."""
     from clirun import free_port, spectool
 
     out = tmp_path / "run"
@@ -205,7 +206,7 @@ def test_train_rl_backend_trl_runs_rl_yaml_and_resumes(tiny_policy, random_draft
             "speculation.k=2", "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_tokens=16",
             "rollout.eval_every=0", "policy.steps=2", "policy.lr=1e-3", "policy.micro_batch_size=4",
             "draft_refresh.every=1", "draft_refresh.steps_per_refresh=2", "draft_refresh.ttt_steps=3",
-            "engine.enforce_eager=true", "checkpoint_every=2"]
+            "engine.enforce_eager=true", "checkpoint_every=2", "report_to=tensorboard"]
     args = ["train-rl", "--backend", "trl"] + [x for s in sets for x in ("--set", s)]
     env = {"MASTER_PORT": str(free_port())}  # an in-process TRL run of this session may hold the default port
     spectool(*args, env=env)
@@ -218,6 +219,14 @@ def test_train_rl_backend_trl_runs_rl_yaml_and_resumes(tiny_policy, random_draft
     assert [r["spectool/draft_steps"] for r in m] == [2, 4, 6]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["backend"] == "trl" and manifest["resumed_from"] == 2 and manifest["processes"] == 1
+    # report_to: TRL's own callback logged each line into <out>/tensorboard, the resumed run's steps in the same run
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    board.Reload()
+    for tag, key in (("train/loss", "loss"), ("train/spectool/acceptance_length", "spectool/acceptance_length")):
+        assert [(e.step, e.value) for e in board.Scalars(tag)] == [(r["step"], pytest.approx(r[key])) for r in m], tag
+    assert not (out / "trl" / "runs").exists()
     # a checkpoint's draft made for another policy is refused, naming the field; the checkpoint stays as it was
     import torch
 

@@ -59,10 +59,18 @@ def grpo_config(cfg: RLConfig, out: Path, cpu: bool, world: int = 1):
         logging_steps=1, chat_template_kwargs=template_kwargs(r.chat_template_kwargs) or None,  # as spectool renders
         save_strategy="steps", save_steps=cfg.checkpoint_every, save_only_model=False,
         # rl.yaml's report_to: TRL's own callbacks log its log lines (metrics.jsonl's) there, under the run name and
-        # trackio project the built-in loop uses (TRL's tensorboard events: under <out>/trl/runs)
+        # trackio project the built-in loop uses (tensorboard's events in <out>/tensorboard: `tensorboard_folder`)
         report_to=trackers.parse(cfg.report_to, "report_to") or "none", run_name=trackers.run_name(out),
         project=trackers.PROJECT,
     )
+
+
+def tensorboard_folder(cfg: RLConfig, out: Path) -> None:
+    """With report_to tensorboard, transformers' TensorBoardCallback writes into <out>/tensorboard, where the built-in
+    loop writes (its default, <out>/trl/runs/<date>_<host>, is a new run each launch: a resumed run would show as
+    two), so a resumed run goes on in one; a TENSORBOARD_LOGGING_DIR the user set is kept."""
+    if "tensorboard" in trackers.parse(cfg.report_to, "report_to"):
+        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(out / "tensorboard"))
 
 
 def _trainer_bf16(engine: str) -> bool:
@@ -126,6 +134,7 @@ def run(cfg: RLConfig) -> dict:
         truncate_jsonl(out / "metrics.jsonl", int(ckpt.name.split("-")[1]) if ckpt else 0)
 
     ranks.claim_folder(out, own_folder, flag="out")  # and every rank sees it (across nodes: a shared filesystem)
+    tensorboard_folder(cfg, out)
     trainer = spec.grpo_trainer(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
     trainer.add_callback(_callback(out))
     t = time.perf_counter()
