@@ -175,4 +175,31 @@ def test_a_draft_harvested_from_other_columns_is_checked_on_them(random_draft, t
     (draft / "manifest.json").write_text(json.dumps({**m, "harvest_data": str(data), "harvest": str(harvest)}))
     r = run(ExportConfig(draft=str(draft), out=str(tmp_path / "out"), model=str(tiny_policy), k=2))
     assert r.mean_acceptance_length == 1.75
-    assert "question" in (tmp_path / "out" / "README.md").read_text()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "question" in card
+    # the card names the data file, not this machine's folders (the command line it records is the user's own)
+    assert "- data: `qa.jsonl`" in card and "prompts of `qa.jsonl`" in card
+    assert str(tmp_path) not in card.split("## Serving")[0]  # the snippet names the folder it is in, where it is
+    assert f"name the policy {tiny_policy.name!r}, a local folder's name: --base-model ORG/NAME" in r.note
+
+
+def test_the_card_names_the_policys_hub_id(random_draft, tiny_policy, tmp_path, fakes):
+    """--base-model names the policy in the card, the snippet and the speculators config; without it a folder in
+    huggingface_hub's cache is named by its repo id."""
+    import shutil
+
+    from spectool.commands.export import run
+    from spectool.config import ExportConfig
+
+    hub = tmp_path / "hub" / "models--SomeOrg--Tiny-Policy" / "snapshots" / "0123abc"
+    shutil.copytree(tiny_policy, hub)
+    for name, given, want in (("named", dict(base_model="Org/Policy-8B"), "Org/Policy-8B"),
+                              ("cached", {}, "SomeOrg/Tiny-Policy")):
+        out = tmp_path / name
+        r = run(ExportConfig(draft=str(random_draft), out=str(out), model=str(hub), k=2, format="speculators", **given))
+        card = (out / "README.md").read_text()
+        assert f"base_model: {want}\n" in card and f"LLM(model={want!r}" in card and f"vllm serve {want} " in card
+        assert json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == want
+        assert "--base-model" not in r.note
+    with pytest.raises(SpectoolError, match="--base-model"):
+        run(ExportConfig(draft=str(random_draft), out=str(tmp_path / "bad"), base_model="not a repo id"))

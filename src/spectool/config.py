@@ -286,6 +286,9 @@ class ExportConfig:
     """vllm (the folder as vLLM loads it: every family) | speculators (EAGLE-3 drafts only)."""
     model: str | None = None
     """Policy (default: the one the draft was trained for)."""
+    base_model: str | None = None
+    """The policy's hub id (ORG/NAME) the model card and the speculators config name (default: --model's: a hub id as
+    given, the embedded default's, a hub-cache folder's; a local folder elsewhere by its own name)."""
     system_prompt: str | None = None
     """The system turn of the verification prompts (default: the draft's harvest's, from its manifest)."""
     chat_template_kwargs: dict | None = None
@@ -316,6 +319,8 @@ class ExportConfig:
         check(bool(self.draft) and bool(self.out), "--draft/--out", (self.draft, self.out), "must both be given")
         check(self.push_to_hub is None or re.fullmatch(r"[\w.-]+/[\w.-]+", self.push_to_hub) is not None,
               "--push-to-hub", self.push_to_hub, "must be a hub repo id, ORG/NAME")
+        check(self.base_model is None or re.fullmatch(r"[\w.-]+/[\w.-]+", self.base_model) is not None,
+              "--base-model", self.base_model, "must be a hub repo id, ORG/NAME")
         check(self.push_to_hub is None or self.verify, "--push-to-hub", self.push_to_hub,
               "uploads a verified export only: drop --no-verify")
         check_rendering(self)

@@ -114,7 +114,8 @@ def run(cfg: ExportConfig) -> ExportResult:
 
     check_target(cfg.target, read_json(src / "config.json").get("eagle_aux_hidden_state_layer_ids") or [],
                  model.fingerprint["num_hidden_layers"], family)
-    snip = snippet(cfg.target, str(Path(cfg.out).resolve()), cfg.k, _portable_name(model_name), family)
+    base = cfg.base_model or _portable_name(model_name)  # the verifier's name in the card and the configs
+    snip = snippet(cfg.target, str(Path(cfg.out).resolve()), cfg.k, base, family)
     claim(Path(cfg.out), "export", cfg, saved_as=EXPORT_CONFIG, replace=True)  # replaced whole, never a foreign folder
 
     with atomic_dir(Path(cfg.out)) as tmp:  # loaded and verified before it is moved into place
@@ -126,7 +127,7 @@ def run(cfg: ExportConfig) -> ExportResult:
             _speculators_weights(src / WEIGHTS, tmp / WEIGHTS, read_json(src / "config.json")["vocab_size"],
                                  speculators_dtype(policy_cfg))
         vcfg = read_json(src / "config.json")
-        conf = vcfg if cfg.format == "vllm" else speculators_config(vcfg, cfg.k, _portable_name(model_name), policy_cfg)
+        conf = vcfg if cfg.format == "vllm" else speculators_config(vcfg, cfg.k, base, policy_cfg)
         atomic_write_json(tmp / "config.json", conf)
         if meta:  # the draft's metadata travels with it: every draft check applies to the export too
             atomic_write_json(tmp / DRAFT_JSON, {**meta, "export_format": cfg.format})
@@ -149,7 +150,6 @@ def run(cfg: ExportConfig) -> ExportResult:
             verified_proposals=check.proposals if check else None, served_by=served_by, rendering=rendering(cfg),
             command=command, training_data=data))
         where = cfg.push_to_hub or str(Path(cfg.out).resolve())
-        base = _portable_name(model_name)
         (tmp / CARD).write_text(model_card(
             base_model=base, library="speculators" if cfg.format == "speculators" else "vllm", family=family, k=cfg.k,
             fmt=cfg.format, check=check, floor=cfg.min_acceptance_length, data=data, command=command, where=where,
@@ -157,7 +157,7 @@ def run(cfg: ExportConfig) -> ExportResult:
     pushed = push(Path(cfg.out), cfg.push_to_hub, f"spectool export: {family} draft for {base}, k={cfg.k}, T=0 "
                   f"acceptance {acc:.2f}") if cfg.push_to_hub else ""  # validate(): a pushed export is a verified one
     return ExportResult(out=cfg.out, format=cfg.format, mean_acceptance_length=acc, target=cfg.target,
-                        snippet_file=str(Path(cfg.out) / snip.filename), snippet=snip.text, note=snip.note,
+                        snippet_file=str(Path(cfg.out) / snip.filename), snippet=snip.text, note=_note(snip.note, base),
                         mean_acceptance_length_t1=check.t1 if check else None,
                         proposals=check.proposals if check else "", pushed_to=pushed)
 
@@ -179,13 +179,28 @@ def _speculators_weights(src: Path, dest: Path, vocab_size: int, dtype: str) -> 
     atomic_write_bytes(dest, save(sd))
 
 
+def _note(note: str, base: str) -> str:
+    """The snippet's note, and what the card names a policy whose hub id export could not tell."""
+    if "/" in base:
+        return note
+    return " ".join(x for x in (note, f"The model card and configs name the policy {base!r}, a local folder's name: "
+                                      "--base-model ORG/NAME names its hub id.") if x)
+
+
 def _portable_name(model_name: str) -> str:
-    """The verifier named without this machine's paths: a hub id as given, the embedded default by
-    its hub id, a local folder by its own name."""
+    """The verifier named without this machine's paths: a hub id as given, the embedded default by its hub id, a
+    folder in huggingface_hub's cache (.../models--ORG--NAME/snapshots/REVISION) by its repo id, another local
+    folder by its own name (--base-model names it)."""
 
     if model_name in HUB_IDS:
         return HUB_IDS[model_name]
-    return Path(model_name).name if Path(model_name).exists() else model_name
+    path = Path(model_name)
+    if not path.exists():
+        return model_name
+    repo = path.resolve().parent.parent.name
+    if path.resolve().parent.name == "snapshots" and repo.startswith("models--") and repo.count("--") >= 2:
+        return repo.removeprefix("models--").replace("--", "/", 1)
+    return path.name
 
 
 def _draft_data(src: Path) -> str | None:

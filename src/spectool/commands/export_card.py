@@ -69,6 +69,11 @@ def training_data(draft: Path) -> dict:
     return out
 
 
+def _shared(data: str) -> str:
+    """A data source as a card shows it: a local file by its name (this machine's folders are no reader's)."""
+    return Path(data).name if data.endswith((".jsonl", ".parquet")) else data
+
+
 def model_card(*, base_model: str, library: str, family: str, k: int, fmt: str, check: Check | None, floor: float,
                data: dict, command: str, serve: str, where: str) -> str:
     """README.md of an export: hub metadata front matter, then the family, k, the check's acceptance at T=0 and T=1,
@@ -86,7 +91,7 @@ def model_card(*, base_model: str, library: str, family: str, k: int, fmt: str, 
     else:
         which = "held-out" if check.split == "eval" else "training (the data holds no held-out prompt)"
         lines += ["Mean acceptance length (1 + accepted / drafts), measured by the export's check with this folder "
-                  f"loaded into {check.served_by}, {check.prompts} {which} prompts of `{check.data}`, "
+                  f"loaded into {check.served_by}, {check.prompts} {which} prompts of `{_shared(check.data)}`, "
                   f"{check.tokens} tokens each, k={k}:", "",
                   "| temperature | mean acceptance length | draft proposals |", "|---|---|---|",
                   f"| 0 (greedy) | {check.t0:.2f} | argmax |",
@@ -98,7 +103,7 @@ def model_card(*, base_model: str, library: str, family: str, k: int, fmt: str, 
         lines.append("Not recorded: the draft folder has no init-draft manifest.")
     else:
         r = data.get("rendering") or {}
-        lines += [f"- data: `{data['harvest_data']}`",
+        lines += [f"- data: `{_shared(data['harvest_data'])}`",
                   f"- records: {data.get('records')} (train {data.get('train_records')}, held out "
                   f"{data.get('eval_records')}): the policy's own completions to its prompts, harvested with spectool",
                   f"- prompts rendered with the policy's chat template; system prompt: {json.dumps(r.get('system_prompt'))}"
