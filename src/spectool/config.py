@@ -27,6 +27,7 @@ from spectool.constants import (  # noqa: F401
     K_MAX,
     K_MIN,
     LOSSES,
+    MAX_BATCH_TOKENS,
     MAX_NUM_SEQS,
     METHODS,
     POSITION_WEIGHTS,
@@ -156,7 +157,7 @@ class InitDraftConfig:
     window holds in memory (shard_tokens x window x the features' bytes per token)."""
     shuffle_window: int = 4
     """Shards whose records are shuffled together each epoch (the shards' own order is shuffled too)."""
-    max_batch_tokens: int = 8192
+    max_batch_tokens: int = MAX_BATCH_TOKENS
     """Most tokens per training forward: a step's records are packed into micro-batches within it (no padding; a
     longer record alone), gradients accumulated; a step's memory (the draft's logits over its vocabulary, its activations, its
     fused attention) is linear in it. The default suits the demo's 128-token records; at reasoning lengths set it to

@@ -40,6 +40,7 @@ K_MIN, K_MAX = 1, 16
 LOSS_WEIGHTS = {"ce": (1.0, 0.0), "tv": (0.0, 1.0), "mix": (1.0, 1.0), "tv-heavy": (0.1, 0.9)}
 LOSSES = tuple(LOSS_WEIGHTS)
 DEFAULT_LOSS = "mix"
+MAX_BATCH_TOKENS = 8192  # tokens of one draft training forward (init-draft's --max-batch-tokens, the online refresh's)
 # How the per-position losses of one unroll step are weighted (draft/loss.py, ttt_loss): "decay" step_decay^j, every
 # position alike (EAGLE-3, SpecForge); "rejection" step_decay^j, each position by the probability that a sampling
 # draft is rejected there (Draft-OPD's verification-exposed errors, offline); "reach" by the probability that

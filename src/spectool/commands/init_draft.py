@@ -45,7 +45,7 @@ from spectool.draft.families import FAMILIES
 from spectool.draft.guard import Flags, check_speculation
 from spectool.draft.mtp_folder import check_trainable, load_mtp, save_mtp_model
 from spectool.draft.training import DraftTrainer
-from spectool.draft.ttt import chain_length, heldout_metrics, packed_batches, ttt_step_loss
+from spectool.draft.ttt import chain_length, heldout_metrics, micro_batches, ttt_step_loss
 from spectool.draft.vocab import build_vocab, ids_from_d2t
 from spectool.draft_inputs import (
     TrainingData,
@@ -258,14 +258,10 @@ def train_step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens:
     alone; the whole batch at once when it fits), each micro-batch's loss weighted by its share of the batch's
     response tokens, gradients accumulated.
     (loss, per-unroll-step losses, the share of the forwards' tokens that were padding: 0 when packed)."""
-    lengths = [len(x[0]) for x in items]
-    response = [n - p for n, p in zip(lengths, prompt_lens)]
-    whole = sum(lengths) <= cfg.max_batch_tokens
-    parts = [list(range(len(items)))] if whole else packed_batches(lengths, cfg.max_batch_tokens)
+    parts = micro_batches([len(x[0]) for x in items], prompt_lens, cfg.max_batch_tokens)
     loss_sum, per_step = 0.0, [0.0] * cfg.ttt_steps
     seen = [0.0] * cfg.ttt_steps
-    for n, mb in enumerate(parts):
-        share = sum(response[i] for i in mb) / max(sum(response), 1)
+    for n, (mb, share) in enumerate(parts):
         # under accelerate launch only the last micro-batch's backward syncs gradients (ranks may run different counts)
         sync = contextlib.nullcontext() if n == len(parts) - 1 else tr.acc.no_sync(tr.draft)
         with sync:
@@ -273,7 +269,7 @@ def train_step(cfg: InitDraftConfig, tr: DraftTrainer, items: list, prompt_lens:
                 loss, steps = ttt_step_loss(tr.draft, [items[i] for i in mb], [prompt_lens[i] for i in mb], W_dv,
                                             cfg.ttt_steps, cfg.step_decay, tr.acc.device, cfg.loss, cfg.anchor_fraction,
                                             draw, cfg.position_weights, pack=True, recompute=cfg.recompute_loss)
-            tr.backward(loss * share if not whole else loss)
+            tr.backward(loss * share)
         loss_sum += share * float(loss.detach())
         for j, x in enumerate(steps):
             if x == x:  # a step with no position in this micro-batch is nan

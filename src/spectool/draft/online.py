@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 
 from spectool import ranks
+from spectool.constants import MAX_BATCH_TOKENS
 from spectool.draft.checkpoint import save_draft
 from spectool.draft.model import Eagle3Draft
 from spectool.draft.mtp import MtpDraft
 from spectool.draft.mtp_folder import attach_mtp
-from spectool.draft.ttt import heldout_metrics, ttt_step_loss
+from spectool.draft.ttt import heldout_metrics, micro_batches, ttt_step_loss
 from spectool.draft.vocab import ids_from_d2t
 from spectool.policy_weights import embeddings
 
@@ -54,12 +55,13 @@ class RefreshReport:
 class OnlineDraft:
     def __init__(self, draft: Eagle3Draft, lr: float, warmup_steps: int, ttt_steps: int, batch_size: int,
                  buffer_size: int, loss: str = "mix", step_decay: float = 0.8, seed: int = 0,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", max_batch_tokens: int = MAX_BATCH_TOKENS):
         self.device = torch.device(device)
         self.draft = draft.to(self.device).train()  # trains where the policy lives; the buffer stays on the host
         self.ttt_steps = ttt_steps
         self.loss = loss  # loss.LOSSES, as init-draft's --loss
         self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens  # a step's micro-batches: packed records up to this many tokens
         self.buffer: list[Features] = []
         self.buffer_size = buffer_size
         self.step_decay = step_decay
@@ -94,19 +96,33 @@ class OnlineDraft:
         losses = []
         for _ in range(n_steps):
             batch = self.rng.sample(self.buffer, min(self.batch_size, len(self.buffer)))
-            loss, _ = ttt_step_loss(self.draft, [(f.ids, f.aux, f.last) for f in batch], [f.prompt_len for f in batch],
-                                    W_dv, self.ttt_steps, self.step_decay, self.device, self.loss)
             self.opt.zero_grad()
-            loss.backward()
+            loss = self._step_gradients(batch, W_dv)
             ranks.average_grads(self.params)  # data-parallel ranks: one draft, trained on every rank's rollouts
             self.opt.step()
             self.sched.step()
             self.steps += 1
-            losses.append(float(loss.detach()))
+            losses.append(loss)
         t2 = time.perf_counter()
         after = self.metrics(newest, W)
         return RefreshReport(self.steps, sum(losses) / len(losses), before, after["top1"], len(self.buffer),
                              after["p_accept"], train_s=t2 - t1, measure_s=(t1 - t0) + (time.perf_counter() - t2))
+
+    def _step_gradients(self, batch: list[Features], W_dv: torch.Tensor) -> float:
+        """One step's loss, its gradients accumulated over micro-batches of at most max_batch_tokens packed tokens
+        (ttt.micro_batches: no padding, memory linear in the tokens of one micro-batch, whatever the batch's
+        records' lengths; a batch within the budget is one forward, the padded whole batch's gradient; split, the
+        micro-batches are weighted by their response tokens, within a few percent of it: tests/test_refresh.py).
+        W_dv: [Vd, H]."""
+        total = 0.0
+        for idx, share in micro_batches([len(f.ids) for f in batch], [f.prompt_len for f in batch],
+                                        self.max_batch_tokens):
+            part = [batch[i] for i in idx]
+            loss, _ = ttt_step_loss(self.draft, [(f.ids, f.aux, f.last) for f in part], [f.prompt_len for f in part],
+                                    W_dv, self.ttt_steps, self.step_decay, self.device, self.loss, pack=True)
+            (loss * share).backward()
+            total += share * float(loss.detach())
+        return total
 
     def metrics(self, feats: list[Features], W: torch.Tensor, counts: bool = False) -> dict[str, list[float]]:
         """Per draft position: greedy agreement with the policy (top1) and P(accept) at T=1 (`counts`: and the

@@ -108,7 +108,7 @@ class DraftRefresher:
         ttt = s.ttt_steps or self.meta.get("ttt_steps") or 3
         dev = device or next(self.policy.parameters()).device
         self.online = OnlineDraft(draft, s.lr, s.warmup_steps, ttt, s.batch_size, s.buffer_seqs, loss=s.loss,
-                                  seed=seed, device=dev)
+                                  seed=seed, device=dev, max_batch_tokens=s.max_batch_tokens)
         self.draft = self.online.draft
         self._seen: deque[str] = deque(maxlen=4 * s.buffer_seqs)
         self._prompt_lens: list[int] | None = None

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from spectool.constants import DEFAULT_LOSS, LOSSES
+from spectool.constants import DEFAULT_LOSS, LOSSES, MAX_BATCH_TOKENS
 from spectool.errors import check
 from spectool.stats import refresh as ledger
 from spectool.stats.distributions import student_t_quantile
@@ -68,6 +68,10 @@ class RefreshSettings:
     """Draft positions unrolled in training (0: as many as the draft was trained for)."""
     batch_size: int = 16
     """Sequences per draft optimizer step."""
+    max_batch_tokens: int = MAX_BATCH_TOKENS
+    """Most tokens per forward of a draft optimizer step: its sequences packed into micro-batches within it (no
+    padding; a longer one alone), gradients accumulated; the step's memory is linear in it (init-draft's
+    --max-batch-tokens). At reasoning lengths, the longest sequence."""
     buffer_seqs: int = 256
     """Sequences of features kept on the host (newest last); the oldest go first."""
     loss: str = DEFAULT_LOSS
@@ -81,6 +85,7 @@ class RefreshSettings:
         check(0 < self.drop < 1, prefix + "drop", self.drop, "must be a fraction in (0, 1)")
         check(0 < self.lr < 1, prefix + "lr", self.lr, "must be in (0, 1)")
         check(self.loss in LOSSES, prefix + "loss", self.loss, f"must be one of {', '.join(LOSSES)}")
+        check(self.max_batch_tokens >= 64, prefix + "max_batch_tokens", self.max_batch_tokens, "must be >= 64")
         check(self.warmup_steps >= 0 and self.batch_size >= 1 and self.buffer_seqs >= 1 and self.ttt_steps >= 0,
               prefix + "warmup_steps/batch_size/buffer_seqs/ttt_steps",
               (self.warmup_steps, self.batch_size, self.buffer_seqs, self.ttt_steps),

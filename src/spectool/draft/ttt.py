@@ -66,6 +66,17 @@ def packed_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return out
 
 
+def micro_batches(lengths: list[int], prompt_lens: list[int], max_tokens: int) -> list[tuple[list[int], float]]:
+    """A step's micro-batches: (record indices, their share of the step's response tokens). The whole batch at once
+    when it fits in max_tokens, else packed_batches. Weighted by its share, a mean over response tokens sums to the
+    whole batch's; the TTT loss averages each unroll step over its own positions, so its split sum is within a few
+    percent of the whole batch's (tests/test_refresh.py)."""
+    if sum(lengths) <= max_tokens:
+        return [(list(range(len(lengths))), 1.0)]
+    response = [n - p for n, p in zip(lengths, prompt_lens)]
+    return [(mb, sum(response[i] for i in mb) / max(sum(response), 1)) for mb in packed_batches(lengths, max_tokens)]
+
+
 def first_anchor(prompt_lens: torch.Tensor, steps: int) -> int:
     """First anchor any step's loss reads (step j needs t >= P - 2 - j): earlier ones only give keys."""
     return max(0, int(prompt_lens.min()) - 1 - steps)

@@ -246,4 +246,5 @@ def load_config(path: str | None, overrides: list[str] = ()) -> RLConfig:
     return cfg
 
 
-RESUMABLE_KEYS_IGNORED = {"policy.steps", "out", "report_to"}  # a resumed run may run longer, or log elsewhere
+# a resumed run may run longer, log elsewhere, or cut the draft's steps into other micro-batches (the same gradient)
+RESUMABLE_KEYS_IGNORED = {"policy.steps", "out", "report_to", "draft_refresh.max_batch_tokens"}
