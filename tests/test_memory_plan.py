@@ -6,6 +6,7 @@ present)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -155,7 +156,11 @@ def test_trl_plan_per_rank_of_a_sharded_policy(model, how, gpu_gib, share, fits,
         monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
         monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "true")
     caplog.set_level(logging.INFO, logger="spectool")
-    spec = SpectoolSpeculation(str(random_draft), dtype="bfloat16")  # "auto" on these GPUs
+    from spectool.draft.refresh import RefreshSettings
+
+    # "auto" on these GPUs; refresh steps of one 1,024-token completion (the default 8,192 packs 8: 12.6 GiB more
+    # for the 32B policy, which then no longer fits at all, before the engine floor below is reached)
+    spec = SpectoolSpeculation(str(random_draft), dtype="bfloat16", refresh=RefreshSettings(max_batch_tokens=1024))
     if not fits:  # DDP: names sharding; 32B: the engine's 30% of 80 GiB cannot hold its 61 GiB of weights
         with pytest.raises(SpectoolError, match="shard the policy" if how == "ddp" else "cannot hold the policy's"):
             check_memory(spec, args, {"model": str(TEMPLATES / model)}, total_bytes=gpu_gib * GIB)
@@ -163,7 +168,7 @@ def test_trl_plan_per_rank_of_a_sharded_policy(model, how, gpu_gib, share, fits,
     check_memory(spec, args, {"model": str(TEMPLATES / model)}, total_bytes=gpu_gib * GIB)
     out = caplog.text
     assert "over 8 ranks" in out and "/ 8 shards" in out and "gathered whole for the draft refresh" in out
-    assert "(fits)" in out
+    assert "(fits)" in out  # (a one-completion refresh step needs less than the policy's activations: no row)
 
 
 def test_trl_plan_names_the_draft_optimizer_state_of_every_rank(random_draft, tmp_path, caplog, monkeypatch):
@@ -307,3 +312,44 @@ def test_the_engine_floor_counts_the_policys_weights_in_the_engines_dtype():
     with pytest.raises(SpectoolError, match=r"cannot hold the policy's float32 weights, .* \(32\.5 GiB\): raise "
                                             r"engine.gpu_memory_utilization to 0.04 or more"):
         check_train_rl(plan, config, 0.025, dtype="float32")
+
+
+def test_the_draft_refresh_step_is_planned_at_its_largest_micro_batch(tiny_policy, random_draft, tmp_path, capsys,
+                                                                      caplog, monkeypatch):
+    """The online refresh's draft step (packed micro-batches of draft_refresh.max_batch_tokens) is in both plans,
+    beyond the policy's activations (it runs between policy steps): linear in the micro-batch's tokens, a sequence
+    longer than the budget alone. For Qwen3-8B's EAGLE-3 draft at 16k-token rollouts one step holds about 61 GiB,
+    most of it float32 logits over the 32k draft vocabulary, which a padded batch of 16 would multiply by 16."""
+    from transformers import AutoConfig
+    from trl import GRPOConfig
+
+    from spectool.commands.train_rl import check_memory
+    from spectool.draft.checkpoint import refresh_memory
+    from spectool.draft.refresh import RefreshSettings
+    from spectool.integrations.trl import SpectoolSpeculation
+    from spectool.integrations.trl import check_memory as trl_check_memory
+    from spectool.rl.config import RLConfig
+
+    qwen = AutoConfig.from_pretrained(TEMPLATES / "qwen3-8b")
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000,
+                                                   "num_hidden_layers": 1}))
+    step = {b: refresh_memory(qwen, draft, None, RefreshSettings(max_batch_tokens=b, batch_size=16), 16384) / GIB
+            for b in (8192, 16384, 65536)}
+    assert step[8192] == step[16384] and 55 < step[16384] < 70  # a 16k-token rollout alone at any smaller budget
+    assert step[65536] == pytest.approx(4 * step[16384], rel=0.01)  # linear in the micro-batch's tokens
+
+    cfg = RLConfig()
+    cfg.rollout.max_tokens, cfg.draft_refresh.max_batch_tokens = 4000, 1 << 16
+    spec = SimpleNamespace(method="eagle3", draft_path=str(random_draft), k=3, proposals="greedy")
+    check_memory(cfg, str(tiny_policy), spec, 40, 80 * GIB)
+    out = capsys.readouterr().out
+    assert "draft refresh step beyond the policy's activations (draft_refresh.max_batch_tokens)" in out
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
+                      per_device_train_batch_size=8, num_generations=4, max_completion_length=4000, report_to="none")
+    caplog.set_level(logging.INFO, logger="spectool")
+    trl_check_memory(SpectoolSpeculation(str(random_draft), refresh=RefreshSettings(max_batch_tokens=1 << 16)), args,
+                     {"model": str(tiny_policy)}, total_bytes=80 * GIB)
+    assert "draft refresh step beyond the policy's activations (refresh.max_batch_tokens)" in caplog.text

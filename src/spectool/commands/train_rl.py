@@ -29,7 +29,7 @@ import torch
 
 from spectool.context import RL_YAML, finish_counts, resolve_max_model_len
 from spectool.data import load_source
-from spectool.draft.checkpoint import draft_metadata
+from spectool.draft.checkpoint import draft_metadata, refresh_memory
 from spectool.draft.refresh import DraftNotLive, DraftRefresher
 from spectool.draft.refresh_policy import RefreshPolicy
 from spectool.engine import compat
@@ -116,7 +116,9 @@ def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, tota
                          micro_tokens=cfg.policy.micro_batch_size * (longest_prompt + cfg.rollout.max_tokens),
                          kl_beta=cfg.policy.kl_beta, autocast_bf16=trainer_dtype(dtype) == "bfloat16",
                          draft_params=draft_params(spec.draft_path, mtp) if online else 0, draft_embedding=not mtp,
-                         logits=logits, bins=bins)
+                         logits=logits, bins=bins,
+                         refresh_step=refresh_memory(config, None if mtp else spec.draft_path, model_path, cfg.draft_refresh,
+                                                     longest_prompt + cfg.rollout.max_tokens) if online else 0)
     plan.notes.append(batch.note(rollout_batch(cfg)))
     check_train_rl(plan, config, cfg.engine.gpu_memory_utilization, logits + bins, dtype)
     print(plan.text())
