@@ -318,8 +318,9 @@ def test_the_draft_refresh_step_is_planned_at_its_largest_micro_batch(tiny_polic
                                                                       caplog, monkeypatch):
     """The online refresh's draft step (packed micro-batches of draft_refresh.max_batch_tokens) is in both plans,
     beyond the policy's activations (it runs between policy steps): linear in the micro-batch's tokens, a sequence
-    longer than the budget alone. For Qwen3-8B's EAGLE-3 draft at 16k-token rollouts one step holds about 61 GiB,
-    most of it float32 logits over the 32k draft vocabulary, which a padded batch of 16 would multiply by 16."""
+    longer than the budget alone, which the plan says. For Qwen3-8B's EAGLE-3 draft at 16k-token rollouts one step
+    holds about 61 GiB (29 of it float32 logits over the 32k draft vocabulary), which a padded batch of 16 would
+    multiply by 16."""
     from transformers import AutoConfig
     from trl import GRPOConfig
 
@@ -335,7 +336,7 @@ def test_the_draft_refresh_step_is_planned_at_its_largest_micro_batch(tiny_polic
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000,
                                                    "num_hidden_layers": 1}))
-    step = {b: refresh_memory(qwen, draft, None, RefreshSettings(max_batch_tokens=b, batch_size=16), 16384) / GIB
+    step = {b: refresh_memory(qwen, draft, None, RefreshSettings(max_batch_tokens=b, batch_size=16), 16384).nbytes / GIB
             for b in (8192, 16384, 65536)}
     assert step[8192] == step[16384] and 55 < step[16384] < 70  # a 16k-token rollout alone at any smaller budget
     assert step[65536] == pytest.approx(4 * step[16384], rel=0.01)  # linear in the micro-batch's tokens
@@ -345,11 +346,21 @@ def test_the_draft_refresh_step_is_planned_at_its_largest_micro_batch(tiny_polic
     spec = SimpleNamespace(method="eagle3", draft_path=str(random_draft), k=3, proposals="greedy")
     check_memory(cfg, str(tiny_policy), spec, 40, 80 * GIB)
     out = capsys.readouterr().out
-    assert "draft refresh step beyond the policy's activations (draft_refresh.max_batch_tokens)" in out
+    assert ("draft refresh step beyond the policy's activations (64640 tokens packed: draft_refresh.max_batch_tokens "
+            "shrinks it)") in out  # 16 rollouts of 40 + 4,000 tokens within 65,536
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     args = GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
                       per_device_train_batch_size=8, num_generations=4, max_completion_length=4000, report_to="none")
     caplog.set_level(logging.INFO, logger="spectool")
     trl_check_memory(SpectoolSpeculation(str(random_draft), refresh=RefreshSettings(max_batch_tokens=1 << 16)), args,
                      {"model": str(tiny_policy)}, total_bytes=80 * GIB)
-    assert "draft refresh step beyond the policy's activations (refresh.max_batch_tokens)" in caplog.text
+    assert "draft refresh step beyond the policy's activations (64000 tokens packed" in caplog.text  # 16 x 4,000
+    # a sequence longer than the budget trains alone: no budget shrinks it, and the plan says so (Qwen3-8B, 16k tokens)
+    from spectool.memory import trl_plan
+
+    plan = trl_plan(qwen, param_bytes=2, engine_share=0.3, total_bytes=80 * GIB, micro_tokens=1024, ref_model=False,
+                    shards=8, trainable_fraction=1.0, checkpointing=True, draft_params=250_000_000, processes=8,
+                    refresh=refresh_memory(qwen, draft, None, RefreshSettings(), 16384))
+    rows = dict(plan.rows)
+    assert rows["draft refresh step beyond the policy's activations (one 16384-token sequence alone: no "
+                "refresh.max_batch_tokens shrinks it)"] > 55 and not plan.fits

@@ -219,3 +219,24 @@ def test_train_rl_takes_report_to_as_a_flag_as_init_draft_does():
     assert r.exit_code == 0 and "report_to: trackio" in r.output
     r = CliRunner().invoke(app, ["train-rl", "--set", "speculation.enabled=false", "--report-to", "comet"])
     assert r.exit_code != 0 and "report_to='comet'" in r.output
+
+
+def test_the_trl_backend_points_tensorboard_at_the_run_folder_while_the_trainer_is_built(tmp_path, monkeypatch):
+    """--backend trl: transformers' TensorBoardCallback reads TENSORBOARD_LOGGING_DIR when the trainer makes it, so it
+    is <out>/tensorboard (the built-in loop's folder) while the trainer is built and gone after; a user's own is kept."""
+    import os
+
+    from spectool.commands.train_rl_trl import tensorboard_folder
+    from spectool.rl.config import load_config
+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    cfg = load_config(None, ["speculation.enabled=false", "report_to=tensorboard"])
+    with tensorboard_folder(cfg, tmp_path):
+        assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "tensorboard")
+    assert "TENSORBOARD_LOGGING_DIR" not in os.environ
+    with tensorboard_folder(load_config(None, ["speculation.enabled=false"]), tmp_path):
+        assert "TENSORBOARD_LOGGING_DIR" not in os.environ  # no tensorboard asked
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "/mine")
+    with tensorboard_folder(cfg, tmp_path):
+        assert os.environ["TENSORBOARD_LOGGING_DIR"] == "/mine"
+    assert os.environ["TENSORBOARD_LOGGING_DIR"] == "/mine"

@@ -190,11 +190,11 @@ def check_engine_floor(plan: Plan, config, share: float, logits: int, dtype: str
 
 def train_rl_plan(config, *, engine_share: float, total_bytes: int, micro_tokens: int, kl_beta: float,
                   autocast_bf16: bool, draft_params: int = 0, draft_embedding: bool = True, logits: int = 0,
-                  bins: int = 0, refresh_step: int = 0) -> Plan:
+                  bins: int = 0, refresh: RefreshStep | None = None) -> Plan:
     """train-rl's built-in backend on one GPU: float32 master weights, gradients and AdamW; the
     bfloat16 weight copies autocast keeps for backward; a reference copy when kl_beta > 0; the
     online draft; activations of one micro-batch (`micro_tokens` = micro_batch_size x longest
-    prompt + rollout.max_tokens); the online draft's refresh step (`refresh_step` bytes: refresh_step_bytes) beyond
+    prompt + rollout.max_tokens); the online draft's refresh step (`refresh`: memory.refresh_step) beyond
     them; the engine's share, of which `logits` bytes of drafter logits and `bins` of output_bin_counts."""
     p = param_count(config)
     plan = Plan(f"train-rl memory plan: {p / 1e9:.2f}B-parameter policy", total_bytes / GIB)
@@ -206,7 +206,7 @@ def train_rl_plan(config, *, engine_share: float, total_bytes: int, micro_tokens
     plan.add("online draft + AdamW", draft_bytes(draft_params, config, draft_embedding))
     activations = activation_bytes(config, micro_tokens, 2 if autocast_bf16 else 4)
     plan.add(f"activations (policy.micro_batch_size: {micro_tokens} tokens)", activations)
-    add_refresh_step(plan, refresh_step, activations, "draft_refresh.max_batch_tokens")
+    add_refresh_step(plan, refresh, activations, "draft_refresh.max_batch_tokens")
     add_engine_share(plan, engine_share, total_bytes, logits, "engine.gpu_memory_utilization", bins)
     return plan
 
@@ -233,8 +233,8 @@ def check_train_rl(plan: Plan, config, engine_share: float, logits: int = 0, dty
         knobs = ["lower policy.micro_batch_size or rollout.max_tokens"]
         if any(r.startswith("reference policy") for r in rows):
             knobs.append("set policy.kl_beta: 0 (no reference copy)")
-        if any(r.startswith("draft refresh step") for r in rows):
-            knobs.append("lower draft_refresh.max_batch_tokens (to the longest rollout at least)")
+        if any(r.startswith("draft refresh step") and "draft_refresh.max_batch_tokens shrinks" in r for r in rows):
+            knobs.append("lower draft_refresh.max_batch_tokens")
         if any(r.startswith("online draft") for r in rows):
             knobs.append("set draft_refresh.mode: frozen")
         advice = "the trainer leaves the engine too little: " + ", ".join(knobs)
@@ -268,7 +268,7 @@ def harvest_plan(config, wanted: float, total_bytes: int, dtype: str = "bfloat16
 def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int, micro_tokens: int, ref_model: bool,
              shards: int, trainable_fraction: float, checkpointing: bool, draft_params: int = 0,
              draft_embedding: bool = True, processes: int = 1, weights_sharded: bool = True, logits: int = 0,
-             bins: int = 0, refresh_step: int = 0) -> Plan:
+             bins: int = 0, refresh: RefreshStep | None = None) -> Plan:
     """TRL's GRPOTrainer on one of its GPUs, colocated with its engine: the policy in its own dtype
     (`param_bytes` per parameter), gradients and AdamW's two moments for the trainable part (torch
     keeps both in the parameters' dtype), divided over `shards` ranks (FSDP / ZeRO; 1 otherwise: the
@@ -278,7 +278,7 @@ def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int,
     with prefetch) and, with a refreshed draft, the policy's embedding and lm_head the refresh
     gathers (policy_weights.embeddings). Then spectool's online draft (weights, gradients and AdamW
     state whole on each of the `processes` data-parallel ranks: the draft is replicated, not sharded),
-    one micro-batch's activations, the draft's refresh step beyond them (`refresh_step`: refresh_step_bytes), the
+    one micro-batch's activations, the draft's refresh step beyond them (`refresh`: memory.refresh_step), the
     engine's share (of which `logits` bytes of drafter logits and `bins` of output_bin_counts)."""
     p = param_count(config)
     train = p * trainable_fraction
@@ -301,7 +301,7 @@ def trl_plan(config, *, param_bytes: int, engine_share: float, total_bytes: int,
     plan.add(f"spectool draft AdamW state (2 float32 moments, whole on {ranks})", DRAFT_ADAMW_BYTES * draft_params)
     activations = activation_bytes(config, micro_tokens, checkpointing=checkpointing)
     plan.add(f"activations (per_device_train_batch_size: {micro_tokens} tokens)", activations)
-    add_refresh_step(plan, refresh_step, activations, "refresh.max_batch_tokens")
+    add_refresh_step(plan, refresh, activations, "refresh.max_batch_tokens")
     add_engine_share(plan, engine_share, total_bytes, logits, "vllm_gpu_memory_utilization", bins)
     return plan
 
@@ -385,18 +385,32 @@ def draft_step_rows(plan: Plan, d: DraftShape, n_aux: int, target_hidden: int, t
     plan.add(f"fused attention (linear in the {longest}-token longest record)", attention_bytes(d, tokens, draft_dtype))
 
 
-def refresh_step_bytes(d: DraftShape, n_aux: int, target_hidden: int, tokens: int) -> int:
+@dataclass
+class RefreshStep:
+    """The online refresh's largest draft step: its bytes, the tokens of its largest micro-batch, and the longest
+    sequence's, below which no --max-batch-tokens shrinks it (a longer sequence trains alone)."""
+
+    nbytes: int
+    tokens: int
+    longest: int
+
+
+def refresh_step(d: DraftShape, n_aux: int, target_hidden: int, tokens: int, longest: int) -> RefreshStep:
     """The online refresh's draft step over `tokens` packed tokens (its largest micro-batch, ttt.micro_batches; float32,
     every anchor): the rows draft_step_rows counts for init-draft's step, which runs the same loss."""
     step = Plan("", 0.0)
-    draft_step_rows(step, d, n_aux, target_hidden, tokens, tokens, tokens)
-    return int(step.used_gib * GIB)
+    draft_step_rows(step, d, n_aux, target_hidden, tokens, longest, tokens)
+    return RefreshStep(int(step.used_gib * GIB), tokens, longest)
 
 
-def add_refresh_step(plan: Plan, refresh_step: int, activations: int, setting: str) -> None:
+def add_refresh_step(plan: Plan, step: RefreshStep | None, activations: int, setting: str) -> None:
     """The refresh's step runs between policy steps, when the policy's activations are freed: what it needs beyond
-    them."""
-    plan.add(f"draft refresh step beyond the policy's activations ({setting})", max(0, refresh_step - activations))
+    them, and whether `setting` (its micro-batch budget) can shrink it."""
+    if step is None:
+        return
+    how = (f"{step.tokens} tokens packed: {setting} shrinks it" if step.tokens > step.longest else
+           f"one {step.longest}-token sequence alone: no {setting} shrinks it")
+    plan.add(f"draft refresh step beyond the policy's activations ({how})", max(0, step.nbytes - activations))
 
 
 def eval_tokens(max_batch_tokens: int, batch_size: int, longest: int) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spectool.config import ExportConfig
+from spectool.data.sources import MIX_SEPARATOR
 from spectool.errors import SpectoolError
 from spectool.runs import CONFIG, MANIFEST, read_json
 
@@ -70,8 +71,13 @@ def training_data(draft: Path) -> dict:
 
 
 def _shared(data: str) -> str:
-    """A data source as a card shows it: a local file by its name (this machine's folders are no reader's)."""
-    return Path(data).name if data.endswith((".jsonl", ".parquet")) else data
+    """A data source as a card shows it: a local file by its name (this machine's folders are no reader's), each part
+    of a mix (a+b@w) alike."""
+    def part(p: str) -> str:
+        name, at, weight = p.rpartition("@") if "@" in p else (p, "", "")
+        return (Path(name).name if name.endswith((".jsonl", ".parquet")) else name) + at + weight
+
+    return MIX_SEPARATOR.join(part(p) for p in data.split(MIX_SEPARATOR))
 
 
 def model_card(*, base_model: str, library: str, family: str, k: int, fmt: str, check: Check | None, floor: float,

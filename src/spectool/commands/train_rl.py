@@ -117,8 +117,8 @@ def check_memory(cfg: RLConfig, model_path: str, spec, longest_prompt: int, tota
                          kl_beta=cfg.policy.kl_beta, autocast_bf16=trainer_dtype(dtype) == "bfloat16",
                          draft_params=draft_params(spec.draft_path, mtp) if online else 0, draft_embedding=not mtp,
                          logits=logits, bins=bins,
-                         refresh_step=refresh_memory(config, None if mtp else spec.draft_path, model_path, cfg.draft_refresh,
-                                                     longest_prompt + cfg.rollout.max_tokens) if online else 0)
+                         refresh=refresh_memory(config, None if mtp else spec.draft_path, model_path, cfg.draft_refresh,
+                                                longest_prompt + cfg.rollout.max_tokens) if online else None)
     plan.notes.append(batch.note(rollout_batch(cfg)))
     check_train_rl(plan, config, cfg.engine.gpu_memory_utilization, logits + bins, dtype)
     print(plan.text())
@@ -146,7 +146,8 @@ def _setup(cfg: RLConfig) -> _Run:
     out, model = Path(cfg.out), resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     if not source.verifiable:
-        raise SpectoolError(f"data {cfg.data} has no verifier: GRPO needs rewards (use gym:... or a file with answers)")
+        raise SpectoolError(f"data {cfg.data} has no verifier: GRPO needs rewards (use gym:..., or a file or "
+                            "hub source with answers: answer_col names their column)")
     tokenizer = AutoTokenizer.from_pretrained(model.path)
     tasks = StepPrompts(source, tokenizer, cfg)
     eval_tasks = source.tasks("eval", cfg.rollout.eval_prompts) if cfg.rollout.eval_every else []

@@ -16,6 +16,7 @@ the main process alone writes the run folder. The rest of scale-out (DeepSpeed, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -65,12 +66,20 @@ def grpo_config(cfg: RLConfig, out: Path, cpu: bool, world: int = 1):
     )
 
 
-def tensorboard_folder(cfg: RLConfig, out: Path) -> None:
-    """With report_to tensorboard, transformers' TensorBoardCallback writes into <out>/tensorboard, where the built-in
-    loop writes (its default, <out>/trl/runs/<date>_<host>, is a new run each launch: a resumed run would show as
-    two), so a resumed run goes on in one; a TENSORBOARD_LOGGING_DIR the user set is kept."""
-    if "tensorboard" in trackers.parse(cfg.report_to, "report_to"):
-        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(out / "tensorboard"))
+@contextlib.contextmanager
+def tensorboard_folder(cfg: RLConfig, out: Path):
+    """While the trainer is built: with report_to tensorboard, transformers' TensorBoardCallback (which reads
+    TENSORBOARD_LOGGING_DIR when it is made) writes into <out>/tensorboard, where the built-in loop writes (its default,
+    <out>/trl/runs/<date>_<host>, is a new run each launch: a resumed run would show as two); a TENSORBOARD_LOGGING_DIR
+    the user set is kept, and the environment is given back as it was."""
+    before = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    if before is None and "tensorboard" in trackers.parse(cfg.report_to, "report_to"):
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TENSORBOARD_LOGGING_DIR", None)
 
 
 def _trainer_bf16(engine: str) -> bool:
@@ -134,8 +143,8 @@ def run(cfg: RLConfig) -> dict:
         truncate_jsonl(out / "metrics.jsonl", int(ckpt.name.split("-")[1]) if ckpt else 0)
 
     ranks.claim_folder(out, own_folder, flag="out")  # and every rank sees it (across nodes: a shared filesystem)
-    tensorboard_folder(cfg, out)
-    trainer = spec.grpo_trainer(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
+    with tensorboard_folder(cfg, out):
+        trainer = spec.grpo_trainer(model=model.path, reward_funcs=reward, args=args, train_dataset=ds)
     trainer.add_callback(_callback(out))
     t = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)

@@ -103,13 +103,13 @@ def draft_shape(policy_config, family: str, draft_vocab_size: int, num_layers: i
                       steps, anchor_fraction, reads_policy_embedding=family == "mtp")
 
 
-def refresh_memory(policy_config, draft: str | Path | None, model_path: str | Path, settings, longest: int) -> int:
-    """Bytes of the online refresh's largest draft step (memory.refresh_step_bytes) for the draft folder `draft`, or
-    the MTP layers of the model folder `model_path` (draft None): its family, vocabulary and depth from the folder,
-    the unroll the refresher runs (settings.ttt_steps, else the draft's own, else 3), `settings.batch_size` sequences
-    of at most `longest` tokens packed within `settings.max_batch_tokens` (RefreshSettings)."""
+def refresh_memory(policy_config, draft: str | Path | None, model_path: str | Path, settings, longest: int):
+    """The online refresh's largest draft step (memory.refresh_step) for the draft folder `draft`, or the MTP layers of
+    the model folder `model_path` (draft None): its family, vocabulary and depth from the folder, the unroll the
+    refresher runs (settings.ttt_steps, else the draft's own, else 3), `settings.batch_size` sequences of at most
+    `longest` tokens packed within `settings.max_batch_tokens` (RefreshSettings)."""
     from spectool.draft.mtp_folder import read_config  # noqa: PLC0415 (binds a name this module uses otherwise)
-    from spectool.memory import refresh_step_bytes, step_tokens  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.memory import refresh_step, step_tokens  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     config = read_json(Path(draft) / "config.json") if draft else {}
     meta = read_json(Path(draft) / DRAFT_JSON) if draft and (Path(draft) / DRAFT_JSON).exists() else {}
@@ -119,7 +119,7 @@ def refresh_memory(policy_config, draft: str | Path | None, model_path: str | Pa
                     config.get("num_hidden_layers", 1), steps, 1.0, None if draft else read_config(model_path))
     n_aux = 1 if family == "mtp" else len(default_aux_layer_ids(policy_config.num_hidden_layers))
     tokens = step_tokens(settings.max_batch_tokens, settings.batch_size, longest)
-    return refresh_step_bytes(d, n_aux, policy_config.hidden_size, tokens)
+    return refresh_step(d, n_aux, policy_config.hidden_size, tokens, longest)
 
 
 def remap_vocab(draft: Eagle3Draft, target_ids: torch.Tensor, policy) -> tuple[Eagle3Draft, int]:

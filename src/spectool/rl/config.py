@@ -246,5 +246,6 @@ def load_config(path: str | None, overrides: list[str] = ()) -> RLConfig:
     return cfg
 
 
-# a resumed run may run longer, log elsewhere, or cut the draft's steps into other micro-batches (the same gradient)
+# a resumed run may run longer, log elsewhere, or cut the draft's steps into other micro-batches (the same gradient
+# while a step fits in one; split, within 1-2%: ttt.micro_batches)
 RESUMABLE_KEYS_IGNORED = {"policy.steps", "out", "report_to", "draft_refresh.max_batch_tokens"}

@@ -20,7 +20,8 @@ def task_data(data: str, n: int, seed: int = 0, split: str = "train", system_pro
     check_system_prompt(system_prompt, "system_prompt")
     source = load_source(data, seed=seed, prompt_col=prompt_col, answer_col=answer_col)
     if not source.verifiable:
-        raise SpectoolError(f"data {data} has no verifier: GRPO needs rewards (use gym:... or a file with answers)")
+        raise SpectoolError(f"data {data} has no verifier: GRPO needs rewards (use gym:..., or a file or "
+                            "hub source with answers: answer_col names their column)")
     tasks = {t.id: t for t in source.tasks(split, n)}
     ds = Dataset.from_list([{"prompt": conversation(t.messages, system_prompt, "system_prompt"), "task_id": t.id}
                             for t in tasks.values()])

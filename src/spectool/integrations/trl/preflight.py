@@ -158,12 +158,12 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
     world = int(os.environ.get("WORLD_SIZE", "1"))
     peft = trainer_kwargs.get("peft_config") is not None
     mtp = spec.draft == MTP
-    draft = refresh_step = 0
+    draft, refresh = 0, None
     prompt = _longest_prompt(trainer_kwargs, path, getattr(args, "chat_template_kwargs", None))
     if spec.draft and spec.refresh.refreshes:  # a refreshed draft trains beside the policy
         draft = draft_params(path if mtp else spec.draft, mtp)
-        refresh_step = refresh_memory(config, None if mtp else spec.draft, path, spec.refresh,
-                                      prompt + args.max_completion_length)
+        refresh = refresh_memory(config, None if mtp else spec.draft, path, spec.refresh,
+                                 prompt + args.max_completion_length)
     logits = _drafter_logits(spec, args, config)
     bins = output_bin_counts(_engine_seqs(args), config.vocab_size)
     plan = trl_plan(config, param_bytes=param_bytes, engine_share=args.vllm_gpu_memory_utilization,
@@ -172,7 +172,7 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
                     ref_model=args.beta != 0, shards=world if states_sharded else 1,
                     trainable_fraction=0.0 if peft else 1.0, checkpointing=bool(args.gradient_checkpointing),
                     draft_params=draft, draft_embedding=not mtp, processes=world, weights_sharded=weights_sharded,
-                    logits=logits, bins=bins, refresh_step=refresh_step)
+                    logits=logits, bins=bins, refresh=refresh)
     if how:
         plan.title += f", {how} over {world} ranks"
     plan.notes.append(f"activations: the longest of the first {PROMPTS_MEASURED} prompts ({prompt} tokens) + "
@@ -181,8 +181,10 @@ def check_memory(spec: SpeculationSettings, args, trainer_kwargs: dict, total_by
         plan.notes.append("PEFT: the adapters' gradients and AdamW are not counted (a lower bound)")
     fixes = ["lower vllm_gpu_memory_utilization, per_device_train_batch_size or max_completion_length",
              "set gradient_checkpointing=True", "beta=0.0"]
-    if refresh_step:
-        fixes.append("lower RefreshSettings.max_batch_tokens (to the longest completion at least) or batch_size")
+    if refresh is not None and refresh.tokens > refresh.longest:
+        fixes.append("lower RefreshSettings.max_batch_tokens")
+    if refresh is not None:
+        fixes.append("RefreshSettings(mode='frozen') (no draft step beside the policy)")
     if not weights_sharded:
         fixes.append("shard the policy (accelerate launch with FSDP full shard or DeepSpeed ZeRO-3)")
     fixes += ["train LoRA adapters" if not peft else "", "or use more GPUs" if weights_sharded else ""]
