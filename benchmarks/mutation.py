@@ -74,7 +74,7 @@ MUTANTS = (
     Mutant("F1", "src/spectool/features.py", "diff = sorted(k for k in want if have.get(k) != want[k])",
            "diff = sorted(k for k in want if k != \"lengths\" and have.get(k) != want[k])", IDENTITY,
            "a shard's lengths not compared"),
-    Mutant("F2", "src/spectool/draft_inputs.py", "identity = {\"harvest\": data.identity, ", "identity = {",
+    Mutant("F2", "src/spectool/commands/init_draft_inputs.py", "identity = {\"harvest\": data.identity, ", "identity = {",
            IDENTITY, "the features' identity without the harvest's"),
     Mutant("F3", "src/spectool/commands/init_draft.py", "if recorded not in (None, data.identity):",
            "if recorded not in (None, data.identity, recorded):", IDENTITY, "a resume over a changed harvest not refused"),

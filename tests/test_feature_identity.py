@@ -187,7 +187,7 @@ def test_a_resumed_init_draft_over_a_changed_harvest_is_refused(tmp_path):
     folder is refused (and stays refused: the claim keeps the recorded identity), over the harvest as it was it
     resumes. The steps of init-draft's setup that decide it, without a policy."""
     from spectool.commands.init_draft import InitDraftConfig, check_harvest, claim_out
-    from spectool.draft_inputs import training_data
+    from spectool.commands.init_draft_inputs import training_data
 
     harvest, out = _hand_made_harvest(tmp_path / "h", 8), tmp_path / "d"
     cfg = InitDraftConfig(out=str(out), model="m", data=str(harvest))
@@ -244,7 +244,7 @@ def test_init_drafts_features_of_a_changed_harvest_are_computed_again(tmp_path, 
     import spectool.features as features
     import spectool.hidden as hidden
     from spectool.commands.init_draft import InitDraftConfig
-    from spectool.draft_inputs import training_data, training_features
+    from spectool.commands.init_draft_inputs import training_data, training_features
 
     def fake(policy, seqs, layer_ids, **k):
         return [_item(s) for s in seqs]
@@ -379,7 +379,7 @@ def test_features_of_other_policy_weights_are_computed_again(tmp_path, monkeypat
     import spectool.features as features
     import spectool.hidden as hidden
     from spectool.commands.init_draft import InitDraftConfig
-    from spectool.draft_inputs import training_data, training_features
+    from spectool.commands.init_draft_inputs import training_data, training_features
 
     def fake(policy, seqs, layer_ids, **k):
         return [(torch.tensor(s), torch.full((len(s), 3 * H), policy.w), torch.full((len(s), H), policy.w)) for s in seqs]

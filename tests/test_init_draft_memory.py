@@ -1,4 +1,4 @@
-"""init-draft's one-GPU memory plan (memory.init_draft_plans, check_init_draft; draft_inputs.check_memory):
+"""init-draft's one-GPU memory plan (memory.init_draft_plans, check_init_draft; commands/init_draft_inputs.check_memory):
 arithmetic at Qwen3-8B, 14B and 32B shapes (config objects, no weights) on stand-in 40 and 80 GiB devices, refusals
 that name the flag and whose advice fits, the refusal before anything is harvested; and features served by a
 bfloat16 policy training the same draft as a float32 one's, within a stated tolerance."""
@@ -228,8 +228,8 @@ def test_init_draft_refuses_before_harvesting(tmp_path, monkeypatch, capsys, siz
     """On a stand-in GPU, init-draft prints its plan and refuses (naming the flag) before anything is harvested;
     a plan that fits goes on (stopped at the next check). The longest record is bounded before the harvest by the
     data source's longest prompt + --max-tokens."""
-    from spectool import draft_inputs
     from spectool.commands import init_draft
+    from spectool.commands import init_draft_inputs as draft_inputs
     from spectool.config import InitDraftConfig, SamplingConfig
     from spectool.errors import SpectoolError
 

@@ -7,12 +7,12 @@ Workflow (`run`, phase by phase):
  1. data: a harvest run dir, or a data source that is harvested first (the draft must learn the
     policy's outputs, not reference answers);
  2. the frozen policy (transformers; bfloat16 on a GPU as the engine samples, float32 on a CPU:
-    draft_inputs.policy_dtype)
+    commands/init_draft_inputs.policy_dtype)
     supplies aux hidden states and target distributions, streamed from bounded shards on disk (written once; a
     resume keeps them), computed per batch and kept on the device (`--features online`), or held whole (`cache`):
     features.py; once they are written (stream, cache) the policy is freed but for its output embedding. On a GPU
     a memory plan for all of it is printed, and refused where it cannot fit, before anything is harvested
-    (draft_inputs.check_memory, memory.init_draft_plans);
+    (commands/init_draft_inputs.check_memory, memory.init_draft_plans);
  3. the draft vocabulary = most frequent response tokens (coverage printed); embedding and lm_head
     rows from the policy, or warm start from --init-from;
  4. training-time-test unroll over `ttt_steps` positions (>= the largest k you will run), the
@@ -39,15 +39,7 @@ from pathlib import Path
 import torch
 
 from spectool import ranks
-from spectool.config import InitDraftConfig
-from spectool.draft.checkpoint import draft_metadata, save_draft
-from spectool.draft.families import FAMILIES
-from spectool.draft.guard import Flags, check_speculation
-from spectool.draft.mtp_folder import check_trainable, load_mtp, save_mtp_model
-from spectool.draft.training import DraftTrainer
-from spectool.draft.ttt import chain_length, heldout_metrics, micro_batches, ttt_step_loss
-from spectool.draft.vocab import build_vocab, ids_from_d2t
-from spectool.draft_inputs import (
+from spectool.commands.init_draft_inputs import (
     TrainingData,
     TrainingFeatures,
     check_disk_budget,
@@ -57,6 +49,14 @@ from spectool.draft_inputs import (
     training_data,
     training_features,
 )
+from spectool.config import InitDraftConfig
+from spectool.draft.checkpoint import draft_metadata, save_draft
+from spectool.draft.families import FAMILIES
+from spectool.draft.guard import Flags, check_speculation
+from spectool.draft.mtp_folder import check_trainable, load_mtp, save_mtp_model
+from spectool.draft.training import DraftTrainer
+from spectool.draft.ttt import chain_length, heldout_metrics, micro_batches, ttt_step_loss
+from spectool.draft.vocab import build_vocab, ids_from_d2t
 from spectool.errors import SpectoolError
 from spectool.features import GIB, Lazy, epoch_order, iter_column
 from spectool.hidden import default_aux_layer_ids
