@@ -33,14 +33,35 @@ def test_the_default_is_what_the_run_needs_within_the_model(tmp_path):
     # not min(2048, 8192): the run's need, and one position past it (a logprob check of a cut completion reads it)
     assert resolve_max_model_len(m, 300, 4000) == 4301
     assert resolve_max_model_len(m, 300, 4000, extra=4) == 4304  # a drafter's k positions past the last token
-    assert resolve_max_model_len(m, 192, 8000, extra=4) == 8192  # ... where they fit
+    assert resolve_max_model_len(m, 191, 8000, extra=4) == 8192  # ... where they fit (the spare position always)
     assert resolve_max_model_len(m, 300, 4000, user=6000) == 6000  # a longer context given is kept
+    assert resolve_max_model_len(m, 300, 4000, user=4301) == 4301  # ... down to one position past the run's need
+
+
+def test_the_context_always_keeps_one_position_past_the_longest_sequence(tmp_path):
+    """vLLM 0.32 refuses a prompt of exactly the context, and train-rl's and TRL's logprob checks send prompt + a
+    completion cut at the cap back: every context returned is longer than the run's longest sequence, or the run is
+    refused before an engine starts."""
+    m = _model(tmp_path, max_position_embeddings=8192)
+    for prompt, tokens, extra, user in [(300, 4000, 0, None), (300, 4000, 4, None), (192, 7999, 4, None),
+                                        (191, 8000, 0, None), (300, 4000, 0, 4301), (0, 8191, 0, None)]:
+        assert resolve_max_model_len(m, prompt, tokens, extra=extra, user=user) > prompt + tokens
+    # the run's need given as the context: refused naming the flag and the context that works
+    with pytest.raises(SpectoolError, match=r"--max-model-len=4300 is shorter than this run needs: 4300 tokens .* one "
+                                            r"position past it .* Raise --max-model-len to at least 4301"):
+        resolve_max_model_len(m, 300, 4000, user=4300)
+    # the run's need at exactly the model's limit: one position more than the model has
+    with pytest.raises(SpectoolError, match=r"needs a 8192-token context .* one position past it.* serves at most "
+                                            r"8192 .*lower --max-tokens to at most 7999"):
+        resolve_max_model_len(m, 192, 8000, extra=4)
+    with pytest.raises(SpectoolError, match=r"lower rollout.max_tokens to at most 8191"):
+        resolve_max_model_len(m, 0, 8192, names=RL_YAML)
 
 
 def test_a_run_past_the_models_limit_is_refused_naming_the_numbers_and_the_flag(tmp_path):
     m = _model(tmp_path, max_position_embeddings=8192)
     with pytest.raises(SpectoolError, match=r"needs a 8300-token context .* 300 tokens.* --max-tokens 8000.* at most "
-                                            r"8192 \(max_position_embeddings.*lower --max-tokens to at most 7892"):
+                                            r"8192 \(max_position_embeddings.*lower --max-tokens to at most 7891"):
         resolve_max_model_len(m, 300, 8000)
     with pytest.raises(SpectoolError, match=r"8300.*rollout.max_tokens 8000.*8192.*lower rollout.max_tokens"):
         resolve_max_model_len(m, 300, 8000, names=RL_YAML)
@@ -49,7 +70,7 @@ def test_a_run_past_the_models_limit_is_refused_naming_the_numbers_and_the_flag(
 def test_a_context_shorter_than_the_run_needs_is_refused_not_cut(tmp_path):
     m = _model(tmp_path, max_position_embeddings=8192)
     with pytest.raises(SpectoolError, match=r"--max-model-len=2048 is shorter than this run needs: 4300 tokens .* "
-                                            r"Raise --max-model-len to at least 4300"):
+                                            r"Raise --max-model-len to at least 4301"):
         resolve_max_model_len(m, 300, 4000, user=2048)
     with pytest.raises(SpectoolError, match=r"engine.max_model_len=2048 .* 4300"):
         resolve_max_model_len(m, 300, 4000, user=2048, names=RL_YAML)

@@ -1,12 +1,13 @@
 """An engine's context (vLLM's `max_model_len`): one setting for every command that starts an engine, derived from
 what the run needs and checked before any engine starts.
 
-The default is what the run needs: the longest rendered prompt + the max new tokens (+ a drafter's k positions past
-the last token, where they still fit). It is refused, naming the numbers and the settings to change, when it passes
-the model's own limit (what vLLM 0.32 derives from config.json: `model_limit`) or, with a draft, the draft's position
-range (draft/preflight.py). A context the user gives is refused when it is shorter than the run needs: vLLM 0.32
-would end every longer completion at the context (finish_reason "length" before max_tokens, v1/core/sched/utils.py
-check_stop) without a word, and the records would hold cut completions.
+The default is what the run needs: the longest rendered prompt + the max new tokens, + one spare position (a logprob
+check feeds a completion cut at the cap back, and vLLM refuses a prompt of exactly the context), or a drafter's k
+positions past the last token where they still fit. It is refused, naming the numbers and the settings to change, when
+it passes the model's own limit (what vLLM 0.32 derives from config.json: `model_limit`) or, with a draft, the draft's
+position range (draft/preflight.py). A context the user gives is refused when it is shorter than the run needs, the
+spare position included: vLLM 0.32 would end every longer completion at the context (finish_reason "length" before
+max_tokens, v1/core/sched/utils.py check_stop) without a word, and the records would hold cut completions.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_len
 # _get_and_verify_max_len); the others' `factor` multiplies it
 _PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 VLLM_UNKNOWN_LENGTH = 2048  # what vLLM assumes when config.json names no length
+SPARE = 1  # positions the context keeps past the longest sequence (resolve_max_model_len)
 
 
 def model_limit(config: dict) -> tuple[int, str]:
@@ -80,27 +82,33 @@ def resolve_max_model_len(model_path: str, longest_prompt: int, max_tokens: int,
     from spectool.draft.preflight import check_run_length  # noqa: PLC0415 (torch: loaded only on this path)
 
     need = longest_prompt + max_tokens
+    # the context holds one position past the run's longest sequence (SPARE): a logprob check (train-rl's
+    # rl/policy.py, TRL's integrations/trl/attach.py) feeds prompt + a completion cut at the cap back with
+    # max_tokens=1, and vLLM 0.32 refuses a prompt of exactly the context (v1/engine/input_processor.py), mid-run
+    least = need + SPARE
     what = (f"the longest prompt, {longest_prompt} tokens, + {names.max_tokens} {max_tokens}" if longest_prompt
             else f"{names.max_tokens} {max_tokens}, the prompt's tokens not counted")
+    spare = ("and one position past it (a logprob check reads a completion cut at the cap back, and vLLM refuses a "
+             "prompt of exactly the context)")
     limit, source = model_limit(read_config(model_path))
-    if need > limit:
+    if least > limit:
         raise SpectoolError(
-            f"this run needs a {need}-token context ({what}), and {model_path} serves at most {limit} ({source} in its "
-            f"config.json): lower {names.max_tokens} to at most {max(limit - longest_prompt, 0)} or use shorter prompts")
+            f"this run needs a {need}-token context ({what}) {spare}, and {model_path} serves at most {limit} "
+            f"({source} in its config.json): lower {names.max_tokens} to at most "
+            f"{max(limit - SPARE - longest_prompt, 0)} or use shorter prompts")
     if user:
-        if user < need:
+        if user < least:
             raise SpectoolError(
-                f"{names.context}={user} is shorter than this run needs: {need} tokens ({what}); vLLM would end every "
-                f"longer completion at {user} tokens without a word. Raise {names.context} to at least {need} (or "
-                f"leave it unset: the run's need), or lower {names.max_tokens}")
+                f"{names.context}={user} is shorter than this run needs: {need} tokens ({what}) {spare}; vLLM would "
+                f"end every longer completion at {user} tokens without a word, or refuse its logprob check mid-run. "
+                f"Raise {names.context} to at least {least} (or leave it unset: the run's need), or lower "
+                f"{names.max_tokens}")
         if user > limit:
             raise SpectoolError(f"{names.context}={user} is past what {model_path} serves: {limit} tokens ({source} in "
-                                f"its config.json); use at most {limit} (or leave it unset: the run's need, {need})")
+                                f"its config.json); use at most {limit} (or leave it unset: the run's need, {least})")
     if draft_path or method == "mtp":
         check_run_length(draft_path, model_path, method, need, names.max_tokens)
-    # at least one position past the run's longest sequence: a logprob check feeds prompt + a completion cut at the cap
-    # back with max_tokens=1, which vLLM 0.32 refuses at exactly the context (v1/engine/input_processor.py)
-    return user or min(need + max(extra, 1), limit)
+    return user or min(need + max(extra, SPARE), limit)
 
 
 # --- how completions ended ---------------------------------------------------------------------------------------
