@@ -131,9 +131,35 @@ def test_rollout_with_a_context_shorter_than_it_needs_is_refused_before_an_engin
     assert not (tmp_path / "r").exists()
 
 
-def test_init_draft_harvest_past_the_models_limit_is_refused_before_an_engine_starts(tmp_path, tiny_policy):
-    r = runner.invoke(app, ["init-draft", "--model", str(tiny_policy), "--n-prompts", "2", "--max-tokens", "1020",
-                            "--out", str(tmp_path / "d")])
+def test_init_draft_past_the_models_limit_writes_nothing_and_its_advice_then_runs(tmp_path, tiny_policy, monkeypatch):
+    """init-draft refuses a harvest past the model's limit before --out is claimed (a refused run writes nothing), so
+    the rerun the message advises (a lower --max-tokens into the same --out) gets past the claim."""
+    from spectool.commands import init_draft
+
+    out = tmp_path / "d"
+    args = ["init-draft", "--model", str(tiny_policy), "--n-prompts", "4", "--out", str(out)]
+    r = runner.invoke(app, [*args, "--max-tokens", "1020"])
     assert r.exit_code == 2
-    assert "serves at most 1024" in " ".join(r.output.split())
-    assert not (tmp_path / "d" / "harvest" / "engine.log").exists()
+    text = " ".join(r.output.split())
+    assert "serves at most 1024" in text and "lower --max-tokens to at most" in text
+    assert not out.exists()  # no init_draft.json: nothing to mistake for a run with other settings
+
+    class Claimed(Exception):
+        pass
+
+    def past_the_claim(cfg, model):  # the harvest would start here: the rerun got past every check and the claim
+        raise Claimed(cfg.out)
+
+    monkeypatch.setattr(init_draft, "training_data", past_the_claim)
+    r = runner.invoke(app, [*args, "--max-tokens", "16"])
+    assert isinstance(r.exception, Claimed), r.output
+    assert (out / init_draft.RUN_CONFIG).exists()
+
+
+def test_init_draft_refuses_a_harvest_too_small_to_train_on_before_the_claim(tmp_path, tiny_policy):
+    out = tmp_path / "d"
+    r = runner.invoke(app, ["init-draft", "--model", str(tiny_policy), "--n-prompts", "3", "--samples", "1",
+                            "--max-tokens", "16", "--out", str(out)])
+    assert r.exit_code == 2
+    assert "3 prompt(s) x --samples 1 = 3 harvest records; init-draft needs at least 4" in " ".join(r.output.split())
+    assert not out.exists()

@@ -53,6 +53,10 @@ class HarvestConfig:
     chat_template_kwargs: dict | None = None
     """Extra keyword arguments to the chat template, a JSON object (TRL's chat_template_kwargs), e.g.
     '{"enable_thinking": false}' for Qwen3."""
+    text_prompts: str | None = None
+    """How a text prompt is rendered: chat-template (the default: one user turn, as train-rl gives it) | raw (its own
+    tokens, as TRL's GRPOTrainer tokenizes a standard-format dataset's text prompts: a draft for such a TRL run).
+    Conversations always go through the chat template, as TRL renders them."""
     out: str = ""
     """Run directory to create (or resume)."""
     split: str = "train"
@@ -132,6 +136,19 @@ class _Counts:
 
 
 def harvest(cfg: HarvestConfig) -> HarvestResult:
+    model, source, tasks, context = checked_inputs(cfg)
+    out = Path(cfg.out)
+    place = _place(cfg)
+    manifest, todo = _open_run(cfg, model, source, tasks, out, place)
+    engine = _start_engine(cfg, model, out, place, context) if todo else None
+    counts = _generate(cfg, model, source, engine, tasks, todo, out, place, manifest["chunk_prompts"])
+    return _finish(cfg, engine, counts, manifest, out, place)
+
+
+def checked_inputs(cfg: HarvestConfig) -> tuple:
+    """What a harvest refuses before its folder is claimed or an engine starts (its settings, a --system-prompt over
+    the data's own system turns, a context past the model's limit or shorter than the run needs): (model, source,
+    tasks, context). init-draft asks it before claiming its own --out (a refused run writes nothing)."""
     from spectool.data import load_source  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
     from spectool.models import resolve_model  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
@@ -139,14 +156,8 @@ def harvest(cfg: HarvestConfig) -> HarvestResult:
     model = resolve_model(cfg.model)
     source = load_source(cfg.data, seed=cfg.sampling.seed, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col)
     tasks = source.tasks(cfg.split, cfg.sampling.n_prompts)
-    check_conversations(tasks, cfg)  # a --system-prompt over the data's own system turns: refused before the engine
-    context = _context(cfg, model, tasks)  # refused here, before the folder is claimed or an engine starts
-    out = Path(cfg.out)
-    place = _place(cfg)
-    manifest, todo = _open_run(cfg, model, source, tasks, out, place)
-    engine = _start_engine(cfg, model, out, place, context) if todo else None
-    counts = _generate(cfg, model, source, engine, tasks, todo, out, place, manifest["chunk_prompts"])
-    return _finish(cfg, engine, counts, manifest, out, place)
+    check_conversations(tasks, cfg)
+    return model, source, tasks, _context(cfg, model, tasks)
 
 
 def _context(cfg: HarvestConfig, model, tasks: list) -> int:

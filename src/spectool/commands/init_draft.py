@@ -45,6 +45,7 @@ from spectool.commands.init_draft_inputs import (
     check_disk_budget,
     check_harvest_rendering,
     check_memory,
+    check_source_harvest,
     policy_dtype,
     training_data,
     training_features,
@@ -180,8 +181,14 @@ def _setup(cfg: InitDraftConfig):
         raise SpectoolError(f"--init-from {cfg.init_from} does not exist")
     # the family, the warm start, and whether the installed vLLM could serve such a draft for this policy at all
     check_speculation(model, cfg.method, cfg.init_from, 1, Flags(draft="--init-from"))
-    if (Path(cfg.data) / "manifest.json").exists():  # before --out is claimed
+    # Every check that can refuse runs before --out is claimed: a refused run writes nothing, so the rerun its message
+    # advises (other settings, the same --out) is no "run with other settings".
+    data = None
+    if (Path(cfg.data) / "manifest.json").exists():  # a harvest run: read and checked whole here
         check_harvest_rendering(cfg, Path(cfg.data), load_manifest(Path(cfg.data), "harvest"))
+        data = training_data(cfg, model)
+    else:  # a data source: what its harvest (run after the claim, into --out/harvest) would refuse
+        check_source_harvest(cfg)
     if cfg.init_from:
         from spectool.draft.checkpoint import load_draft  # noqa: PLC0415 (binds a name this module uses otherwise)
 
@@ -205,7 +212,8 @@ def _setup(cfg: InitDraftConfig):
     # one process claims --out (a refusal raised on every rank); every rank must see it (a launch across nodes:
     # a shared filesystem), as the feature cache and checkpoints the main process writes there are read by all
     recorded = ranks.claim_folder(Path(cfg.out), lambda: claim_out(cfg))
-    data = training_data(cfg, model)
+    if data is None:  # a data source, harvested here
+        data = training_data(cfg, model)
     if acc.is_main_process:
         check_harvest(cfg, data, recorded)
         check_weights(cfg, data.weights)

@@ -54,14 +54,36 @@ def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
         return p
 
     run_dir = Path(cfg.out) / "harvest"
-    harvest(HarvestConfig(model=cfg.model, data=cfg.data, system_prompt=cfg.system_prompt,
-                          chat_template_kwargs=cfg.chat_template_kwargs, out=str(run_dir), split="train", sampling=cfg.harvest,
-                          prompt_col=cfg.prompt_col, answer_col=cfg.answer_col,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                          max_model_len=cfg.max_model_len))
-
+    harvest(_harvest_config(cfg))
     gc.collect()  # the harvest's engine goes before the policy and the draft take the device
     return run_dir
+
+
+def _harvest_config(cfg: InitDraftConfig) -> HarvestConfig:
+    """The harvest of --data (a data source) init-draft runs first, into --out/harvest."""
+    return HarvestConfig(model=cfg.model, data=cfg.data, system_prompt=cfg.system_prompt,
+                         chat_template_kwargs=cfg.chat_template_kwargs, out=str(Path(cfg.out) / "harvest"),
+                         split="train", sampling=cfg.harvest, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col,
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
+                         max_model_len=cfg.max_model_len)
+
+
+MIN_RECORDS = 4  # a harvest with fewer cannot be split into training and held-out records (training_data)
+
+
+def check_source_harvest(cfg: InitDraftConfig) -> None:
+    """What the harvest of --data (a data source) would refuse, asked before --out is claimed (a refused run writes
+    nothing, so a rerun with the settings the refusal names goes into the same --out): the harvest's own checks
+    (harvesting.checked_inputs: the context past the model's limit or shorter than the run needs, a system prompt
+    over the data's own) and a harvest too small to train on."""
+    from spectool.harvesting import checked_inputs  # noqa: PLC0415 (binds a name this module uses otherwise)
+
+    _, _, tasks, _ = checked_inputs(_harvest_config(cfg))
+    records = len(tasks) * cfg.harvest.samples
+    if records < MIN_RECORDS:
+        raise SpectoolError(f"--data {cfg.data} gives {len(tasks)} prompt(s) x --samples {cfg.harvest.samples} = "
+                            f"{records} harvest records; init-draft needs at least {MIN_RECORDS} (some are held out): "
+                            "raise --n-prompts or --samples")
 
 
 def check_harvest_rendering(cfg: InitDraftConfig, run_dir: Path, manifest: dict) -> None:
@@ -222,8 +244,8 @@ def training_data(cfg: InitDraftConfig, model) -> TrainingData:
         raise SpectoolError(f"harvest run {run_dir} was made with model {hm['model']}, not {cfg.model}"
                             + (f" ({'; '.join(diff)}: harvest's model vs this one)" if diff else ""))
     records = load_records(run_dir)
-    if len(records) < 4:
-        raise SpectoolError(f"harvest run {run_dir} has {len(records)} records; at least 4 are needed")
+    if len(records) < MIN_RECORDS:
+        raise SpectoolError(f"harvest run {run_dir} has {len(records)} records; at least {MIN_RECORDS} are needed")
     held = np.fromiter((int(hashlib.sha256(p.encode()).hexdigest()[:8], 16) % 1000 < cfg.eval_fraction * 1000
                         for p in iter_column(records, "prompt_id")), dtype=bool, count=len(records))  # [records]
     if held.all() or not held.any():  # too few prompts for a hash split: hold out the last record

@@ -160,13 +160,13 @@ def _setup(cfg: RLConfig) -> _Run:
                                     user=cfg.engine.max_model_len or None, names=RL_YAML,
                                     draft_path=draft_path if drafting and spec.method != "mtp" else None,
                                     method=spec.method if drafting else "")
+    if torch.cuda.is_available():  # before the folder is claimed and the trainer or the engine takes any memory
+        gpu = torch.cuda.get_device_properties(0)
+        check_memory(cfg, model.path, spec, max(map(len, tasks.ids)), gpu.total_memory, gpu.name)
     claim(out, "train-rl", cfg.as_dict(), may_change=RESUMABLE_KEYS_IGNORED, flag="out")
     ckpt = _latest_checkpoint(out)
     p, e = cfg.policy, cfg.engine
     dtype = engine_dtype(e.dtype)
-    if torch.cuda.is_available():  # before the trainer or the engine takes any memory
-        gpu = torch.cuda.get_device_properties(0)
-        check_memory(cfg, model.path, spec, max(map(len, tasks.ids)), gpu.total_memory, gpu.name)
     trainer = PolicyTrainer(str(ckpt[1] / "policy") if ckpt else model.path, p.lr, cfg.rollout.temperature,
                             p.eps_low, p.eps_high, p.kl_beta, p.micro_batch_size, p.max_grad_norm, seed=cfg.seed,
                             engine_dtype=dtype)

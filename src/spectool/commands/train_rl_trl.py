@@ -26,7 +26,6 @@ from spectool.context import RL_YAML
 from spectool.engine.compat import is_cpu_build
 from spectool.errors import SpectoolError
 from spectool.integrations.trl import MTP, SpectoolSpeculation, check_trl_version, task_data
-from spectool.integrations.trl.preflight import check_lengths
 from spectool.models import resolve_model
 from spectool.prompts import template_kwargs
 from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
@@ -135,8 +134,8 @@ def run(cfg: RLConfig) -> dict:
     # TRL's arguments start accelerate's process group (gloo on the CPU, NCCL on GPUs) when launched with several
     args = grpo_config(cfg, out, cpu=is_cpu_build() or not torch.cuda.is_available(),
                        world=int(os.environ.get("WORLD_SIZE", "1")))
-    check_lengths(spec, model.path, args, names=RL_YAML,  # named in rl.yaml's keys, before the folder is claimed
-                  trainer_kwargs={"train_dataset": ds})
+    # every refusal of grpo_trainer (the lengths named in rl.yaml's keys), before the folder is claimed
+    spec.check(RL_YAML, model=model.path, args=args, train_dataset=ds)
 
     def own_folder() -> None:  # the main process owns the run folder; the others stop with it if it is refused
         claim(out, "train-rl", cfg.as_dict(), may_change=RESUMABLE_KEYS_IGNORED, flag="out")
