@@ -62,6 +62,9 @@ def arm(a: argparse.Namespace, name: str, out: Path) -> None:
         "step_s": mean("step_time"), "refresh_s": mean("spectool/refresh_s"),
         "tokens": logs[-1].get("num_tokens") if logs else None,
         "logprob_check": max((h.get("spectool/logprob_check_max_diff", 0) for h in logs), default=None),
+        # per step: the engine check's mean gap (what its tolerance reads) and the refresh push's probe excess
+        "logprob_gaps": [h.get("spectool/logprob_check_mean_diff") for h in logs],
+        "draft_check_excess": [h.get("spectool/draft_check_excess") for h in logs],
         "rewards": [h.get("reward") for h in logs],  # per step: the arms draw the same prompts in the same order
         "acceptance": [h.get("spectool/acceptance_length") for h in logs],
         "refresh_steps": [h["step"] for h in logs if "spectool/refresh_s" in h],
@@ -145,6 +148,9 @@ def main() -> None:
         if any(x is not None for x in r["acceptance"]):
             print(f"  {n} acceptance per step: {' '.join(fmt(x, '.2f') for x in r['acceptance'])}; refreshed after "
                   f"steps {r['refresh_steps'] or 'none'}")
+        if any(x is not None for x in r.get("logprob_gaps", []) + r.get("draft_check_excess", [])):
+            print(f"  {n} logprob check mean gap per step: {' '.join(fmt(x, '.1e') for x in r['logprob_gaps'])}; "
+                  f"draft check excess per step: {' '.join(fmt(x, '.2f') for x in r['draft_check_excess'])}")
 
 
 if __name__ == "__main__":
