@@ -59,6 +59,27 @@ def make_tokenizer(folder: Path, vocab_size: int = 512):
     return fast
 
 
+# Llama-style: the template writes the BOS token itself, and the tokenizer's encoding adds one too
+BOS_CHAT_TEMPLATE = "{{ bos_token }}" + CHAT_TEMPLATE
+
+
+@pytest.fixture(scope="session")
+def bos_tokenizer(tmp_path_factory):
+    """The test tokenizer made Llama-style: encoding a text adds BOS (<s>) in front, as Llama's and Mistral's
+    tokenizers do, and its chat template writes BOS itself, so a rendered prompt tokenized with special tokens would
+    start with two (the tokenizer the others are does not add any)."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("bos_tokenizer")
+    tok = make_tokenizer(folder)
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.bos_token_id)])
+    tok.chat_template = BOS_CHAT_TEMPLATE
+    tok.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)  # as saved: what a run loads
+
+
 def transformers_logprobs(policy, prompt: list[int], resp: list[int]):
     """The policy's logprob of each response token after its prompt (a float32 transformers forward)."""
     import torch
@@ -256,3 +277,14 @@ def eagle3_export(tiny_policy, harvest_hs, tmp_path_factory) -> tuple[Path, Path
     r = spectool("export", "--draft", str(draft), "--out", str(out), "--k", "2", "--min-acceptance", "1.0")
     assert "verified on vLLM" in r.stdout
     return draft, out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cli_zygote():
+    """CLI runs fork from one process that imported vLLM once (tests/clirun.py, tests/zygote.py): started as the
+    session starts, its imports overlap the first tests. SPECTOOL_TEST_FORK=0 runs every CLI in a fresh interpreter."""
+    from clirun import forking, start_zygote
+
+    if forking():
+        start_zygote()
+    yield

@@ -189,3 +189,16 @@ def test_train_rls_prompts_are_rendered_with_rl_yamls_settings(tok, tmp_path):
                              "rollout.prompts_per_step=4", "rollout.chat_template_kwargs={enable_thinking: false}"])
     steps = StepPrompts(load_source(str(data)), tok, cfg)
     assert steps.ids == [_reference(tok, [CHAT[0], *t.messages], enable_thinking=False) for t in steps.tasks]
+
+
+def test_a_tokenizer_that_adds_bos_gets_one_bos_as_apply_chat_template_gives(bos_tokenizer):
+    """A Llama-style tokenizer (its encoding adds BOS, its template writes one): the rendered text is tokenized without
+    special tokens, as apply_chat_template(tokenize=True) does, so the ids start with one BOS, not two."""
+    bos = bos_tokenizer.bos_token_id
+    assert bos_tokenizer("What is 2 + 3?")["input_ids"][0] == bos  # the fixture does add one
+    for messages in (CHAT, CHAT[1:]):
+        ids = encode_prompt(bos_tokenizer, messages)
+        assert ids == _reference(bos_tokenizer, messages)
+        assert ids[0] == bos and ids.count(bos) == 1
+        assert bos_tokenizer.decode(ids).startswith("<s><|")
+    assert encode_prompt(bos_tokenizer, "What is 2 + 3?") == _reference(bos_tokenizer, CHAT[1:])  # a text: one user turn

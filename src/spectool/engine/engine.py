@@ -191,8 +191,6 @@ class Engine:
         """prompts: token ids per prompt. Returns [prompt][sample] completions and acceptance deltas. `progress`, if
         given, is called every PROGRESS_S seconds with the tokens generated so far in this call (a long completion
         otherwise shows nothing until the call ends)."""
-        from vllm import SamplingParams, TokensPrompt  # noqa: PLC0415 (vLLM loads only with the engine, after its environment is set)
-
         longest = max((len(p) + (sampling.max_tokens_each[i] if sampling.max_tokens_each else sampling.max_tokens)
                        for i, p in enumerate(prompts)), default=0)
         check_positions(longest, self.draft_positions, self.cfg.draft_path or self.cfg.model_path,
@@ -201,6 +199,8 @@ class Engine:
             raise SpectoolError(f"this generation needs a {longest}-token context (the longest prompt + the max tokens) "
                                 f"and the engine was started with {self.max_model_len}: raise --max-model-len (train-rl: "
                                 "engine.max_model_len) or lower --max-tokens (train-rl: rollout.max_tokens)")
+        # vLLM after the refusals: they read this engine's numbers alone (tests/test_claims.py checks them without one)
+        from vllm import SamplingParams, TokensPrompt  # noqa: PLC0415 (vLLM loads only with the engine, after its environment is set)
 
         def params(i: int) -> SamplingParams:  # seeded: prompt i's samples use seeds seed + i*n ... + i*n + n-1
             return SamplingParams(
