@@ -160,3 +160,31 @@ def test_the_engine_refuses_a_generation_past_the_draft_range(reduced_draft, tin
             engine.generate([[1, 2, 3], [1, 2, 3, 4]], Sampling(max_tokens=37, temperature=0))
     finally:
         engine.close()
+
+
+def test_trls_length_check_measures_every_prompt_of_the_dataset(tiny_policy):
+    """TRL 1.16 has no max_prompt_length: every prompt is as long as the data makes it, so the check measures them
+    all. A long prompt at index 900 of 1,000 (past the 256 once measured) sets the longest sequence: a completion
+    that fits every other prompt within the tiny policy's 1,024 positions is refused with it."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from spectool.integrations.trl.preflight import _longest_prompt, check_lengths
+    from spectool.integrations.trl.speculation import SpeculationSettings
+
+    short = [{"role": "user", "content": "What is 1 + 2?"}]
+    long = [{"role": "user", "content": " ".join(f"word{i}" for i in range(150))}]
+    ds = Dataset.from_dict({"prompt": [long if i == 900 else short for i in range(1000)]})
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    rendered = tok.apply_chat_template(long, add_generation_prompt=True, tokenize=True)  # transformers' own, as TRL's
+    want = len(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+    shortest = len(tok.apply_chat_template(short, add_generation_prompt=True, tokenize=False))  # chars: an upper bound
+    assert want > shortest + 100  # the long prompt alone decides
+    assert _longest_prompt({"train_dataset": ds}, str(tiny_policy)) == want
+    args = SimpleNamespace(max_completion_length=1024 - want, vllm_max_model_length=None, chat_template_kwargs=None)
+    with pytest.raises(SpectoolError, match=rf"needs a 1024-token context \(the longest prompt, {want} tokens"):
+        check_lengths(SpeculationSettings(None), str(tiny_policy), args, trainer_kwargs={"train_dataset": ds})
+    args.max_completion_length = 1023 - want  # one position spare past the long prompt's sequence: it fits
+    check_lengths(SpeculationSettings(None), str(tiny_policy), args, trainer_kwargs={"train_dataset": ds})
