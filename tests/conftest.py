@@ -278,13 +278,3 @@ def eagle3_export(tiny_policy, harvest_hs, tmp_path_factory) -> tuple[Path, Path
     assert "verified on vLLM" in r.stdout
     return draft, out
 
-
-@pytest.fixture(scope="session", autouse=True)
-def _cli_zygote():
-    """CLI runs fork from one process that imported vLLM once (tests/clirun.py, tests/zygote.py): started as the
-    session starts, its imports overlap the first tests. SPECTOOL_TEST_FORK=0 runs every CLI in a fresh interpreter."""
-    from clirun import forking, start_zygote
-
-    if forking():
-        start_zygote()
-    yield
