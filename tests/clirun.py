@@ -7,9 +7,17 @@ import subprocess
 import sys
 
 
+def forking() -> bool:
+    """CLI runs are forked from tests/zygote.py (vLLM, torch and transformers imported once) unless
+    SPECTOOL_TEST_FORK=0: each run still has its own process, environment, folder and engines; only the 9-11 s
+    import of a fresh interpreter is not paid again (docs/architecture.md, "Tests"). The runs that must start
+    fresh say so with `subprocess` (test_train_rl_e2e's killed and resumed runs, the launchers, --help)."""
+    return os.environ.get("SPECTOOL_TEST_FORK", "1") != "0"
+
+
 def spectool(*args, env=None, check=True):
     e = {**os.environ, **(env or {})}
-    if os.environ.get("SPECTOOL_TEST_FORK") == "1":  # an experiment, off by default: tests/zygote.py
+    if forking():
         r = _forked([str(a) for a in args], e)
     else:
         r = subprocess.run([sys.executable, "-m", "spectool.cli", *args], capture_output=True, text=True, env=e,
@@ -63,23 +71,33 @@ def nodes(commands: list[list[str]], cwds: list | None = None, env: dict | None 
 _ZYGOTE: dict = {}
 
 
+def start_zygote() -> None:
+    """Start tests/zygote.py's server once a test run, without waiting for its imports (the suite calls this
+    as the session starts, so the imports overlap the first tests; the first CLI run waits for "ready")."""
+    import atexit
+    import tempfile
+    from pathlib import Path
+
+    if "proc" in _ZYGOTE:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="spectool-zygote-"))
+    path = str(folder / "socket")
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py")), path],
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    _ZYGOTE.update(path=path, proc=proc, folder=folder)
+    atexit.register(proc.kill)
+
+
 def _forked(args: list[str], env: dict) -> subprocess.CompletedProcess:
     """The CLI run forked from tests/zygote.py's server (started on first use, with vLLM imported once)."""
     import json
     import socket
-    import tempfile
-    from pathlib import Path
 
-    if "path" not in _ZYGOTE:
-        folder = Path(tempfile.mkdtemp(prefix="spectool-zygote-"))
-        path = str(folder / "socket")
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py")), path],
-                                stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-        assert proc.stdout.readline().strip() == "ready", "the CLI zygote did not start"
-        _ZYGOTE.update(path=path, proc=proc, folder=folder)
-        import atexit
-
-        atexit.register(proc.kill)
+    start_zygote()
+    if not _ZYGOTE.get("ready"):
+        line = _ZYGOTE["proc"].stdout.readline().strip()
+        assert line == "ready", f"the CLI zygote did not start ({line!r})"
+        _ZYGOTE["ready"] = True
     out, err = _ZYGOTE["folder"] / "stdout", _ZYGOTE["folder"] / "stderr"
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(_ZYGOTE["path"])
