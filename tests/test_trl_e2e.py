@@ -105,13 +105,13 @@ def test_an_impossible_length_is_refused_before_training(long_context_policy, su
 
 
 def _rendered(ds, policy) -> list[list[int]]:
-    """The dataset's prompts as TRL renders them (the chat template of the policy's tokenizer)."""
+    """The dataset's prompts as TRL itself tokenizes them (GRPOTrainer._tokenize_prompts, TRL's own code), not as
+    spectool renders them: the length the refusals name is held to TRL's."""
     from transformers import AutoTokenizer
 
-    from spectool.prompts import encode_messages
+    from test_trl_rendering import trl_ids
 
-    tok = AutoTokenizer.from_pretrained(policy)
-    return [encode_messages(tok, p) if isinstance(p, list) else tok(p)["input_ids"] for p in ds["prompt"]]
+    return trl_ids(AutoTokenizer.from_pretrained(policy), list(ds["prompt"]))
 
 
 @pytest.mark.e2e

@@ -3,7 +3,13 @@ a text as one user turn), a system turn put first (--system-prompt), through the
 extra keyword arguments (--chat-template-kwargs, TRL's `chat_template_kwargs`: e.g. Qwen3's enable_thinking).
 The ids are what `tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)`
 returns, as TRL's GRPOTrainer renders a conversational prompt (trl/trainer/grpo_trainer.py). A model without a chat
-template takes a text prompt as it is."""
+template takes a text prompt as it is.
+
+TRL renders by the dataset's format (GRPOTrainer._tokenize_prompts, TRL 1.16): a conversational prompt (a list of
+messages) through the chat template, a standard-format prompt (a text) raw: `tokenizer(text)`, with the special tokens
+the tokenizer adds (a Llama-style BOS), no template, no turns. spectool's own RL runs (train-rl, both backends) give
+every prompt as a conversation, so a text is one user turn by default; `--text-prompts raw` renders text prompts as
+TRL does a standard-format dataset's, for a draft that serves a TRL run on one (conversations keep the template)."""
 
 from __future__ import annotations
 
@@ -14,6 +20,11 @@ from spectool.errors import SpectoolError
 
 SYSTEM_FLAG = "--system-prompt"
 KWARGS_FLAG = "--chat-template-kwargs"
+TEXT_FLAG = "--text-prompts"
+# how a text prompt is rendered (a command's `text_prompts`; unset: the chat template, as every earlier run did), and the
+# words a run's log and manifest say it in
+TEXT_RENDERINGS = {"chat-template": "chat template", "raw": "raw text, as TRL tokenizes standard-format prompts"}
+CHAT_TEMPLATE, RAW_TEXT = TEXT_RENDERINGS.values()
 # apply_chat_template's own parameters (transformers 5): spectool sets them, a template kwarg of that name would clash
 OWN_PARAMETERS = ("conversation", "tools", "documents", "chat_template", "add_generation_prompt",
                   "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
@@ -40,6 +51,17 @@ def template_kwargs(value: dict | str | None, flag: str = KWARGS_FLAG) -> dict:
     return value
 
 
+def text_prompts(value: str | None, flag: str = TEXT_FLAG) -> str:
+    """The text prompts' rendering, "chat-template" (the default: None) or "raw"; errors name `flag`."""
+    if value is None:
+        return "chat-template"
+    if value not in TEXT_RENDERINGS:
+        raise SpectoolError(f"{flag}={value!r}: must be one of {', '.join(TEXT_RENDERINGS)} (chat-template: a text is "
+                            "one user turn through the chat template; raw: the text's own tokens, as TRL tokenizes a "
+                            "standard-format prompt)")
+    return value
+
+
 def check_system_prompt(value: str | None, flag: str = SYSTEM_FLAG) -> None:
     if value is not None and (not isinstance(value, str) or not value.strip()):
         raise SpectoolError(f"{flag}={value!r}: must be a non-empty text (or unset: no system turn added)")
@@ -59,8 +81,12 @@ def conversation(prompt: str | list[dict], system_prompt: str | None = None, fla
 
 
 def encode_prompt(tokenizer: Any, prompt: str | list[dict], system_prompt: str | None = None,
-                  chat_template_kwargs: dict | str | None = None) -> list[int]:
-    """Token ids of a prompt (a text or a conversation) ready for generation, rendered as the RL run renders it."""
+                  chat_template_kwargs: dict | str | None = None, text: str | None = None) -> list[int]:
+    """Token ids of a prompt (a text or a conversation) ready for generation, rendered as the RL run renders it
+    (`text`: a text prompt's rendering, text_prompts())."""
+    if isinstance(prompt, str) and text_prompts(text) == "raw":
+        # TRL 1.16 on a standard-format prompt: processing_class(text=prompts)["input_ids"], special tokens included
+        return list(tokenizer(prompt)["input_ids"])
     messages = conversation(prompt, system_prompt)
     kwargs = template_kwargs(chat_template_kwargs)
     if not getattr(tokenizer, "chat_template", None):
@@ -76,16 +102,33 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict], system_prompt: str |
 
 def encode_tasks(tokenizer: Any, tasks: list, settings: Any = None) -> list[list[int]]:
     """Every task's prompt ids as a command renders them. `settings`: the command's config (its `system_prompt` and
-    `chat_template_kwargs`: every prompt-rendering command's dataclass, rl.yaml's rollout section); None: neither."""
+    `chat_template_kwargs`: every prompt-rendering command's dataclass, rl.yaml's rollout section; `text_prompts`:
+    harvest's); None: neither."""
     system, kwargs = (getattr(settings, "system_prompt", None), getattr(settings, "chat_template_kwargs", None))
     kwargs = template_kwargs(kwargs)  # parsed once
-    return [encode_prompt(tokenizer, t.messages, system, kwargs) for t in tasks]
+    text = text_prompts(getattr(settings, "text_prompts", None))
+    return [encode_prompt(tokenizer, _prompt(t, text), system, kwargs, text) for t in tasks]
+
+
+def _prompt(task: Any, text: str) -> str | list[dict]:
+    """What a task gives to render: its text where text prompts render raw and the data gave a text (a one-turn
+    conversation is the same task as its text, but TRL renders it as a conversation), else its messages."""
+    return task.prompt if text == "raw" and not getattr(task, "conversational", True) else task.messages
 
 
 def rendering(settings: Any) -> dict:
-    """The rendering settings as a manifest records them."""
+    """The rendering settings as a manifest records them (`text_prompts` only where text prompts render raw: every
+    other run's, earlier ones included, went through the chat template)."""
+    text = text_prompts(getattr(settings, "text_prompts", None))
     return {"system_prompt": getattr(settings, "system_prompt", None),
-            "chat_template_kwargs": template_kwargs(getattr(settings, "chat_template_kwargs", None))}
+            "chat_template_kwargs": template_kwargs(getattr(settings, "chat_template_kwargs", None)),
+            **({"text_prompts": text} if text == "raw" else {})}
+
+
+def text_rendering(recorded: dict | None) -> str:
+    """How a run rendered its text prompts, in words (CHAT_TEMPLATE or RAW_TEXT), from the `rendering` its manifest
+    records."""
+    return TEXT_RENDERINGS[text_prompts((recorded or {}).get("text_prompts"))]
 
 
 def encode_messages(tokenizer: Any, messages: list[dict], chat_template_kwargs: dict | str | None = None) -> list[int]:
@@ -94,9 +137,13 @@ def encode_messages(tokenizer: Any, messages: list[dict], chat_template_kwargs: 
 
 
 def check_rendering(settings: Any, system_flag: str = SYSTEM_FLAG, kwargs_flag: str = KWARGS_FLAG) -> None:
-    """Refuse a command's bad system prompt or chat template kwargs before anything starts, naming the flag."""
+    """Refuse a command's bad system prompt, chat template kwargs or text rendering before anything starts, naming the
+    flag."""
     check_system_prompt(getattr(settings, "system_prompt", None), system_flag)
     template_kwargs(getattr(settings, "chat_template_kwargs", None), kwargs_flag)
+    if text_prompts(getattr(settings, "text_prompts", None)) == "raw" and getattr(settings, "system_prompt", None):
+        raise SpectoolError(f"{system_flag} with {TEXT_FLAG} raw: a raw text prompt has no turns to put a system turn "
+                            f"before (TRL's standard format has none); drop one of them")
 
 
 def check_conversations(tasks: list, settings: Any) -> None:

@@ -37,6 +37,9 @@ class Task:
     prompt: str  # the user message, or a conversation's canonical JSON (the chat template is applied later, per model)
     answer: str | None  # reference answer; None for unverifiable sources
     conversation: tuple[dict, ...] | None = field(default=None, hash=False)  # every turn, when the data gives several
+    # the data gave a list of messages (TRL's conversational format), one user turn included: TRL renders it through
+    # the chat template where it tokenizes a text raw (prompts.py, --text-prompts raw)
+    conversational: bool = field(default=False, hash=False, compare=False)
 
     @property
     def messages(self) -> list[dict]:
@@ -65,7 +68,8 @@ class TaskSource:
             if prompt in seen or in_eval_split(prompt) != (split == "eval"):
                 continue
             seen.add(prompt)
-            task = Task(id=_task_id(self.spec, prompt), prompt=prompt, answer=answer, conversation=conversation)
+            task = Task(id=_task_id(self.spec, prompt), prompt=prompt, answer=answer, conversation=conversation,
+                        conversational=not isinstance(value, str))
             self._payloads[task.id] = payload
             out.append(task)
             if len(out) == n:

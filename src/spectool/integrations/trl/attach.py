@@ -32,6 +32,7 @@ from spectool.engine.probe import torch_dtype
 from spectool.engine.proposals import describe
 from spectool.errors import SpectoolError
 from spectool.integrations.trl import internals
+from spectool.integrations.trl.data import prompt_rendering
 from spectool.integrations.trl.speculation import SpeculationSettings
 from spectool.policy_weights import checkpoint_layout
 from spectool.precision import logprob_gaps, logprob_tolerance
@@ -112,6 +113,9 @@ class _Attached:
             self.served_by = colocated.served_by(self.llm, spec.method)
             log.info("spectool in TRL: %s; %s; draft refresh %s", self.served_by, describe(spec.draft_sampling),
                      spec.refresh.mode)
+        # which rendering TRL gives the dataset's prompts (logged; a warning where the draft's harvest used the other)
+        self.rendering = prompt_rendering(spec.draft and str(spec.draft), getattr(trainer, "train_dataset", None),
+                                          getattr(trainer, "processing_class", None))
         self.gen_s = 0.0  # generation seconds since the last step end (the cadence's cost side)
         self._trl_generate = self.vg.generate
         self.vg.generate = self._timed_generate
