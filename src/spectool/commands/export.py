@@ -204,10 +204,9 @@ def _portable_name(model_name: str) -> str:
 
 
 def _draft_data(src: Path) -> str | None:
-    from spectool.runs import MANIFEST, read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
-
-    m = read_json(src / MANIFEST) if (src / MANIFEST).exists() else {}
-    data = m.get("harvest_data")
+    """The data source the draft in `src` was trained on (export_card.training_data: an init-draft folder's or an
+    export's), None when unknown or a file no longer there."""
+    data = training_data(src).get("harvest_data")
     if not data:
         return None
     is_file = data.endswith((".jsonl", ".parquet"))
@@ -215,11 +214,9 @@ def _draft_data(src: Path) -> str | None:
 
 
 def _draft_rendering(src: Path, cfg: ExportConfig) -> ExportConfig:
-    """`cfg` with the draft's harvest's system prompt and chat template kwargs (init-draft's manifest) where
-    --system-prompt and --chat-template-kwargs are unset."""
-    from spectool.runs import MANIFEST, read_json  # noqa: PLC0415 (binds a name this module uses otherwise)
-
-    own = (read_json(src / MANIFEST) if (src / MANIFEST).exists() else {}).get("rendering") or {}
+    """`cfg` with the draft's harvest's system prompt and chat template kwargs (export_card.training_data: init-draft's
+    manifest, or the one an export keeps) where --system-prompt and --chat-template-kwargs are unset."""
+    own = training_data(src).get("rendering") or {}
     return dataclasses.replace(
         cfg, system_prompt=cfg.system_prompt if cfg.system_prompt is not None else own.get("system_prompt"),
         chat_template_kwargs=cfg.chat_template_kwargs if cfg.chat_template_kwargs is not None

@@ -58,8 +58,12 @@ def command_line(cfg: ExportConfig) -> str:
 
 def training_data(draft: Path) -> dict:
     """The data a draft folder was trained on, from its manifest (init-draft's) and its harvest's settings when that
-    run folder is still there: {data, records, train_records, eval_records, rendering, harvest?: {...}}."""
+    run folder is still there: {data, records, train_records, eval_records, rendering, harvest?: {...}}. An export
+    keeps what its draft's said under `training_data`: re-exporting an export reads that (the one reading of a draft
+    folder's provenance: export's check prompts, rendering and card)."""
     m = read_json(draft / MANIFEST) if (draft / MANIFEST).exists() else {}
+    if m.get("kind") == "export":
+        return dict(m.get("training_data") or {})
     out = {k: m.get(k) for k in ("harvest_data", "records", "train_records", "eval_records", "rendering")}
     harvest = Path(m["harvest"]) if m.get("harvest") else None
     if harvest is not None and (harvest / CONFIG).exists():
