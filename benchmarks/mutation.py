@@ -1,18 +1,23 @@
 """Mutation score of the decision code: the audit's 19 mutants (../shared/reviews/audit-2026-11c.md, "Mutation
-table"), each applied alone to a copy of the working tree and run against the tests most likely to catch it.
+table") and 33 of the code added on 2026-11-27/28 (issue 68 item 9: the context, prompts, the draft's attention and
+packing, trackers, the weights digest, TRL's preflight and attach, export and its card, ranks, the speculators
+reading), each applied alone to a copy of the working tree and run against the tests most likely to catch it.
 
-A mutant is killed when pytest reports a failed or errored test; the suite's own budget verdict (tests/costs.py) is
-not a kill. The working tree is never written: each mutant runs in a scratch copy of src/ and tests/ (the copy's
-src first on PYTHONPATH), so it can run beside other work.
+A mutant is killed when pytest reports a failed or errored test, and that test passes again once the mutant is
+taken out (a test that fails on the code as it is kills nothing: the mutant is reported as not scored); the suite's
+own budget verdict (tests/costs.py) is not a kill. The working tree is never written: each mutant runs in a scratch
+copy of it (the files git lists, uncommitted changes included; the copy's src first on PYTHONPATH, so its code is
+what the tests import), so it can run beside other work. CPU heavy: run it under `nice`.
 
-    .venv/bin/python benchmarks/mutation.py                 # all 19, their targeted unit tests (96 s here)
+    .venv/bin/python benchmarks/mutation.py                 # all of them, each against its targeted unit tests
     .venv/bin/python benchmarks/mutation.py P1 P3 --all-unit  # those mutants against every unit test
-    .venv/bin/python benchmarks/mutation.py --out benchmarks/data/mutation_<date>.json  # 2026-11-28: 19/19, 96 s
+    .venv/bin/python benchmarks/mutation.py K1 --tests tests/test_micro_batches.py  # against the tests named
+    .venv/bin/python benchmarks/mutation.py --out benchmarks/data/mutation_<date>.json  # the score, the command, the code
 
 Exit status: 0 when every mutant run was killed, 1 when one survived, 2 when a mutant no longer applies (its
-`old` text is not in the source exactly once: the code moved, so the mutant must be rewritten, not skipped).
+`old` text is not in the source exactly once: the code moved, so the mutant must be rewritten, not skipped) or
+a killing test also fails without its mutant.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -35,6 +40,18 @@ LOSSLESS = ("tests/test_lossless.py",)
 IDENTITY = ("tests/test_feature_identity.py", "tests/test_features.py", "tests/test_init_draft_scale.py")
 MEMORY = ("tests/test_init_draft_memory.py", "tests/test_memory_plan.py")
 BATCH = ("tests/test_engine_batch.py", "tests/test_gpu_build.py", "tests/test_compat.py")
+# the 2026-11-27/28 round's code (issue 68 item 9): each group the unit tests of that code
+ATTENTION = ("tests/test_draft_attention.py",)
+PACKING = ("tests/test_micro_batches.py", "tests/test_draft_attention.py", "tests/test_refresh.py")
+TRACKERS = ("tests/test_trackers.py",)
+DIGEST = ("tests/test_feature_identity.py",)
+TRL = ("tests/test_trl_engine_budget.py", "tests/test_trl_draft_range.py", "tests/test_preflight.py",
+       "tests/test_data.py::test_every_command_reads_the_columns_it_is_given")
+EXPORT = ("tests/test_export_portable.py", "tests/test_export_share.py", "tests/test_export_speculators.py")
+RANKS = ("tests/test_shared_run_folder.py", "tests/test_harvest_parallel.py")
+SPECULATORS = ("tests/test_warm_start_speculators.py",)
+CONTEXT = ("tests/test_context.py",)
+PROMPTS = ("tests/test_prompts.py",)
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,95 @@ MUTANTS = (
            "A100s get the large-GPU defaults"),
 )
 
+MODEL, TTT, TRACK = "src/spectool/draft/model.py", "src/spectool/draft/ttt.py", "src/spectool/trackers.py"
+# the code added on 2026-11-27/28 (issue 68 item 9): the context, prompts, the draft's attention and packing, trackers,
+# the weights digest, TRL's preflight and attach, export and its card, ranks, the speculators reading
+NEW_MUTANTS = (
+    Mutant("A1", MODEL, "r = torch.searchsorted(bounds, every, right=True) - 1",
+           "r = torch.searchsorted(bounds, every, right=False) - 1", ATTENTION,
+           "a packed record's first position counted in the record before"),
+    Mutant("A2", MODEL, "idx[a:b] - s0,", "idx[a:b] - a,", ATTENTION,
+           "a packed record's anchors shifted by its first query, not its first key"),
+    Mutant("A3", MODEL, "else o.index_select(2, rows + m)", "else o.index_select(2, rows)", ATTENTION,
+           "sampled anchors read the output rows m before their own"),
+    Mutant("A4", MODEL, "extra.to(q.dtype).clamp_min(low)", "extra.to(q.dtype)", ATTENTION,
+           "a masked extra key's -inf score not made finite"),
+    Mutant("A5", MODEL, "o = F.scaled_dot_product_attention(qx, k, v, is_causal=True, scale=1.0, enable_gqa=gqa)",
+           "o = F.scaled_dot_product_attention(qx, k, v, attn_mask=torch.ones(m + T, m + T, dtype=torch.bool, "
+           "device=q.device).tril(), scale=1.0, enable_gqa=gqa)",
+           (*ATTENTION, "tests/test_claims.py::test_the_draft_attention_never_builds_a_tensor_quadratic_in_the_sequence"),
+           "the attention's [L, L] mask materialised (quadratic memory, same numbers)"),
+    Mutant("K1", TTT, "if out and total + lengths[i] <= max_tokens:", "if out and total + lengths[i] < max_tokens:",
+           PACKING, "a record that fills the micro-batch exactly starts another"),
+    Mutant("K2", TTT, "response = [n - p for n, p in zip(lengths, prompt_lens)]", "response = list(lengths)", PACKING,
+           "micro-batches weighted by all their tokens, not their response tokens"),
+    Mutant("K3", TTT, "if sum(lengths) <= max_tokens:", "if max(lengths) <= max_tokens:", PACKING,
+           "a batch whose records each fit taken whole past max_tokens"),
+    Mutant("K4", TTT, "(t[None, :] <= hi - 2)", "(t[None, :] <= hi - 1)", PACKING,
+           "a record's last position, which no loss reads, sampled as an anchor"),
+    Mutant("T1", TRACK, "purge_step=start + 1)", "purge_step=start)", TRACKERS,
+           "a resume purges the checkpoint's own step from TensorBoard"),
+    Mutant("T2", TRACK, "if step >= first:  # a step the run holds", "if step > first:  # a step the run holds",
+           TRACKERS, "a resumed trackio run skips its first new step"),
+    Mutant("T3", TRACK, "path = Path(out).resolve()", "path = Path(out)", TRACKERS,
+           "a run folder named relatively is another tracker run"),
+    Mutant("T4", TRACK, "    if not main:\n        return Trackers([])", "    if main is None:\n        return Trackers([])",
+           TRACKERS, "every process of a launch logs, not the main one alone"),
+    Mutant("T5", TRACK, "return list(dict.fromkeys(names))", "return names", TRACKERS,
+           "a tracker named twice opened twice"),
+    Mutant("D1", "src/spectool/models.py", "return [i * (size - WINDOW_BYTES) // (n - 1) for i in range(n)]",
+           "return [i * size // (n - 1) for i in range(n)]", DIGEST,
+           "the digest's last window starts at the tensor's end (reads nothing)"),
+    Mutant("D2", "src/spectool/models.py", "p.name, 8 + n + a, b - a))", "p.name, 8 + a, b - a))", DIGEST,
+           "tensor offsets read from the file's start, not past its header"),
+    Mutant("D3", "src/spectool/models.py", "h.update(json.dumps([k, dtype, shape]).encode())",
+           "h.update(json.dumps([k, shape]).encode())", DIGEST, "a tensor's dtype not in the digest"),
+    Mutant("D4", "src/spectool/features.py",
+           "made_by = (f.metadata() or {}).get(\"model_weights\", manifest.get(\"model_weights\"))",
+           "made_by = manifest.get(\"model_weights\")", DIGEST,
+           "a hidden-state shard's own weights digest ignored for the manifest's"),
+    Mutant("X1", "src/spectool/integrations/trl/attach.py",
+           "kwargs[\"max_num_batched_tokens\"] = max(kwargs[\"max_num_batched_tokens\"], context)",
+           "kwargs[\"max_num_batched_tokens\"] = min(kwargs[\"max_num_batched_tokens\"], context)", TRL,
+           "TRL's CPU step budget lowered to the context, not raised"),
+    Mutant("X2", "src/spectool/integrations/trl/preflight.py",
+           "user=getattr(args, \"vllm_max_model_length\", None), names=names,", "user=None, names=names,", TRL,
+           "TRL's vllm_max_model_length not checked against its lengths"),
+    Mutant("X3", "src/spectool/integrations/trl/preflight.py",
+           "draft_path=None if mtp or spec.draft is None else str(spec.draft),", "draft_path=None,", TRL,
+           "TRL's lengths not checked against the draft's position range"),
+    Mutant("E1", "src/spectool/commands/export.py", "    if \"/\" in base:\n        return note",
+           "    if base:\n        return note", EXPORT, "a card naming a local folder's name, not a hub id, not flagged"),
+    Mutant("E2", "src/spectool/commands/export_card.py", "name.endswith((\".jsonl\", \".parquet\"))",
+           "name.endswith(\".jsonl\")", EXPORT, "the card shows a parquet file's local path"),
+    Mutant("E3", "src/spectool/commands/export.py",
+           "dtype = policy_cfg.get(\"dtype\") or policy_cfg.get(\"torch_dtype\")",
+           "dtype = policy_cfg.get(\"torch_dtype\")", EXPORT,
+           "a transformers-5 config's dtype ignored (speculators export in float32)"),
+    Mutant("E4", "src/spectool/commands/export.py", "v.to(dt) if v.is_floating_point() else v", "v.to(dt)", EXPORT,
+           "the speculators export casts d2t/t2d ids to the verifier's dtype"),
+    Mutant("N1", "src/spectool/ranks.py", "if 0 not in views[r][0] or r not in views[0][0]]",
+           "if 0 not in views[r][0]]", RANKS, "a rank whose mark the main process does not see passes"),
+    Mutant("N2", "src/spectool/ranks.py", "    if wrote:\n        mine.unlink", "    if not wrote:\n        mine.unlink",
+           RANKS, "the ranks' marks left in the run folder"),
+    Mutant("N3", "src/spectool/ranks.py", "result = together(claim, main_only=True)",
+           "result = together(claim, main_only=False)", RANKS, "every rank claims the run folder"),
+    Mutant("Q1", "src/spectool/draft/checkpoint.py", "\"norm_before_residual\": c.get(\"norm_before_residual\", True)}",
+           "\"norm_before_residual\": c.get(\"norm_before_residual\", False)}", SPECULATORS,
+           "a speculators config without norm_before_residual read as false"),
+    Mutant("Q2", "src/spectool/draft/checkpoint.py", "on = [k for k in SPECULATORS_REFUSED if c.get(k)]",
+           "on = [k for k in SPECULATORS_REFUSED if k in c]", SPECULATORS,
+           "a speculators option set to false refused"),
+    Mutant("C1", "src/spectool/context.py", "key = min(found, key=found.get)", "key = max(found, key=found.get)",
+           CONTEXT, "the model's limit from its largest length key, not its smallest"),
+    Mutant("C2", "src/spectool/context.py", "if kind and kind not in _PRESCALED_ROPE and kind != \"default\"",
+           "if kind and kind != \"default\"", CONTEXT, "a prescaled rope's factor applied again"),
+    Mutant("PR1", "src/spectool/prompts.py", "return [{\"role\": \"system\", \"content\": system_prompt}, *messages]",
+           "return [*messages, {\"role\": \"system\", \"content\": system_prompt}]", PROMPTS,
+           "--system-prompt put after the data's turns"),
+)
+ALL = MUTANTS + NEW_MUTANTS
+
 
 def stale(mutants: tuple[Mutant, ...], root: Path = ROOT) -> list[str]:
     """The mutants whose `old` text is not in their file exactly once ("ID: PATH has it N times")."""
@@ -108,12 +214,14 @@ def stale(mutants: tuple[Mutant, ...], root: Path = ROOT) -> list[str]:
 
 
 def scratch_copy() -> Path:
-    """src/, tests/ and the files pytest reads, copied from the working tree (uncommitted changes included)."""
+    """The working tree as git sees it (tracked and untracked files, uncommitted changes included; ignored ones such as
+    .venv and caches left out), copied: tests read more than src/ and tests/ (benchmarks/data, docs, templates)."""
     where = Path(tempfile.mkdtemp(prefix="spectool-mutation-"))
-    for name in ("src", "tests"):
-        shutil.copytree(ROOT / name, where / name, ignore=shutil.ignore_patterns("__pycache__", ".pytest-costs"))
-    for name in ("pyproject.toml", "conftest.py"):
-        if (ROOT / name).exists():
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():  # a tracked file deleted in the working tree is listed, not there
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, where / name)
     return where
 
@@ -126,13 +234,15 @@ def run_tests(where: Path, files: tuple[str, ...]) -> tuple[list[str], str, floa
                        env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                             "PYTHONPATH": str(where / "src")})
     out = r.stdout + r.stderr
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out, re.M)  # a parametrized id may hold spaces
     summary = [line for line in out.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
     return failed, (summary[-1] if summary else out[-300:]), time.perf_counter() - t
 
 
 def run(mutant: Mutant, where: Path, files: tuple[str, ...]) -> dict:
-    """One mutant applied in the copy, its tests run, the file restored."""
+    """One mutant applied in the copy, its tests run, the file restored; then the test that failed run again on the
+    restored code, where it must pass: a test that fails without the mutant (a file the copy lacks, a broken test)
+    kills nothing (`fails_unmutated`)."""
     path = where / mutant.path
     original = path.read_text()
     path.write_text(original.replace(mutant.old, mutant.new))
@@ -140,40 +250,57 @@ def run(mutant: Mutant, where: Path, files: tuple[str, ...]) -> dict:
         failed, summary, seconds = run_tests(where, files)
     finally:
         path.write_text(original)
+    if failed:
+        again, rerun, _ = run_tests(where, (failed[0],))
+        broken = bool(again) or not re.search(r"\d+ passed", rerun)  # it must run, and pass
+    else:
+        broken = False
     line = original[:original.index(mutant.old)].count("\n") + 1
-    return {"id": mutant.id, "where": f"{mutant.path.removeprefix('src/spectool/')}:{line}", "what": mutant.what,
-            "killed_by": failed[0] if failed else None, "seconds": round(seconds, 1), "pytest": summary}
+    row = {"id": mutant.id, "where": f"{mutant.path.removeprefix('src/spectool/')}:{line}", "what": mutant.what,
+           "killed_by": failed[0] if failed and not broken else None, "seconds": round(seconds, 1), "pytest": summary}
+    return {**row, "fails_unmutated": failed[0]} if broken else row
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ids", nargs="*", help="mutant ids (default: all)")
     ap.add_argument("--all-unit", action="store_true", help="run every unit test of tests/, not the targeted files")
+    ap.add_argument("--tests", nargs="+", metavar="TEST", help="run these test files or ids instead of each mutant's own")
     ap.add_argument("--out", type=Path, help="write the rows and the score as JSON here")
     args = ap.parse_args(argv)
-    unknown = set(args.ids) - {m.id for m in MUTANTS}
+    unknown = set(args.ids) - {m.id for m in ALL}
     if unknown:
-        ap.error(f"unknown mutant ids {sorted(unknown)}; known: {' '.join(m.id for m in MUTANTS)}")
-    chosen = tuple(m for m in MUTANTS if not args.ids or m.id in args.ids)
-    if problems := stale(chosen):
+        ap.error(f"unknown mutant ids {sorted(unknown)}; known: {' '.join(m.id for m in ALL)}")
+    chosen = tuple(m for m in ALL if not args.ids or m.id in args.ids)
+    if problems := stale(chosen, ROOT):
         print("mutants that no longer apply (rewrite them for the code as it is now):\n  " + "\n  ".join(problems))
         return 2
     where = scratch_copy()
     rows = []
     try:
         for m in chosen:
-            row = run(m, where, ("tests",) if args.all_unit else m.tests)
+            row = run(m, where, ("tests",) if args.all_unit else tuple(args.tests) if args.tests else m.tests)
             rows.append(row)
-            verdict = f"killed by {row['killed_by']}" if row["killed_by"] else "SURVIVED"
+            verdict = (f"killed by {row['killed_by']}" if row["killed_by"] else
+                       f"NOT SCORED: {row['fails_unmutated']} fails without the mutant" if "fails_unmutated" in row
+                       else "SURVIVED")
             print(f"{row['id']:3} {row['where']:34} {row['what'][:52]:52} {verdict} ({row['seconds']:.0f} s)", flush=True)
     finally:
         shutil.rmtree(where, ignore_errors=True)
     killed = sum(r["killed_by"] is not None for r in rows)
-    print(f"mutation score: {killed}/{len(rows)} killed")
+    sets = {name: f"{sum(r['killed_by'] is not None for r in rows if r['id'] in ids)}/"
+                  f"{sum(r['id'] in ids for r in rows)}"
+            for name, ids in (("audit", {m.id for m in MUTANTS}), ("2026-11-28", {m.id for m in NEW_MUTANTS}))}
+    print(f"mutation score: {killed}/{len(rows)} killed ({', '.join(f'{k} {v}' for k, v in sets.items())})")
+    unscored = [r["id"] for r in rows if "fails_unmutated" in r]
+    if unscored:
+        print(f"not scored: {' '.join(unscored)} (a test that fails on the unmutated code: fix it, then run again)")
     if args.out:
-        args.out.write_text(json.dumps({"score": f"{killed}/{len(rows)}", "all_unit": args.all_unit, "rows": rows},
-                                       indent=1) + "\n")
-    return 0 if killed == len(rows) else 1
+        head = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
+        args.out.write_text(json.dumps({"score": f"{killed}/{len(rows)}", "sets": sets, "all_unit": args.all_unit,
+                                        "code": head.stdout.strip(), "command": "benchmarks/mutation.py " + " ".join(
+                                            sys.argv[1:] if argv is None else argv), "rows": rows}, indent=1) + "\n")
+    return 2 if unscored else 0 if killed == len(rows) else 1
 
 
 if __name__ == "__main__":

@@ -331,6 +331,17 @@ def test_the_weights_digest_changes_with_any_dense_tensor_change_and_not_with_a_
         weights_digest((tmp_path / "empty"))
 
 
+def test_the_weights_digest_tells_the_same_bytes_in_another_dtype_apart(tmp_path):
+    """A tensor whose bytes, name and shape are another checkpoint's but whose dtype is not (float16 read as bfloat16:
+    other numbers, other features) is other weights."""
+    from spectool.models import weights_digest
+
+    half = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)).half()
+    as_half = weights_digest(_weights_folder(tmp_path / "f16", {"w": half}))
+    as_bf16 = weights_digest(_weights_folder(tmp_path / "bf16", {"w": half.view(torch.bfloat16)}))
+    assert as_half != as_bf16 and as_half == weights_digest(_weights_folder(tmp_path / "again", {"w": half.clone()}))
+
+
 def test_a_harvests_identity_reads_its_hidden_state_shards_contents(tmp_path):
     """features.harvest_identity over a harvest's --hidden-states shards: one added, one rewritten at the same size
     with other features (another checkpoint's), one removed: each gives another identity (the audit's F4 mutant,

@@ -240,3 +240,42 @@ def test_the_trl_backend_points_tensorboard_at_the_run_folder_while_the_trainer_
     with tensorboard_folder(cfg, tmp_path):
         assert os.environ["TENSORBOARD_LOGGING_DIR"] == "/mine"
     assert os.environ["TENSORBOARD_LOGGING_DIR"] == "/mine"
+
+
+def test_a_run_folder_is_one_tracker_run_however_it_is_named(tmp_path, monkeypatch):
+    """A resume started from another working directory (the folder named relatively, then absolutely) continues the
+    same tracker run; two folders both called `run` are two runs."""
+    from spectool.trackers import run_name
+
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path)
+    here = run_name("run")
+    assert here.startswith("run-") and here == run_name(tmp_path / "run") == run_name(tmp_path / "a" / ".." / "run")
+    monkeypatch.chdir(tmp_path / "a")
+    assert run_name("../run") == here and run_name("run") != here
+
+
+def test_only_the_main_process_of_a_launch_writes_to_the_trackers(tmp_path):
+    """The other processes of a launch (main=False) log nothing and write no tracker files; a bad name is refused on
+    them as on the main process, so every process stops alike."""
+    from spectool.trackers import open_trackers
+
+    with open_trackers("tensorboard", "--report-to", tmp_path / "run", {"lr": 0.1}, start=0, main=False) as t:
+        t.log(1, {"step": 1, "loss": 1.0})
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SpectoolError, match="'mlflow' is not a tracker"):
+        open_trackers("mlflow", "--report-to", tmp_path / "run", {}, start=0, main=False)
+
+
+def test_a_tracker_named_twice_is_opened_once(tmp_path):
+    """--report-to tensorboard,trackio,tensorboard: each tracker once, in the order first named; one TensorBoard writer
+    (one events file) holding each step once."""
+    from spectool.trackers import open_trackers, parse
+
+    assert parse("tensorboard, trackio,tensorboard", "--report-to") == ["tensorboard", "trackio"]
+    out = tmp_path / "run"
+    with open_trackers("tensorboard,tensorboard", "--report-to", out, {"lr": 0.1}, start=0) as t:
+        for step in (1, 2):
+            t.log(step, {"step": step, "loss": float(step)})
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert _tensorboard(out / "tensorboard")["loss"] == {1: 1.0, 2: 2.0}

@@ -124,6 +124,30 @@ def test_a_speculators_draft_trains_and_exports_with_its_residual(tiny_policy, s
         assert torch.equal(again.midlayer.hidden_norm.weight, trained.midlayer.hidden_norm.weight)
 
 
+def test_a_speculators_config_without_the_residual_setting_computes_as_vllm_reads_it(speculators_draft, tmp_path):
+    """A speculators config that leaves norm_before_residual out (one written by hand or by an older converter):
+    vLLM 0.32's update_eagle3 reads it as true, so the draft loads computing what the same weights with true compute,
+    not what they compute with false."""
+    from spectool.draft.checkpoint import load_draft
+
+    _, folder, _ = speculators_draft
+    cfg = json.loads((folder / "config.json").read_text())
+    torch.manual_seed(0)
+    x, aux, logits = torch.randint(0, 96, (1, 12)), None, {}
+    for name, setting in (("absent", None), ("true", True), ("false", False)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+        written = {k: v for k, v in cfg.items() if k != "norm_before_residual"}
+        (tmp_path / name / "config.json").write_text(json.dumps(
+            written if setting is None else {**written, "norm_before_residual": setting}))
+        draft = load_draft(tmp_path / name)[0].eval()
+        aux = torch.randn(1, 12, 3 * draft.config.target_hidden_size) if aux is None else aux
+        with torch.no_grad():
+            logits[name] = draft.unroll(aux, x, STEPS)
+    assert all(torch.equal(a, b) for a, b in zip(logits["absent"], logits["true"]))
+    assert not torch.allclose(logits["absent"][0], logits["false"][0], atol=1e-3)
+
+
 def test_speculators_options_spectool_lacks_are_refused(speculators_draft, tmp_path):
     from spectool.draft.checkpoint import load_draft
 
