@@ -10,7 +10,8 @@ RUN=${SPECTOOL_DEMO_DIR:-runs/demo}
 $S init-draft --out "$RUN/draft" --n-prompts 192 --samples 4 --max-tokens 128 --epochs 3
 $S export --draft "$RUN/draft" --out "$RUN/export" --k 3
 # The task's held-out split holds 13 prompts: all of them, greedy once at T=0 and 8 samples each at T=1
-# (104 completions), so the T=1 comparison rests on more than 13 short answers.
+# (104 completions), so the T=1 comparison rests on more than 13 short answers. Each --compare says "won", "lost" or
+# "no difference beyond the noise" from its timed passes' spread, and flags a busy machine or a measurement fault.
 $S rollout --draft "$RUN/export" --k 3 --compare --temperature 0 --n-prompts 13 --max-tokens 128 --out "$RUN/rollout-t0"
 $S rollout --draft "$RUN/export" --k 3 --compare --temperature 1 --n-prompts 13 --samples 8 --max-tokens 128 \
   --out "$RUN/rollout-t1"

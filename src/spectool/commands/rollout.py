@@ -3,15 +3,24 @@
 Workflow: resolve model and data -> start the engine -> generate for the prompts -> score ->
 records (same schema as harvest) -> summary (mean reward, tokens/s, mean response length,
 acceptance from the engine's own counters when a draft is used).
+
+--compare times plain decoding, then speculation, each in passes over the same prompts and seeds, and judges the
+speedup from the arms' own variation, never from the point estimate alone (`judge`): "won" or "lost" only where the
+speedup's 95% bound from the paired passes (stats.sweep.block_speedups, sweep-k's statistics, a pass for a round)
+clears COMPARE_MARGIN, else "no difference beyond the noise"; "not judged" where other processes took more than
+machine_load.OTHERS_LIMIT of the CPU while an arm was timed; a "measurement fault" where the speedup's lower bound
+passes the acceptance length (a verify step cheaper than a plain one: it runs the policy at least once).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spectool import machine_load
 from spectool.config import RolloutConfig, SamplingConfig
 from spectool.context import describe_finish, finish_counts, resolve_max_model_len
 from spectool.data import load_source
@@ -27,12 +36,31 @@ from spectool.records import write_shard
 from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 from spectool.schedule import read_schedule, schedule_method
 from spectool.stats import AcceptanceStats
+from spectool.stats.sweep import block_speedups
 from spectool.ui import console
 
 # --compare times each arm for at least this long (the same prompts and seeds again, records from the
 # first pass only): 13 short greedy answers decode in ~2 s here, too little to time a speedup.
 MIN_TIMED_S = 8.0
+# and in this many passes at least: the spread of the paired passes is the noise the verdict measures (two pairs
+# measure it on 1 degree of freedom, a t quantile of 6.3 at 95%; three on 2, 2.9)
+MIN_PASSES = 3
+# a win or a loss must clear this margin as well as the passes' noise: one engine per arm measures the noise between
+# passes, not the noise between engine runs (sweep-k measures that; its --min-gain default is the same 3%)
+COMPARE_MARGIN = 0.03
 WARM_UP_TOKENS = 64  # per sequence, before each arm is timed (as sweep-k warms up)
+ARMS = {"plain": "plain decoding", "speculative": "speculation"}  # RolloutResult.load's keys, in words
+
+
+@dataclass
+class Verdict:
+    """--compare's judgement of the speedup (RolloutResult.judge)."""
+
+    word: str  # "won" | "lost" | "no difference beyond the noise" | "not judged" | "measurement fault"
+    reason: str  # why, from what was measured: the bounds, the contention, the fault
+    lo: float = math.nan  # the speedup's one-sided 95% bounds from the paired passes (nan: no noise measured)
+    hi: float = math.nan
+    pairs: int = 0  # passes paired between the arms
 
 
 @dataclass
@@ -55,21 +83,67 @@ class RolloutResult:
     timed_tokens: int = 0  # --compare: tokens each arm's timing rests on (passes over the prompts)
     finish_reasons: dict = field(default_factory=dict)  # the records: "length" (cut at --max-tokens), "stop" (EOS)
     max_model_len: int = 0  # the engine's context (context.resolve_max_model_len)
+    # --compare: each arm's timed passes [[tokens, seconds]] (same prompts and seeds; pass i of each arm paired)
+    plain_passes: list = field(default_factory=list)
+    passes: list = field(default_factory=list)
+    load: dict = field(default_factory=dict)  # --compare: per arm (ARMS), machine_load.between over its timed passes
+    verdict: Verdict | None = None  # --compare: `judge()`, as run() recorded it
+
+    def judge(self) -> Verdict | None:
+        """--compare's verdict from the arms' timed passes, their contention and the acceptance length (the order
+        of the checks: a fault first, then contention, then the bounds). None without a plain arm."""
+        if not self.speedup:
+            return None
+        pairs = list(zip(self.plain_passes, self.passes))
+        fit = block_speedups([[math.log(t / s) for t, s in pair] for pair in pairs])[0] if pairs else None
+        lo, hi = (fit.lo, fit.hi) if fit else (math.nan, math.nan)
+        bounds = (f"95% bounds {lo:.2f}x-{hi:.2f}x over {len(pairs)} paired timed passes" if not math.isnan(lo)
+                  else f"{len(pairs)} paired timed pass{'es' if len(pairs) != 1 else ''}: no noise measured")
+        busy = [f"{text} while {ARMS[arm]} was timed" for arm in ARMS
+                if (text := machine_load.busy_text(self.load.get(arm, {})))]
+        al = self.acceptance.mean_acceptance_length if self.acceptance.num_drafts else None
+        least = self.speedup if math.isnan(lo) else lo
+        if al is not None and least > al:  # a verify step runs the policy once at least: it cannot cost less
+            return Verdict("measurement fault", f"{self.speedup:.2f}x ({bounds}) at acceptance length {al:.2f} would "
+                           f"make a verify step cost {al / self.speedup:.2f} plain decoding steps, less than one: the "
+                           "arms were not timed alike ("
+                           + ("; ".join(busy) if busy else "other processes took no more than "
+                              f"{machine_load.OTHERS_LIMIT:.0%} of the CPU in either arm: something in this run slowed "
+                              "plain decoding or sped speculation")
+                           + "), not a win; run again where nothing else runs", lo, hi, len(pairs))
+        if busy:
+            return Verdict("not judged", "; ".join(busy) + f" (more than {machine_load.OTHERS_LIMIT:.0%}): "
+                           f"{self.speedup:.2f}x ({bounds}) measures their load as well as speculation; run again where "
+                           "nothing else runs",
+                           lo, hi, len(pairs))
+        margin = f"a {COMPARE_MARGIN:.0%} margin"
+        if not math.isnan(lo) and lo >= 1 + COMPARE_MARGIN:
+            return Verdict("won", f"{self.speedup:.2f}x, {bounds}, beyond {margin}", lo, hi, len(pairs))
+        if not math.isnan(hi) and hi <= 1 / (1 + COMPARE_MARGIN):
+            return Verdict("lost", f"{self.speedup:.2f}x, {bounds}, beyond {margin}", lo, hi, len(pairs))
+        return Verdict("no difference beyond the noise", f"{self.speedup:.2f}x, {bounds}, within the noise or {margin} "
+                       "of 1x", lo, hi, len(pairs))
 
     def why(self) -> str | None:
-        """One line: why speculation won or lost here, from what was measured (acceptance length, the cost of a
-        speculative step against a plain one, the sequences decoded at once), and where it would pay."""
-        if not self.speedup or not self.acceptance.num_drafts:
+        """One line, "speculation <verdict>: ...": the verdict (`judge`) and why speculation won or lost here, from
+        what was measured (acceptance length, the cost of a speculative step against a plain one, the sequences
+        decoded at once), and where it would pay."""
+        verdict = self.verdict or self.judge()
+        if verdict is None or not self.acceptance.num_drafts:
             return None
         al, s = self.acceptance.mean_acceptance_length, self.speedup
         step_cost = al / s  # a speculative step's time in plain steps: tokens per step / speedup
         drafts = ("1 draft forward" if self.parallel
                   else f"{self.k} draft forwards" if isinstance(self.k, int) else "the draft forwards")
         verify = f"{self.k + 1} tokens" if isinstance(self.k, int) else "k + 1 tokens"
-        head = (f"{'won' if s >= 1 else 'lost'}: each verify step emitted {al:.2f} tokens per sequence and cost "
-                f"{step_cost:.2f} plain decoding steps ({drafts} + the policy on {verify}, {self.n_completions} "
-                f"sequences at once, {self.dtype})")
-        if s >= 1:
+        what = f"({drafts} + the policy on {verify}, {self.n_completions} sequences at once, {self.dtype})"
+        said = f"speculation {verdict.word}" if verdict.word in ("won", "lost") else f"speculation: {verdict.word}"
+        if verdict.word == "measurement fault":  # the step cost it implies is the fault, never a reason
+            return (f"{said}: {verdict.reason}. A verify step here {what} runs the policy at least once, so it cannot "
+                    "cost less than a plain decoding step.")
+        head = (f"{said}: {verdict.reason}. Each verify step emitted {al:.2f} tokens per sequence and cost "
+                f"{step_cost:.2f} plain decoding steps {what}")
+        if verdict.word == "not judged" or s >= 1:
             return head + "."
         return (head + ": more than the tokens it emitted. Speculation pays where a policy step is memory-bound (a GPU, "
                 "a large policy, few sequences at once) and acceptance is high; `spectool sweep-k` measures k per batch "
@@ -118,15 +192,17 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     if cfg.out:  # after every check of the draft and the memory plan: a refused run writes nothing
         claim(Path(cfg.out), "rollout", cfg)
     log_path = str(Path(cfg.out) / "engine.log") if cfg.out else None
-    plain_tps = None
+    plain_tps, plain_passes, load = None, [], {}
     if cfg.compare:
         plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=log_path,
                                     gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
                                     max_model_len=context))
         _warm_up(plain, tokenizer, source, tasks, cfg)
+        before = machine_load.snapshot()  # what other processes take of the CPU while this arm is timed
         _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling, cfg)
-        n_plain, s_plain = _time_more(plain, tokenizer, source, tasks, cfg, n_plain, s_plain)
-        plain_tps = n_plain / s_plain
+        plain_passes = timed_passes(plain, tokenizer, source, tasks, cfg, [n_plain, s_plain], MIN_PASSES)
+        load["plain"] = machine_load.between(before, machine_load.snapshot())
+        plain_tps = sum(t for t, _ in plain_passes) / sum(s for _, s in plain_passes)
         plain.close()  # the speculative arm starts on a free device
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, log_path=log_path,
                                  method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=proposals,
@@ -134,10 +210,15 @@ def run(cfg: RolloutConfig) -> RolloutResult:
                                  max_num_seqs=batch, max_model_len=context,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
     _warm_up(engine, tokenizer, source, tasks, cfg)
+    before = machine_load.snapshot()
     rows, stats, n_tokens, seconds = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling, cfg,
                                                    progress=_progress("rollout"))
-    timed_tokens, timed_s = (_time_more(engine, tokenizer, source, tasks, cfg, n_tokens, seconds)
-                             if cfg.compare else (n_tokens, seconds))
+    # every plain pass gets its pair: pass i of each arm decodes the same prompts with the same seeds
+    passes = (timed_passes(engine, tokenizer, source, tasks, cfg, [n_tokens, seconds],
+                            max(MIN_PASSES, len(plain_passes))) if cfg.compare else [[n_tokens, seconds]])
+    if cfg.compare:
+        load["speculative"] = machine_load.between(before, machine_load.snapshot())
+    timed_tokens, timed_s = sum(t for t, _ in passes), sum(s for _, s in passes)
     result = RolloutResult(
         n_prompts=len(tasks), n_completions=len(rows),
         mean_reward=sum(r["reward"] for r in rows) / len(rows),
@@ -147,7 +228,9 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         plain_tokens_per_s=plain_tps, n_prompts_asked=cfg.sampling.n_prompts, dtype=engine.dtype,
         parallel=method in FAMILIES and FAMILIES[method].parallel, timed_tokens=timed_tokens if cfg.compare else 0,
         finish_reasons=finish_counts(r["finish_reason"] for r in rows), max_model_len=context,
+        plain_passes=plain_passes, passes=passes if cfg.compare else [], load=load,
     )
+    result.verdict = result.judge()
     if cfg.out:
         out = Path(cfg.out)
         write_shard(out, 0, rows)
@@ -221,12 +304,14 @@ def _warm_up(engine, tokenizer, source, tasks, cfg: RolloutConfig) -> None:
                   cfg)
 
 
-def _time_more(engine, tokenizer, source, tasks, cfg: RolloutConfig, tokens: int, seconds: float) -> tuple[int, float]:
-    """(tokens, seconds) after more timed passes over the same prompts and seeds, until MIN_TIMED_S."""
-    while seconds < MIN_TIMED_S:
+def timed_passes(engine, tokenizer, source, tasks, cfg: RolloutConfig, first: list, at_least: int) -> list[list]:
+    """[[tokens, seconds]] per timed pass over the same prompts and seeds, `first` (the records' pass) and more,
+    until MIN_TIMED_S in all and `at_least` passes."""
+    passes = [first]
+    while sum(s for _, s in passes) < MIN_TIMED_S or len(passes) < at_least:
         _, _, n, s = rollout_tasks(engine, tokenizer, source, tasks, cfg.sampling, cfg)
-        tokens, seconds = tokens + n, seconds + s
-    return tokens, seconds
+        passes.append([n, s])
+    return passes
 
 
 def render(r: RolloutResult) -> None:
@@ -242,9 +327,16 @@ def render(r: RolloutResult) -> None:
     timed = f", {r.timed_tokens} tokens timed" if r.timed_tokens else ""
     t.add_row("throughput", f"{r.tokens_per_s:.1f} tokens/s ({r.seconds:.1f} s{timed})")
     t.add_row("engine precision", r.dtype)
-    if r.speedup:
+    verdict = r.verdict or r.judge()
+    if r.speedup and verdict:
         t.add_row("plain decoding (same prompts)", f"{r.plain_tokens_per_s:.1f} tokens/s")
-        t.add_row("speedup", f"{r.speedup:.2f}x")
+        bounds = (f" (95% bounds {verdict.lo:.2f}x-{verdict.hi:.2f}x, {verdict.pairs} paired passes)"
+                  if not math.isnan(verdict.lo) else "")
+        t.add_row("speedup", f"{r.speedup:.2f}x{bounds}: {verdict.word}")
+        others = [f"{w['others'] + (w.get('steal') or 0):.0%} ({arm})" for arm, w in r.load.items()
+                  if w.get("others") is not None]
+        if others:
+            t.add_row("CPU others took while timed", ", ".join(others))
     if r.acceptance.num_drafts:
         t.add_row(f"mean acceptance length (k={r.k})", f"{r.acceptance.mean_acceptance_length:.2f}")
         t.add_row("draft proposals", f"{r.draft_sampling} ({r.draft_sampling_why})" if r.draft_sampling_why else r.draft_sampling)
@@ -253,5 +345,6 @@ def render(r: RolloutResult) -> None:
         t.add_row("records", r.out)
     c = console()
     c.print(t)
-    if r.why():
-        c.print(f"speculation {r.why()}", soft_wrap=True, highlight=False)
+    if r.why():  # a fault or a busy machine: flagged as sweep-k flags its load
+        warn = "[bold yellow]warning:[/] " if verdict.word in ("measurement fault", "not judged") else ""
+        c.print(warn + r.why(), soft_wrap=True, highlight=False)

@@ -15,9 +15,10 @@ Workflow:
     (recommend: at most 5% false recommendations per batch size), else no speculation, with the reason;
     plus the schedule `rollout --k auto` uses (one recommendation per batch size, so its own level is up to 5% x the
     batch sizes: `schedule_level`, written into schedule.json); per batch size the chance that an arm truly 1.3x
-    would clear its bound at the noise measured (`measured_power`); the machine's load per engine run (the 1-minute
-    load average and CPU steal over its timed waves, machine_load), with a warning that the bound is not held when
-    it moved (contention slows runs now and then, skewed noise the bound does not allow for);
+    would clear its bound at the noise measured (`measured_power`); per engine run and batch size, the share of the
+    machine's CPU that other processes took and the hypervisor stole over its timed waves (machine_load), with a
+    warning that the bound is not held where others took more than machine_load.OTHERS_LIMIT (contention slows
+    runs now and then, skewed noise the bound does not allow for);
  4. rows.jsonl (appended per engine run, each row with the time it was measured: a killed sweep resumes; a larger
     --repeats adds rounds; a round that holds some engines but not all, stopped inside or given another arm since,
     is measured again whole, since a round's engines are paired by the time they ran in), sweep.csv, sweep.json,
@@ -274,7 +275,6 @@ def run(cfg: SweepConfig, progress=print) -> dict:
                  f"{floor / 60:.1f} min of timing (>= {cfg.min_seconds:g} s per batch size a run) plus each engine's "
                  "start and warm-up; the time left is said after each run")
     started = time.monotonic()
-    idle = machine_load.snapshot()["load1"] if plan else None  # before this sitting's first engine: other jobs'
     for i, (method, k, run_no, todo) in enumerate(plan):
         if i:
             spent = time.monotonic() - started
@@ -305,7 +305,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     draft = drafts.get(family, draft)
     loads = [{"method": r["method"], "k": r["k"], "run": r.get("run", 0), "batch": r["batch"], **r["load"]}
              for r in done if "load" in r and r["batch"] in cfg.batch_sizes and r.get("run", 0) < cfg.repeats]
-    load_warning = machine_load.load_warning(loads, idle) if loads or idle is not None else None
+    load_warning = machine_load.load_warning(loads)  # others' CPU per timed run: quiet when only the sweep ran
     if load_warning:
         progress(f"warning: {load_warning}")
     result = {"rows": rows, "recommendation": {str(b): v for b, v in rec.items()},
@@ -315,7 +315,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
               "draft_model": drafts.get("draft_model"), "model": model.name, "max_k": max(cfg.ks),
               "draft_sampling": cfg.draft_sampling,
               "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights, "max_model_len": context,
-              "finish_reasons": _finish_reasons(done), "idle_load": idle, "load": loads, "load_warning": load_warning,
+              "finish_reasons": _finish_reasons(done), "load": loads, "load_warning": load_warning,
               "power": measured_power(rows, cfg.batch_sizes, cfg.min_gain),
               "false_recommendations": schedule_level(len(cfg.batch_sizes))}
     atomic_write_json(out / "sweep.json", result)

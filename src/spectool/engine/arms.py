@@ -40,8 +40,8 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
     timed decoding; tokens/s and the engine's acceptance over all waves, and each wave's [tokens, seconds] (what
     sweep-k's speedup interval resamples). With `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS
     ignored; otherwise each row counts how its completions ended, context.finish_counts). `max_model_len`: the
-    engine's context (the caller's context.resolve_max_model_len). Each row's `load`: the machine's 1-minute load and
-    CPU steal over its timed waves (machine_load.between; sweep-k warns when it moved)."""
+    engine's context (the caller's context.resolve_max_model_len). Each row's `load`: the share of the machine's CPU
+    that other processes took and the hypervisor stole over its timed waves (machine_load.between; sweep-k warns)."""
 
     engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1), max_model_len=max_model_len,
                                  method="eagle3" if method == "none" else method,
@@ -58,7 +58,7 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
     rows = []
     for batch in batch_sizes:
         stats, context, timed, ended = AcceptanceStats(), 0.0, [], []  # timed: [tokens, seconds] per wave
-        w, before = 0, machine_load.snapshot()  # the machine's load over the timed waves: sweep-k warns if it moved
+        w, before = 0, machine_load.snapshot()  # others' CPU over the timed waves: sweep-k warns if it mattered
         while w * batch < min_seqs or w < MIN_WAVES or sum(s for _, s in timed) < min_seconds:
             wave = [prompts[(w * batch + i) % len(prompts)] for i in range(batch)]
             each = [lengths[(w * batch + i) % len(lengths)] for i in range(batch)] if lengths else None

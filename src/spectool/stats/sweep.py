@@ -28,7 +28,7 @@ from spectool.stats.distributions import normal_cdf, student_t_quantile
 # rarely samples the slow tail, so sd(d) is understated when it does not and the mean is pulled when it does. Runs
 # slowed that way (log rate s - Exp(mean s), arms 15% against plain 2%) gave 12-28% false recommendations at
 # --min-gain 0 (audit-2026-11c M3; benchmarks/sweep_calibration.py simulate has the cells). Hence sweep-k records the
-# machine's load per engine run and says when it moved (spectool.machine_load): the bound is not held then.
+# CPU other processes took per engine run and says when it mattered (spectool.machine_load): the bound is not held then.
 
 SWEEP_ALPHA = 0.05  # the recommendation's false-alarm rate per batch size, every arm it looked at counted
 
