@@ -88,16 +88,22 @@ def start_zygote() -> None:
     atexit.register(proc.kill)
 
 
-def _forked(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    """The CLI run forked from tests/zygote.py's server (started on first use, with vLLM imported once)."""
-    import json
-    import socket
-
+def zygote_ready() -> None:
+    """Start the zygote if need be and wait for its imports (the suite's warm-up does, before any test is timed:
+    tests/conftest.py pytest_costs_warm_up)."""
     start_zygote()
     if not _ZYGOTE.get("ready"):
         line = _ZYGOTE["proc"].stdout.readline().strip()
         assert line == "ready", f"the CLI zygote did not start ({line!r})"
         _ZYGOTE["ready"] = True
+
+
+def _forked(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    """The CLI run forked from tests/zygote.py's server (started on first use, with vLLM imported once)."""
+    import json
+    import socket
+
+    zygote_ready()
     out, err = _ZYGOTE["folder"] / "stdout", _ZYGOTE["folder"] / "stderr"
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(_ZYGOTE["path"])

@@ -32,6 +32,64 @@ def _one_torch_thread_for_unit_tests(request):
     yield
     torch.set_num_threads(threads)
 
+
+# the architectures of the tests' policies and configs: vLLM's answer for each is kept per build (engine/serves.py)
+WARM_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM",
+                      "MiMoForCausalLM")
+WARM_IMPORTS = ("torch", "safetensors.torch", "transformers", "transformers.models.auto.modeling_auto",
+                "transformers.models.llama.modeling_llama", "datasets", "reasoning_gym", "speculators", "spectool.cli",
+                "spectool.commands.export", "spectool.commands.rollout", "spectool.commands.init_draft",
+                "spectool.commands.sweep_k", "spectool.commands.verify", "spectool.commands.train_rl")
+
+
+def pytest_costs_warm_up(config):
+    """What only a first run pays, paid before any test is timed (tests/costs.py): a fresh clone's first run failed
+    two unit tests at 6.6 and 7.0 s that its second run passed (issue 69), each the first to ask vLLM about its
+    policy's architecture (a child importing vLLM, then kept in spectool's cache). So: spectool's modules compiled
+    (a CLI child never compiles them), the heavy imports of pytest's own process (torch, transformers' model classes,
+    the data libraries, spectool's commands; not vLLM, which loads only with an engine, after its environment is
+    set), the embedded policy converted from its GGUF, vLLM's answer for each architecture the tests use, asked in
+    one child, and the CLI zygote's imports (tests/clirun.py: started first, waited for last). Each part a few
+    seconds once, well under a second after, but the zygote's; one that fails (a module mid-edit) is left to the
+    tests that need it to say so."""
+    import compileall
+    import importlib
+    import subprocess
+    import sys
+    import warnings
+
+    import spectool
+
+    from clirun import forking, start_zygote, zygote_ready
+
+    if forking():
+        start_zygote()  # its imports (vLLM's too) overlap the ones below
+    compileall.compile_dir(Path(spectool.__file__).parent, quiet=1)
+    with warnings.catch_warnings():  # their deprecation notes (torch.jit in speculators) are no test's
+        warnings.simplefilter("ignore")
+        for module in WARM_IMPORTS:
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 (the tests that import it fail with the reason)
+                continue
+    try:
+        from spectool.models import resolve_model
+
+        resolve_model("smollm2-135m")
+    except Exception:  # noqa: BLE001 (its own tests say why)
+        pass
+    code = ("import sys\nfrom spectool import subproc\nfrom spectool.engine import serves\n"
+            "subproc.call = lambda module, name, kwargs, **_: getattr(serves, name)(**kwargs)  # vLLM imported once\n"
+            "for a in sys.argv[1:]:\n    serves.registry_answer(a)\n")
+    subprocess.run([sys.executable, "-c", code, *WARM_ARCHITECTURES], capture_output=True, timeout=900,
+                   env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    if forking():
+        try:
+            zygote_ready()
+        except AssertionError:  # the first CLI run says so
+            pass
+
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
