@@ -237,6 +237,7 @@ def test_every_vllm_name_spectool_imports_is_in_the_contract():
     assert not unlisted, sorted(unlisted)
 
 
+@pytest.mark.engine  # a child imports vLLM to resolve every name: 8 s here, an engine's cost (issue 69)
 def test_every_contract_name_resolves_in_the_installed_build():
     """compat.CONTRACT against the vLLM installed here (audit L4: only the manual wheel script checked it): each module
     imported, each name got, each attribute found on its class or set by its instances, in a child process

@@ -170,6 +170,7 @@ def test_a_weightless_what_if_for_a_policy_the_build_cannot_draft_for_is_refused
         assert not out.exists()
 
 
+@pytest.mark.engine  # its subject is vLLM's answer, asked anew (a fresh cache): a child importing vLLM's registry
 def test_the_architecture_answer_is_the_builds_own_and_kept(tmp_path, tiny_policy, monkeypatch):
     from spectool.engine import serves
 
@@ -208,6 +209,7 @@ def test_a_corrupt_or_old_serves_cache_is_asked_again_and_an_import_failure_is_n
     assert serves.check_serves(policy, "eagle3", 3) == "V1"  # not refused: the engine start names the import error
 
 
+@pytest.mark.engine  # a child importing vLLM's model registry: 8 s here, an engine's cost (issue 69)
 def test_a_registered_class_that_fails_to_import_is_no_answer(tmp_path):
     """vLLM's _try_load_model_cls returns None both for an unregistered architecture and for a registered one whose
     import failed; only the first falls back to the Transformers backend (asked of the installed build)."""
