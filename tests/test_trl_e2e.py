@@ -65,6 +65,7 @@ def test_grpo_with_a_refreshed_draft(long_context_policy, random_draft, sums, tm
     for r in trainer.spectool.history:  # the engine's drafter holds each refreshed draft, told from the last
         assert r["check_excess"] <= 1 and r["has_power"]
     assert trainer.spectool.refresher.captured == 24 and trainer.spectool.dtype == "float32"
+    assert trainer.spectool.rendering == "chat template"  # task_data's prompts are conversational: TRL templates them
 
 
 @pytest.mark.e2e
