@@ -1,9 +1,10 @@
 """A CLI run forked from a process that has already imported vLLM (the suite's default; SPECTOOL_TEST_FORK=0 turns it off).
 
 `python -m spectool.cli ...` pays 9-11 s to import vLLM, torch and transformers before it does anything;
-the suite runs the CLI about 80 times. tests/clirun.py asks this server instead (unless SPECTOOL_TEST_FORK=0): it imports the heavy libraries once (and runs no torch op, so no OpenMP pool exists to be
-broken by fork), then forks a child per CLI run, in which the run's environment, folder and argv are set
-and stdout/stderr go to files, exactly as in a fresh process. Still one process per command, and every
+the suite runs the CLI about 80 times. tests/clirun.py asks this server instead (unless SPECTOOL_TEST_FORK=0):
+it imports the heavy libraries once (and runs no torch op, so no OpenMP pool exists to be broken by fork),
+then forks a child per CLI run, in which the run's environment, folder and argv are set and stdout/stderr go
+to files, exactly as in a fresh process. Still one process per command, and every
 engine it starts is its own. Children that spawn (vLLM workers, sweep arms, launchers) start fresh.
 
 Protocol: one JSON line per request on a Unix socket, {"args", "env", "cwd", "stdout", "stderr"}; the
