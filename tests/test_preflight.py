@@ -188,3 +188,81 @@ def test_trls_length_check_measures_every_prompt_of_the_dataset(tiny_policy):
         check_lengths(SpeculationSettings(None), str(tiny_policy), args, trainer_kwargs={"train_dataset": ds})
     args.max_completion_length = 1023 - want  # one position spare past the long prompt's sequence: it fits
     check_lengths(SpeculationSettings(None), str(tiny_policy), args, trainer_kwargs={"train_dataset": ds})
+
+
+@pytest.fixture(scope="module")
+def mapless_draft(reduced_draft, tmp_path_factory):
+    """The reduced-vocabulary draft as a converter in the field writes it: a public folder (no draft.json), the aux
+    layer ids left to vLLM's defaults, and weights without d2t (vLLM 0.32 would serve it with its map at zeros)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path_factory.mktemp("mapless") / "draft"
+    shutil.copytree(reduced_draft, folder, ignore=shutil.ignore_patterns("draft.json"))
+    weights = {k: v for k, v in load_file(str(folder / "model.safetensors")).items() if k != "d2t"}
+    save_file(weights, str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+    (cfg.get("eagle_config") or {}).pop("eagle_aux_hidden_state_layer_ids", None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def _no_map(tiny_policy) -> str:
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(tiny_policy).vocab_size
+    return rf"the draft's vocabulary is {vocab // 2} of the policy's {vocab} but its weights hold no d2t map"
+
+
+def test_a_reduced_vocabulary_without_its_map_is_refused_by_every_reader_of_a_draft_folder(mapless_draft, reduced_draft,
+                                                                                         tiny_policy):
+    """The one reading: check_speculation's (every command: rollout, sweep-k, verify, export, train-rl, TRL,
+    init-draft --init-from), the refresher's, export's tensor check and load_draft (a warm start) refuse it by name;
+    the same weights with their map pass."""
+    from transformers import AutoConfig
+
+    from spectool.draft.checkpoint import check_tensors, load_draft
+    from spectool.draft.guard import check_refreshable, check_speculation
+    from spectool.models import resolve_model
+
+    policy, config = resolve_model(str(tiny_policy)), AutoConfig.from_pretrained(tiny_policy)
+    layers = config.num_hidden_layers
+    readers = {"check_speculation": lambda d: check_speculation(policy, "eagle3", str(d), 2),
+               "check_refreshable": lambda d: check_refreshable(d, config),
+               "check_tensors": lambda d: check_tensors(d, str(tiny_policy), "eagle3"),
+               "load_draft": lambda d: load_draft(d, num_layers=layers)}
+    for name, read in readers.items():
+        with pytest.raises(SpectoolError, match=_no_map(tiny_policy)):
+            read(mapless_draft)
+        read(reduced_draft)  # with its map: served as trained
+
+
+def _command_runs(tmp_path, tiny_policy, draft, gym):
+    from spectool.commands import export, init_draft, rollout, sweep_k, train_rl, train_rl_trl, verify
+    from spectool.config import ExportConfig, InitDraftConfig, RolloutConfig, SweepConfig, VerifyConfig
+    from spectool.rl.config import RLConfig, SpeculationSection
+
+    m, d, out = str(tiny_policy), str(draft), str(tmp_path / "out")
+
+    def rl(backend):
+        return RLConfig(model=m, data=str(gym), out=out, speculation=SpeculationSection(draft=d, k=2),
+                        prompt_col="question", answer_col="solution", backend=backend)
+
+    return {"rollout": lambda: rollout.run(RolloutConfig(model=m, draft=d, k=2, out=out)),
+            "sweep-k": lambda: sweep_k.run(SweepConfig(model=m, draft=d, ks=[1, 2], out=out)),
+            "verify": lambda: verify.run(VerifyConfig(model=m, draft=d, k=2, out=out)),
+            "export": lambda: export.run(ExportConfig(model=m, draft=d, k=2, out=out)),
+            "init-draft --init-from": lambda: init_draft.run(InitDraftConfig(model=m, init_from=d, out=out)),
+            "train-rl": lambda: train_rl.run(rl("builtin")),
+            "train-rl --backend trl": lambda: train_rl_trl.run(rl("trl"))}
+
+
+@pytest.mark.parametrize("command", ["rollout", "sweep-k", "verify", "export", "init-draft --init-from", "train-rl",
+                                     "train-rl --backend trl"])
+def test_every_command_refuses_a_reduced_vocabulary_without_its_map_before_anything_starts(
+        command, mapless_draft, tiny_policy, gym_jsonl, tmp_path):
+    if command.endswith("trl"):
+        pytest.importorskip("trl")
+    with pytest.raises(SpectoolError, match=_no_map(tiny_policy)):
+        _command_runs(tmp_path, tiny_policy, mapless_draft, gym_jsonl)[command]()
+    assert not (tmp_path / "out").exists()  # refused before the run folder is claimed, and before any engine

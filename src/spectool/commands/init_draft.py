@@ -190,9 +190,11 @@ def _setup(cfg: InitDraftConfig):
     else:  # a data source: what its harvest (run after the claim, into --out/harvest) would refuse
         check_source_harvest(cfg)
     if cfg.init_from:
-        from spectool.draft.checkpoint import load_draft  # noqa: PLC0415 (binds a name this module uses otherwise)
+        from spectool.draft.checkpoint import check_fits, load_draft  # noqa: PLC0415 (binds a name this module uses otherwise)
 
-        warm, _ = load_draft(Path(cfg.init_from))
+        # read as the policy will load it (_initial_draft): vLLM's default aux layers where the folder names none
+        warm, _ = load_draft(Path(cfg.init_from), num_layers=model.fingerprint["num_hidden_layers"])
+        check_fits(warm.config, model.fingerprint, Path(cfg.init_from))
         if warm.config.num_hidden_layers != cfg.draft_layers:
             raise SpectoolError(f"--init-from {cfg.init_from} has {warm.config.num_hidden_layers} decoder layer(s); "
                                 f"pass --draft-layers {warm.config.num_hidden_layers} (a warm start keeps its depth)")

@@ -21,7 +21,7 @@ from spectool.draft.families import (
     folder_family,
 )
 from spectool.draft.model import DraftConfig, Eagle3Draft
-from spectool.draft.preflight import check_folder
+from spectool.draft.preflight import check_folder, check_map_present
 from spectool.draft.vocab import d2t_from_ids
 from spectool.engine.compat import is_cpu_build
 from spectool.errors import SpectoolError
@@ -163,8 +163,9 @@ def save_draft(draft, out: Path, extra: dict | None = None) -> None:
     atomic_write_json(out / DRAFT_JSON, {"config": draft.config.to_dict(), **(extra or {})})
 
 
-def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
-    """Load a draft folder; `policy` (transformers model) supplies the shared embedding.
+def load_draft(path: Path, policy=None, num_layers: int | None = None) -> tuple[Eagle3Draft, dict]:
+    """Load a draft folder; `policy` (transformers model) supplies the shared embedding. A public folder that names no
+    aux layers reads vLLM's default ones for the policy's layer count (the policy's, or `num_layers` without it).
 
     Accepts spectool drafts, plain public EAGLE-3 folders (config.json + safetensors) and EAGLE-3
     folders in the speculators format (speculators_model_type, transformer_layer_config; the
@@ -178,7 +179,8 @@ def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
         cfg = config_from_dict(meta["config"])
     elif (path / "config.json").exists():
         meta = {}
-        cfg = _config_from_vllm(json.loads((path / "config.json").read_text()), policy)
+        layers = policy.config.num_hidden_layers if policy is not None else num_layers
+        cfg = _config_from_vllm(json.loads((path / "config.json").read_text()), layers)
     else:
         raise SpectoolError(f"{path} is not a draft folder (no {DRAFT_JSON} or config.json)")
     files = sorted(path.glob("*.safetensors"))
@@ -193,7 +195,8 @@ def load_draft(path: Path, policy=None) -> tuple[Eagle3Draft, dict]:
     draft = draft_class(cfg)(cfg)
     if isinstance(draft, Eagle3Draft):  # the speculators names of its first layer (DFlash's layers.0 is its own)
         sd = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in sd.items()}
-    if "d2t" not in sd:
+    if "d2t" not in sd:  # a full vocabulary maps draft token d to policy token d; a reduced one needs its map
+        check_map_present(cfg.draft_vocab_size, cfg.vocab_size, False, str(path))
         sd["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
     sd.pop("t2d", None)
     if isinstance(draft, DFlashDraft):
@@ -309,8 +312,7 @@ def check_tensors(folder: Path, model_path: str, family: str | None) -> None:
             raise SpectoolError(f"{folder} has no {MASK_EMBEDDING}: vLLM would embed the masked slots with an "
                                 "untrained token; re-run init-draft --method dflash")
     vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
-    if cfg.get("draft_vocab_size", vocab) < vocab and "d2t" not in keys:
-        raise SpectoolError(f"{path} has a reduced vocabulary but no d2t map: vLLM would load it and accept nothing")
+    check_map_present(int(cfg.get("draft_vocab_size") or vocab), vocab, "d2t" in keys, str(path))  # check_folder's rule
 
 
 def policy_shape(config) -> dict:
@@ -384,9 +386,9 @@ def _from_speculators(c: dict) -> dict:
             "architectures": ["LlamaForCausalLMEagle3"], "norm_before_residual": c.get("norm_before_residual", True)}
 
 
-def _config_from_vllm(c: dict, policy):
+def _config_from_vllm(c: dict, num_layers: int | None):
     """The config of a public draft folder (no draft.json): EAGLE-3, P-EAGLE or DFlash; EAGLE-3 also in the
-    speculators format."""
+    speculators format. `num_layers`: the policy's, for aux layer ids the config leaves to vLLM's defaults."""
 
     if "speculators_model_type" in c:
         c = _from_speculators(c)
@@ -399,12 +401,11 @@ def _config_from_vllm(c: dict, policy):
         ids = [i + 1 for i in dflash.get("target_layer_ids") or []] or None  # DFlash counts layer outputs
     else:
         ids = c.get("eagle_aux_hidden_state_layer_ids") or (c.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if ids is None:
-        if policy is None:
+    if ids is None:  # vLLM's defaults for the policy (hidden.default_aux_layer_ids)
+        if num_layers is None:
             raise SpectoolError("draft config.json names no aux layers (eagle_aux_hidden_state_layer_ids / "
                                 "dflash_config.target_layer_ids); pass the policy")
-
-        ids = default_aux_layer_ids(policy.config.num_hidden_layers)
+        ids = default_aux_layer_ids(num_layers)
     rope = c.get("rope_parameters") or {}
     common = dict(
         hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
