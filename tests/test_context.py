@@ -156,7 +156,13 @@ def test_init_draft_past_the_models_limit_writes_nothing_and_its_advice_then_run
     assert (out / init_draft.RUN_CONFIG).exists()
 
 
-def test_init_draft_refuses_a_harvest_too_small_to_train_on_before_the_claim(tmp_path, tiny_policy):
+def test_init_draft_refuses_a_harvest_too_small_to_train_on_before_the_claim(tmp_path, tiny_policy, monkeypatch):
+    from spectool.commands import init_draft
+
+    def past_the_claim(*_):  # without the refusal the harvest would start here
+        raise AssertionError("refused after --out was claimed")
+
+    monkeypatch.setattr(init_draft, "training_data", past_the_claim)
     out = tmp_path / "d"
     r = runner.invoke(app, ["init-draft", "--model", str(tiny_policy), "--n-prompts", "3", "--samples", "1",
                             "--max-tokens", "16", "--out", str(out)])

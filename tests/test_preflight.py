@@ -190,6 +190,22 @@ def test_trls_length_check_measures_every_prompt_of_the_dataset(tiny_policy):
     check_lengths(SpeculationSettings(None), str(tiny_policy), args, trainer_kwargs={"train_dataset": ds})
 
 
+def test_a_prompt_length_measured_once_is_not_reused_for_another_rendering(tiny_policy):
+    """The longest prompt is measured once per dataset, tokenizer and template kwargs: the same dataset with a
+    tokenizer whose chat template writes more (a processing_class of the user's) is measured again."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from spectool.integrations.trl.preflight import _longest_prompt
+
+    ds = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"What is {i} + 1?"}] for i in range(300)]})
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    plain = _longest_prompt({"train_dataset": ds, "processing_class": tok}, str(tiny_policy))
+    tok.chat_template = "Think step by step before you answer. " + tok.chat_template
+    longer = _longest_prompt({"train_dataset": ds, "processing_class": tok}, str(tiny_policy))
+    assert longer > plain
+
+
 @pytest.fixture(scope="module")
 def mapless_draft(reduced_draft, tmp_path_factory):
     """The reduced-vocabulary draft as a converter in the field writes it: a public folder (no draft.json), the aux
@@ -266,3 +282,25 @@ def test_every_command_refuses_a_reduced_vocabulary_without_its_map_before_anyth
     with pytest.raises(SpectoolError, match=_no_map(tiny_policy)):
         _command_runs(tmp_path, tiny_policy, mapless_draft, gym_jsonl)[command]()
     assert not (tmp_path / "out").exists()  # refused before the run folder is claimed, and before any engine
+
+
+def test_init_draft_refuses_a_warm_start_that_does_not_fit_the_policy_before_the_claim(reduced_draft, tiny_policy,
+                                                                                     tmp_path, monkeypatch):
+    """A public folder (no draft.json) mapping into another vocabulary size than the policy's is refused by init-draft
+    --init-from as the later load with the policy would refuse it (check_fits), but before --out is claimed or
+    anything is harvested."""
+    from spectool.commands import init_draft
+    from spectool.config import InitDraftConfig
+
+    folder = tmp_path / "warm"
+    shutil.copytree(reduced_draft, folder, ignore=shutil.ignore_patterns("draft.json"))
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    _edit_config(folder, vocab_size=vocab + 64)  # its map still lands inside the policy's vocabulary
+
+    def past_the_claim(*_):
+        raise AssertionError("refused after --out was claimed")
+
+    monkeypatch.setattr(init_draft, "training_data", past_the_claim)
+    with pytest.raises(SpectoolError, match=rf"does not fit this policy: vocab_size: draft maps into {vocab + 64}"):
+        init_draft.run(InitDraftConfig(model=str(tiny_policy), init_from=str(folder), out=str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()
