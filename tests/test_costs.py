@@ -234,6 +234,10 @@ def test_the_host_ratio_is_a_fixed_benchmark_against_its_record(pytester):
     r = pytester.runpytest("tests")
     assert r.ret == 1  # a faster machine than the record: never below 1
     r.stdout.fnmatch_lines(["*limits x 1.00*", "*test_unit: 0.* s, over the unit limit 0.1 s*"])
+    toy(pytester, tests, BUDGET.replace("unit = 2", "unit = 0.1") + "[host]\nbenchmark_s = 0.0001\ncap = 1.2\n")
+    r = pytester.runpytest("tests")
+    assert r.ret == 1  # capped: 0.25 s against 0.1 s x tolerance x 1.2
+    r.stdout.fnmatch_lines(["*limits x 1.20, capped (it read x *", "*test_unit: 0.* s, over the unit limit 0.1 s*"])
 
 
 def test_teardown_is_held_and_a_shared_fixtures_finaliser_is_the_fixtures(pytester):
