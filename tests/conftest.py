@@ -42,16 +42,30 @@ WARM_IMPORTS = ("torch", "safetensors.torch", "transformers", "transformers.mode
                 "spectool.commands.sweep_k", "spectool.commands.verify", "spectool.commands.train_rl")
 
 
-def pytest_costs_warm_up(config):
+def _uses_the_cli(items) -> bool:
+    """Whether any of these tests runs the CLI (its file uses tests/clirun.py, or it asks for a CLI-built fixture)."""
+    cli_fixtures = {"harvest_hs", "eagle3_export"}
+    texts: dict = {}
+    for item in items:
+        if cli_fixtures & set(getattr(item, "fixturenames", ())):
+            return True
+        if item.path not in texts:
+            texts[item.path] = "clirun" in item.path.read_text()
+        if texts[item.path]:
+            return True
+    return False
+
+
+def pytest_costs_warm_up(config, items, whole_run):
     """What only a first run pays, paid before any test is timed (tests/costs.py): a fresh clone's first run failed
     two unit tests at 6.6 and 7.0 s that its second run passed (issue 69), each the first to ask vLLM about its
     policy's architecture (a child importing vLLM, then kept in spectool's cache). So: spectool's modules compiled
     (a CLI child never compiles them), the heavy imports of pytest's own process (torch, transformers' model classes,
     the data libraries, spectool's commands; not vLLM, which loads only with an engine, after its environment is
     set), the embedded policy converted from its GGUF, vLLM's answer for each architecture the tests use, asked in
-    one child, and the CLI zygote's imports (tests/clirun.py: started first, waited for last). Each part a few
-    seconds once, well under a second after, but the zygote's; one that fails (a module mid-edit) is left to the
-    tests that need it to say so."""
+    one child, and the CLI zygote's imports (tests/clirun.py: started first, waited for last; only where a test runs
+    the CLI, so a run of unit tests does not wait 10 s for vLLM). Each part a few seconds once, well under a second
+    after, but the zygote's; one that fails (a module mid-edit) is left to the tests that need it to say so."""
     import compileall
     import importlib
     import subprocess
@@ -62,7 +76,8 @@ def pytest_costs_warm_up(config):
 
     from clirun import forking, start_zygote, zygote_ready
 
-    if forking():
+    zygote = forking() and (whole_run or _uses_the_cli(items))
+    if zygote:
         start_zygote()  # its imports (vLLM's too) overlap the ones below
     compileall.compile_dir(Path(spectool.__file__).parent, quiet=1)
     with warnings.catch_warnings():  # their deprecation notes (torch.jit in speculators) are no test's
@@ -83,7 +98,7 @@ def pytest_costs_warm_up(config):
             "for a in sys.argv[1:]:\n    serves.registry_answer(a)\n")
     subprocess.run([sys.executable, "-c", code, *WARM_ARCHITECTURES], capture_output=True, timeout=900,
                    env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
-    if forking():
+    if zygote:
         try:
             zygote_ready()
         except AssertionError:  # the first CLI run says so

@@ -18,9 +18,9 @@ tests/budget.toml.
   against the reference host's (budget.toml [host]), never below 1 nor above its cap. CPU time, not wall
   time: waiting for a CPU other processes hold is load, not a slower host, and loosens no limit. Never the
   tests under judgment: a change that slows every CLI start is no slower host.
-- Warm-up. Before any test is timed, `pytest_costs_warm_up` (tests/conftest.py implements it) pays what
-  only a first run pays (imports, caches kept between runs): its seconds count in the tier's total, in
-  no test's.
+- Warm-up. Once the tests are collected and before any is timed, `pytest_costs_warm_up` (tests/conftest.py
+  implements it) pays what only a first run pays (imports, caches kept between runs): its seconds count in
+  the tier's total, in no test's. A run of a few tests warms up only what they use.
 - Every run writes .pytest-costs/<tier>.json (per test: kind, seconds per phase, engine starts; per
   shared fixture; per file) and prints per-file totals.
 """
@@ -173,9 +173,10 @@ class Costs:
 
 class WarmUpSpec:
     @pytest.hookspec
-    def pytest_costs_warm_up(self, config):
+    def pytest_costs_warm_up(self, config, items, whole_run):
         """Pay what only a first run pays (heavy imports, caches kept between runs) before any test is timed: its
-        seconds count in the tier's total, in no test's."""
+        seconds count in the tier's total, in no test's. `items`: the tests about to run (a run of a few may need
+        less); `whole_run`: the tier as a whole."""
 
 
 def pytest_addhooks(pluginmanager):
@@ -288,8 +289,13 @@ class CostsPlugin:
         host = tomllib.loads(self.costs.budget_file.read_text()).get("host", {})
         if "benchmark_s" in host:  # timed first, before the warm-up and any test: the machine, not the suite
             self.costs.host = Host.read(*host_benchmark(), host["benchmark_s"], host.get("cap"))
+
+    def pytest_collection_finish(self, session):
+        """The warm-up, once the tests to run are known (after the tier's selection), before the first is timed."""
+        if self.config.option.collectonly or not session.items:
+            return
         t = time.perf_counter()
-        self.config.hook.pytest_costs_warm_up(config=self.config)
+        self.config.hook.pytest_costs_warm_up(config=self.config, items=session.items, whole_run=self.costs.whole_run)
         self.costs.warm_up_s = time.perf_counter() - t
 
     @pytest.hookimpl(tryfirst=True)
