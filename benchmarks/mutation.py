@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if problems := stale(chosen, ROOT):
         print("mutants that no longer apply (rewrite them for the code as it is now):\n  " + "\n  ".join(problems))
         return 2
-    where = scratch_copy()
+    code = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
+    where = scratch_copy()  # the code as it is now: what `code` names
     rows = []
     try:
         for m in chosen:
@@ -296,9 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     if unscored:
         print(f"not scored: {' '.join(unscored)} (a test that fails on the unmutated code: fix it, then run again)")
     if args.out:
-        head = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
         args.out.write_text(json.dumps({"score": f"{killed}/{len(rows)}", "sets": sets, "all_unit": args.all_unit,
-                                        "code": head.stdout.strip(), "command": "benchmarks/mutation.py " + " ".join(
+                                        "code": code.stdout.strip(), "command": "benchmarks/mutation.py " + " ".join(
                                             sys.argv[1:] if argv is None else argv), "rows": rows}, indent=1) + "\n")
     return 2 if unscored else 0 if killed == len(rows) else 1
 
