@@ -221,7 +221,7 @@ def test_exports_max_model_len_is_the_checks_context_or_refused_before_any_engin
 def test_train_rls_stop_counts_come_from_its_rollouts_and_reach_the_summary(capsys):
     """A step's `finish_length`/`finish_stop` count its completions' finish reasons; the run's summary adds them up
     over the steps, and the printed summary says how the rollouts ended."""
-    from spectool.commands.train_rl import RLResult, _batch_metrics, _generate, _summary
+    from spectool.commands.train_rl import RLResult, batch_metrics, generate_step, run_summary
     from spectool.engine.engine import Completion
     from spectool.rl.config import load_config
     from spectool.rl.report import render_summary
@@ -240,10 +240,10 @@ def test_train_rls_stop_counts_come_from_its_rollouts_and_reach_the_summary(caps
     engine, history = Engine(), []
     for step in (0, 1):
         engine.step = step
-        m = _batch_metrics(_generate(engine, source, tasks, step, cfg))
+        m = batch_metrics(generate_step(engine, source, tasks, step, cfg))
         history.append({**m, "step_s": 1.0, "gen_share": 0.5})
     assert [(h["finish_length"], h["finish_stop"]) for h in history] == [(3, 1), (0, 3)]
-    s = _summary(history)
+    s = run_summary(history)
     assert (s["finish_length"], s["finish_stop"]) == (3, 4)
     render_summary(RLResult("runs/rl", 2, 0, 3.0, history))
     row = next(line for line in capsys.readouterr().out.splitlines() if "rollouts ended" in line)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -357,6 +358,7 @@ def test_load_on_the_benchmarks_cpu_is_no_slower_host():
         alone, _ = costs.host_benchmark(repeats=2)
         spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
         try:
+            time.sleep(0.5)  # every spinner past its interpreter's start and spinning before the benchmark's first repeat
             busy, busy_wall = costs.host_benchmark(repeats=2)
         finally:
             for p in spinners:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from spectool.commands.export import _draft_data, _draft_rendering
+from spectool.commands.export import draft_data, draft_rendering
 from spectool.commands.export_card import training_data
 from spectool.config import ExportConfig
 
@@ -34,6 +34,6 @@ def test_an_export_is_checked_on_its_drafts_training_data_as_the_draft_is(tmp_pa
                                            "training_data": provenance})
     assert training_data(export) == provenance
     for folder in (draft, export):
-        assert _draft_data(folder) == "gym:chain_sum", folder.name  # not None, which export reads as "chat"
-        cfg = _draft_rendering(folder, ExportConfig(draft=str(folder), out=str(tmp_path / "x")))
+        assert draft_data(folder) == "gym:chain_sum", folder.name  # not None, which export reads as "chat"
+        cfg = draft_rendering(folder, ExportConfig(draft=str(folder), out=str(tmp_path / "x")))
         assert (cfg.system_prompt, cfg.chat_template_kwargs) == ("Think step by step.", {"enable_thinking": False})

@@ -36,3 +36,22 @@ def test_gc_time_errors_of_vllm_go_to_the_engine_log(tmp_path, monkeypatch, caps
     del obj
     gc.collect()
     assert "FakeTensors" in capsys.readouterr().err
+
+
+def test_a_vllm_imported_before_the_routing_is_configured_again_to_the_log(tmp_path, monkeypatch):
+    """vLLM sets its handler once, as `vllm.logger` is imported: where that came first (TRL's trainer, a notebook, a
+    process forked after the import), routing configures it again, after the stream is named in the environment."""
+    import types
+
+    from spectool.engine import logs
+
+    seen = []
+    fake = types.SimpleNamespace(_configure_vllm_root_logger=lambda: seen.append(os.environ["VLLM_LOGGING_STREAM"]))
+    monkeypatch.setitem(sys.modules, "vllm.logger", fake)
+    monkeypatch.delenv("SPECTOOL_VERBOSE", raising=False)
+    monkeypatch.delenv(logs.ENV, raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_STREAM", raising=False)
+    monkeypatch.setattr(logs, "STREAM", logs.STREAM)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    logs.route(tmp_path / "engine.log")
+    assert seen == ["ext://spectool.engine.logs.STREAM"]

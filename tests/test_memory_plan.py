@@ -220,7 +220,7 @@ def test_trl_plan_reads_the_longest_prompt(tiny_policy, tmp_path, caplog, monkey
                      total_bytes=80 * GIB)
         out = caplog.text
         tokens = int(out.split("per_device_train_batch_size: ")[1].split(" tokens")[0])
-        longest = int(out.split("prompts (")[1].split(" tokens")[0])
+        longest = int(out.split("the longest prompt (")[1].split(" tokens")[0])
         assert tokens == 8 * (longest + 64) and longest >= want
         if n is not None:
             assert longest == n

@@ -98,7 +98,7 @@ def run(cfg: ExportConfig) -> ExportResult:
         raise SpectoolError(f"--draft {src} is not a draft folder (needs config.json and {WEIGHTS}); make one with init-draft")
     meta = read_json(src / DRAFT_JSON) if (src / DRAFT_JSON).exists() else {}
     command = command_line(cfg)  # as the user gave it, for the model card
-    cfg = _draft_rendering(src, cfg)  # resolved: the verification prompts as the draft's harvest rendered them
+    cfg = draft_rendering(src, cfg)  # resolved: the verification prompts as the draft's harvest rendered them
     model_name = cfg.model or meta.get("policy")
     if not model_name:
         raise SpectoolError("the draft does not record its policy; pass --model")
@@ -131,7 +131,7 @@ def run(cfg: ExportConfig) -> ExportResult:
         atomic_write_json(tmp / "config.json", conf)
         if meta:  # the draft's metadata travels with it: every draft check applies to the export too
             atomic_write_json(tmp / DRAFT_JSON, {**meta, "export_format": cfg.format})
-        verify_data = _draft_data(src) or "chat"  # held-out prompts of the data the draft was trained on
+        verify_data = draft_data(src) or "chat"  # held-out prompts of the data the draft was trained on
         data = training_data(src)  # with its harvest's columns: a file or hub source read as it was harvested
         columns = {k: v for k in ("prompt_col", "answer_col") if (v := (data.get("harvest") or {}).get(k))}
         check = _verify(tmp, model.path, verify_data, cfg, family, columns) if cfg.verify else None
@@ -203,7 +203,7 @@ def _portable_name(model_name: str) -> str:
     return path.name
 
 
-def _draft_data(src: Path) -> str | None:
+def draft_data(src: Path) -> str | None:
     """The data source the draft in `src` was trained on (export_card.training_data: an init-draft folder's or an
     export's), None when unknown or a file no longer there."""
     data = training_data(src).get("harvest_data")
@@ -213,7 +213,7 @@ def _draft_data(src: Path) -> str | None:
     return data if not is_file or Path(data).exists() else None
 
 
-def _draft_rendering(src: Path, cfg: ExportConfig) -> ExportConfig:
+def draft_rendering(src: Path, cfg: ExportConfig) -> ExportConfig:
     """`cfg` with the draft's harvest's system prompt and chat template kwargs (export_card.training_data: init-draft's
     manifest, or the one an export keeps) where --system-prompt and --chat-template-kwargs are unset."""
     own = training_data(src).get("rendering") or {}

@@ -267,10 +267,10 @@ def _loop(r: _Run, on_step) -> None:
                 open_trackers(cfg.report_to, "report_to", r.out, cfg.as_dict(), r.start) as trackers:
             for step in range(r.start, steps):
                 t0 = time.perf_counter()
-                batch = carried or _generate(r.engine, r.source, r.tasks, step, cfg)
-                nxt = pool.submit(_generate, r.engine, r.source, r.tasks, step + 1, cfg) \
+                batch = carried or generate_step(r.engine, r.source, r.tasks, step, cfg)
+                nxt = pool.submit(generate_step, r.engine, r.source, r.tasks, step + 1, cfg) \
                     if pool is not None and step + 1 < steps else None
-                rec: dict[str, Any] = {"step": step + 1, "mode": cfg.rollout.mode, **_batch_metrics(batch)}
+                rec: dict[str, Any] = {"step": step + 1, "mode": cfg.rollout.mode, **batch_metrics(batch)}
                 if initial_eval is not None and step == 0:
                     rec["eval_reward_initial"] = initial_eval
 
@@ -311,11 +311,11 @@ def run(cfg: RLConfig, on_step: Callable[[dict], None] | None = None) -> RLResul
         "train-rl", model=r.model.name, model_identity=r.model.identity, data=cfg.data, steps=cfg.policy.steps,
         resumed_from=r.start, sampler_fix=r.engine.sampler_fix, served_by=r.engine.served_by, draft=r.draft,
         draft_mode=cfg.draft_refresh.mode if r.draft else "no speculation", k=spec.k,
-        plots=plots, summary=_summary(r.history)))
+        plots=plots, summary=run_summary(r.history)))
     return RLResult(str(r.out), cfg.policy.steps, r.start, time.perf_counter() - t_start, r.history)
 
 
-def _generate(engine, source, tasks: StepPrompts, step: int, cfg: RLConfig) -> Batch:
+def generate_step(engine, source, tasks: StepPrompts, step: int, cfg: RLConfig) -> Batch:
     r = cfg.rollout
     idx = tasks.for_step(step)
     t0 = time.perf_counter()
@@ -332,7 +332,7 @@ def _generate(engine, source, tasks: StepPrompts, step: int, cfg: RLConfig) -> B
                  finish_counts(c.finish_reason for samples in outs for c in samples))
 
 
-def _batch_metrics(b: Batch) -> dict[str, Any]:
+def batch_metrics(b: Batch) -> dict[str, Any]:
     m: dict[str, Any] = {"reward": b.mean_reward, "gen_s": b.gen_s, "gen_tokens": b.gen_tokens,
                          "gen_tokens_per_s": b.gen_tokens / b.gen_s if b.gen_s else 0.0,
                          "response_len": b.gen_tokens / max(len(b.rollouts), 1), "entropy": _entropy(b.rollouts),
@@ -411,7 +411,7 @@ def _latest_checkpoint(out: Path) -> tuple[int, Path] | None:
     return (int(found[-1].name.split("-")[1]), found[-1]) if found else None
 
 
-def _summary(history: list[dict]) -> dict:
+def run_summary(history: list[dict]) -> dict:
     if not history:
         return {}
 

@@ -37,6 +37,7 @@ def route(log_path: str | Path | None) -> Path | None:
         os.environ[ENV] = str(path)
         logging.getLogger(__name__).info(f"vLLM's log: {path} (spectool --verbose shows it here)")
     os.environ["VLLM_LOGGING_STREAM"] = "ext://spectool.engine.logs.STREAM"
+    _reconfigure_imported_vllm()
     import warnings  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     # vLLM's own deprecation notices at import (torch.distributed.reduce_op, ...): the user can do nothing about them
@@ -44,6 +45,17 @@ def route(log_path: str | Path | None) -> Path | None:
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"(vllm|torch)\.")
     sys.unraisablehook = _unraisable_to_log
     return path
+
+
+def _reconfigure_imported_vllm() -> None:
+    """vLLM configures its handler once, when `vllm.logger` is imported: a process that imported vLLM before this
+    routing (TRL's trainer, a notebook, a process forked after the import) would keep printing to the terminal.
+    Configure it again from the environment just set (vllm/logger.py `_configure_vllm_root_logger`, vLLM 0.26-0.33;
+    a build without it keeps its handler)."""
+    logger = sys.modules.get("vllm.logger")
+    configure = getattr(logger, "_configure_vllm_root_logger", None)
+    if configure is not None:
+        configure()
 
 
 def log_size() -> int:
