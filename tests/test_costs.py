@@ -366,7 +366,7 @@ def test_load_on_the_benchmarks_cpu_is_no_slower_host():
                 p.wait()
     finally:
         os.sched_setaffinity(0, before)
-    assert busy_wall > 2 * busy  # the load was there: four runnable processes on one CPU
+    assert busy_wall > 1.5 * busy  # the load was there (four runnable processes on one CPU: 1.9-3.5x measured)
     assert busy < 1.3 * alone, (alone, busy)
 
 
