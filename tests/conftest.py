@@ -105,6 +105,16 @@ def pytest_costs_warm_up(config, items, whole_run):
             pass
 
 
+@pytest.fixture(scope="module")
+def environment_restored():
+    """The process's environment as it was before the module, restored after it: `import trl` (and TRL's colocated
+    engine) set process-wide variables (VLLM_LOGGING_LEVEL, ...) that later tests must not inherit."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"

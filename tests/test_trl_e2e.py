@@ -8,22 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 
 import pytest
 
 # Not imported at collection: `import trl` sets VLLM_LOGGING_LEVEL=ERROR in os.environ, which every
 # later CLI subprocess of the session would inherit (their engine logs would come out empty).
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs spectool[trl]")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs spectool[trl]"),
+              pytest.mark.usefixtures("environment_restored")]  # TRL sets process-wide variables
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _environment_restored():
-    """TRL (and its colocated engine) set process-wide variables: undo them after this module."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +16,8 @@ import pytest
 
 from spectool.errors import SpectoolError
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs spectool[trl]")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs spectool[trl]"),
+              pytest.mark.usefixtures("environment_restored")]  # TRL sets process-wide variables
 
 TEXTS = ["What is 2 + 3?", "What is 7 + 8? Think it through, then give the answer.", "What is 1 + 1?",
          "What is 4 + 9?", "What is 6 + 6?", "What is 9 + 9?", "What is 3 + 5?", "What is 2 + 2?"]
@@ -25,14 +25,6 @@ CHATS = [[{"role": "user", "content": TEXTS[0]}],  # one user turn: TRL renders 
          [{"role": "system", "content": "Reason step by step."}, {"role": "user", "content": TEXTS[1]}],
          *([{"role": "user", "content": t}] for t in TEXTS[2:])]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _environment_restored():
-    """`import trl` sets process-wide variables (VLLM_LOGGING_LEVEL): undo them after this module."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def trl_tokenize_prompts():
