@@ -72,8 +72,8 @@ _ZYGOTE: dict = {}
 
 
 def start_zygote() -> None:
-    """Start tests/zygote.py's server once a test run, without waiting for its imports (the suite calls this
-    as the session starts, so the imports overlap the first tests; the first CLI run waits for "ready")."""
+    """Start tests/zygote.py's server once a test run, without waiting for its imports (the warm-up in
+    tests/conftest.py starts it first, so its imports overlap the others; `zygote_ready` waits for "ready")."""
     import atexit
     import tempfile
     from pathlib import Path
@@ -99,7 +99,7 @@ def zygote_ready() -> None:
 
 
 def _forked(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    """The CLI run forked from tests/zygote.py's server (started on first use, with vLLM imported once)."""
+    """The CLI run forked from tests/zygote.py's server (vLLM imported once; started here if the warm-up did not)."""
     import json
     import socket
 
