@@ -1,7 +1,7 @@
 """Mutation score of the decision code: the audit's 19 mutants (../shared/reviews/audit-2026-11c.md, "Mutation
 table") and 33 of the code added on 2026-11-27/28 (issue 68 item 9: the context, prompts, the draft's attention and
 packing, trackers, the weights digest, TRL's preflight and attach, export and its card, ranks, the speculators
-reading), each applied alone to a copy of the working tree and run against the tests most likely to catch it.
+reading), 4 of the evening's (arms forked from a forkserver, the engine log's routing in a forked process), each applied alone to a copy of the working tree and run against the tests most likely to catch it.
 
 A mutant is killed when pytest reports a failed or errored test, and that test passes again once the mutant is
 taken out (a test that fails on the code as it is kills nothing: the mutant is reported as not scored); the suite's
@@ -52,6 +52,9 @@ RANKS = ("tests/test_shared_run_folder.py", "tests/test_harvest_parallel.py")
 SPECULATORS = ("tests/test_warm_start_speculators.py",)
 CONTEXT = ("tests/test_context.py",)
 PROMPTS = ("tests/test_prompts.py",)
+# the 2026-11-28 evening round: arms forked from a forkserver, the engine log's routing in a forked process
+FORKS = ("tests/test_subproc.py",)
+LOGS = ("tests/test_logs.py",)
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,15 @@ NEW_MUTANTS = (
     Mutant("PR1", "src/spectool/prompts.py", "return [{\"role\": \"system\", \"content\": system_prompt}, *messages]",
            "return [*messages, {\"role\": \"system\", \"content\": system_prompt}]", PROMPTS,
            "--system-prompt put after the data's turns"),
+    Mutant("FK1", "src/spectool/subproc.py", "    os.environ.clear()\n    os.environ.update(env)\n", "", FORKS,
+           "a forked arm keeps the forkserver's environment, not the caller's at the call"),
+    Mutant("FK3", "src/spectool/subproc.py", "                progress(line[len(PROGRESS):].rstrip())",
+           "                pass", FORKS, "a child's progress lines dropped"),
+    Mutant("LG1", "src/spectool/engine/logs.py", "    if _OPEN != str(path):",
+           "    if os.environ.get(ENV) != str(path):", LOGS,
+           "routing trusts the environment: a forked process keeps writing vLLM's lines to stderr"),
+    Mutant("LG2", "src/spectool/engine/logs.py", "        envs.disable_envs_cache()", "        pass", LOGS,
+           "vLLM's frozen environment kept: the stream just set is not read"),
 )
 ALL = MUTANTS + NEW_MUTANTS
 

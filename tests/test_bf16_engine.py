@@ -135,7 +135,7 @@ def test_engine_commands_serve_bfloat16_from_the_command_line(setup, tiny_policy
                  "--compare", "--out", str(tmp_path / "ro"))
     assert re.search(r"engine precision +│ bfloat16", r.stdout) and "bfloat16)" in r.stdout
     # the reason line, with the verdict from the timed passes (rollout.RolloutResult.judge)
-    assert re.search(r"speculation (won|lost|: no difference beyond the noise|: not judged|: measurement fault): ",
+    assert re.search(r"speculation( won| lost|: no difference beyond the noise|: not judged|: measurement fault): ",
                      r.stdout)
     summary = json.loads((tmp_path / "ro" / "manifest.json").read_text())["summary"]
     assert summary["dtype"] == "bfloat16" and summary["timed_tokens"] > 0

@@ -55,3 +55,31 @@ def test_a_vllm_imported_before_the_routing_is_configured_again_to_the_log(tmp_p
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     logs.route(tmp_path / "engine.log")
     assert seen == ["ext://spectool.engine.logs.STREAM"]
+
+
+def test_a_forked_process_given_the_path_in_its_environment_opens_it(tmp_path, monkeypatch):
+    """A process forked from one that imported this module (the arms' forkserver, the tests' zygote) can be handed
+    the log's path in its environment while STREAM is still stderr: routing goes by what STREAM has open, and vLLM's
+    environment cache (which an engine's start freezes) is unfrozen before the handler is configured again."""
+    import types
+
+    from spectool.engine import logs
+
+    log = tmp_path / "engine.log"
+    frozen = []
+    envs = types.SimpleNamespace(disable_envs_cache=lambda: frozen.append("unfrozen"))
+    seen = []
+    fake = types.SimpleNamespace(_configure_vllm_root_logger=lambda: seen.append(frozen[:]))
+    monkeypatch.setitem(sys.modules, "vllm.envs", envs)
+    monkeypatch.setitem(sys.modules, "vllm.logger", fake)
+    monkeypatch.delenv("SPECTOOL_VERBOSE", raising=False)
+    monkeypatch.setenv(logs.ENV, str(log))  # what the parent's environment said
+    monkeypatch.setenv("VLLM_LOGGING_STREAM", "ext://spectool.engine.logs.STREAM")
+    monkeypatch.setattr(logs, "STREAM", sys.stderr)  # what the server opened at its import: no path then
+    monkeypatch.setattr(logs, "_OPEN", None)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    logs.route(log)
+    assert logs.STREAM is not sys.stderr and logs.STREAM.name == str(log)
+    print("a line", file=logs.STREAM)
+    assert log.read_text() == "a line\n"
+    assert seen == [["unfrozen"]]  # the cache dropped before the handler read the stream

@@ -44,7 +44,7 @@ from spectool.data import load_source
 from spectool.draft.checkpoint import dummy_draft_config
 from spectool.draft.families import check_served
 from spectool.draft.guard import Flags, check_speculation
-from spectool.engine.compat import is_cpu_build
+from spectool.engine.compat import is_cpu_build, warm_imports
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
 from spectool.models import draft_model_path, resolve_config, resolve_model
@@ -275,6 +275,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
                  f"{floor / 60:.1f} min of timing (>= {cfg.min_seconds:g} s per batch size a run) plus each engine's "
                  "start and warm-up; the time left is said after each run")
     started = time.monotonic()
+    warm = warm_imports()  # each arm forked from a process that imported vLLM once (the CPU build)
     for i, (method, k, run_no, todo) in enumerate(plan):
         if i:
             spent = time.monotonic() - started
@@ -291,7 +292,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
             dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths, log_path=str(out / "engine.log"),
             dtype=cfg.dtype, min_seconds=cfg.min_seconds, max_model_len=context),
-            what=f"the {method} k={k} engine", progress=progress)
+            what=f"the {method} k={k} engine", progress=progress, warm=warm)
         measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # when this engine run ended
         for row in rows:
             row["run"], row["measured_at"] = run_no, measured_at

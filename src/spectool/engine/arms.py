@@ -10,6 +10,7 @@ import time
 from spectool import machine_load, subproc
 from spectool.constants import GPU_MEMORY_UTILIZATION
 from spectool.context import finish_counts
+from spectool.engine.compat import warm_imports
 from spectool.engine.engine import Engine, EngineConfig, Sampling
 from spectool.stats import AcceptanceStats
 
@@ -115,7 +116,7 @@ def sample_control(control: str, **arm) -> dict:
     """sample_arm with the lossy sampler `control` (a key of LOSSY_CONTROLS), the same arguments otherwise."""
     if control in KERNEL_CONTROLS:
         return subproc.call("spectool.engine.arms", "sample_arm", arm, env=KERNEL_CONTROLS[control],
-                            what=f"the lossy-control engine ({control})")
+                            what=f"the lossy-control engine ({control})", warm=warm_imports())
     if control == "truncated":
         return sample_arm(**{**arm, "top_p": 0.9})
     if control == "temperature":

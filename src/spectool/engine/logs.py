@@ -14,6 +14,7 @@ from pathlib import Path
 
 ENV = "SPECTOOL_ENGINE_LOG"
 STREAM = open(os.environ[ENV], "a", buffering=1) if os.environ.get(ENV) else sys.stderr  # noqa: SIM115
+_OPEN = os.environ.get(ENV) or None  # the file STREAM writes to (None: stderr), whatever the environment says since
 
 
 def verbose() -> bool:
@@ -23,7 +24,7 @@ def verbose() -> bool:
 def route(log_path: str | Path | None) -> Path | None:
     """Send vLLM's log lines to `log_path` (default: the cache's logs/engine.log) unless verbose;
     returns the file, or None when verbose. (The CLI keeps transformers' quiet.)"""
-    global STREAM
+    global STREAM, _OPEN
     if verbose():
         return None
     if log_path is None:
@@ -31,11 +32,13 @@ def route(log_path: str | Path | None) -> Path | None:
 
         log_path = cache_dir() / "logs" / "engine.log"
     path = Path(log_path)
-    if os.environ.get(ENV) != str(path):
+    # by what STREAM has open, not by the environment: a process forked from one that imported this module
+    # (a forkserver, the tests' zygote) may be given the path in its environment with STREAM still stderr
+    if _OPEN != str(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        STREAM = open(path, "a", buffering=1)  # noqa: SIM115
-        os.environ[ENV] = str(path)
+        STREAM, _OPEN = open(path, "a", buffering=1), str(path)  # noqa: SIM115
         logging.getLogger(__name__).info(f"vLLM's log: {path} (spectool --verbose shows it here)")
+    os.environ[ENV] = str(path)  # spawned workers open the same file
     os.environ["VLLM_LOGGING_STREAM"] = "ext://spectool.engine.logs.STREAM"
     _reconfigure_imported_vllm()
     import warnings  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
@@ -51,7 +54,11 @@ def _reconfigure_imported_vllm() -> None:
     """vLLM configures its handler once, when `vllm.logger` is imported: a process that imported vLLM before this
     routing (TRL's trainer, a notebook, a process forked after the import) would keep printing to the terminal.
     Configure it again from the environment just set (vllm/logger.py `_configure_vllm_root_logger`, vLLM 0.26-0.33;
-    a build without it keeps its handler)."""
+    a build without it keeps its handler). vLLM reads its environment through `vllm.envs`, which an engine's start
+    freezes (`enable_envs_cache`, in the engine core's process): unfrozen first, so the stream just set is read."""
+    envs = sys.modules.get("vllm.envs")
+    if getattr(envs, "disable_envs_cache", None) is not None:  # a cache an earlier engine froze (where the build has one)
+        envs.disable_envs_cache()
     logger = sys.modules.get("vllm.logger")
     configure = getattr(logger, "_configure_vllm_root_logger", None)
     if configure is not None:
