@@ -1,7 +1,8 @@
 """Mutation score of the decision code: the audit's 19 mutants (../shared/reviews/audit-2026-11c.md, "Mutation
 table") and 33 of the code added on 2026-11-27/28 (issue 68 item 9: the context, prompts, the draft's attention and
 packing, trackers, the weights digest, TRL's preflight and attach, export and its card, ranks, the speculators
-reading), 4 of the evening's (arms forked from a forkserver, the engine log's routing in a forked process), each applied alone to a copy of the working tree and run against the tests most likely to catch it.
+reading), 4 of the evening's (arms forked from a forkserver, the engine log's routing in a forked process),
+each applied alone to a copy of the working tree and run against the tests most likely to catch it.
 
 A mutant is killed when pytest reports a failed or errored test, and that test passes again once the mutant is
 taken out (a test that fails on the code as it is kills nothing: the mutant is reported as not scored); the suite's
