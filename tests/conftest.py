@@ -17,6 +17,26 @@ import pytest  # noqa: E402
 pytest_plugins = ["costs", "pytester"]  # tiers, cost markers and the budget (tests/costs.py); runs inside a run
 
 
+_COLLECTION: dict = {}
+
+
+def pytest_collectstart(collector):
+    """The environment as collection begins (the first collector), for `pytest_collection_modifyitems` below."""
+    _COLLECTION.setdefault("environment", dict(os.environ))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Importing the test modules leaves the environment as it found it. `pytest.importorskip("trl")` at a module's
+    top imports TRL, which sets VLLM_LOGGING_LEVEL=ERROR (and more) process-wide: every CLI run and the CLI zygote
+    (started in the warm-up, after this) then inherited it, and their engine logs lost vLLM's warnings (CI failed
+    test_harvest_parallel's and test_pipeline_e2e's log checks on the whole tier only, 2026-11-28)."""
+    before = _COLLECTION.get("environment")
+    if before is not None:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread_for_unit_tests(request):
     """A unit test computes on one torch thread: tiny tensors on this 2-core machine, beside other jobs, spend more
