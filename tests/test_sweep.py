@@ -258,7 +258,7 @@ def _stand_in_sweep(monkeypatch, calls, stop_after=None):
 
     from spectool.commands import sweep_k
 
-    def measure(module, fn, kw, what, progress):
+    def measure(module, fn, kw, what, progress, warm=()):
         if stop_after is not None and len(calls) == stop_after:
             raise KeyboardInterrupt
         calls.append((kw["method"], kw["k"], (kw["seed"] - 0) // sweep_k.ROUND_SEED))
