@@ -454,8 +454,8 @@ def host_benchmark(repeats: int = HOST_REPEATS) -> tuple[float, float]:
     on the reference host; the whole call, torch's import aside, 0.55-0.61 s). CPU time: a process waiting for a CPU
     other processes hold spends no CPU time, so waiting does not read as a slower host (three busy processes on its
     CPU: its wall time several-fold, its CPU time at most half as much, tests/test_costs.py); others' use of the
-    caches and memory still does, some (1.9x measured on a shared VM; budget.toml [host] cap). Fixed work: no test, no spectool code, so a slower suite never reads
-    as a slower host."""
+    caches and memory still does, some (1.9x measured on a shared VM; budget.toml [host] cap). Fixed work: no test,
+    no spectool code, so a slower suite never reads as a slower host."""
     import torch
 
     threads = torch.get_num_threads()
