@@ -47,22 +47,6 @@ def plain_reference(tiny_policy) -> list[list[int]]:
     return [c[0].response_ids for c in ref]
 
 
-@pytest.mark.engine
-@pytest.mark.parametrize("family", FAMILIES)
-def test_served_parallel_draft_equals_its_training_unroll(family, drafts, plain_reference, tiny_policy, tmp_path):
-    from spectool.engine.engine import Engine, EngineConfig, Sampling
-
-    from served import served_vs_trained
-
-    policy, folder = drafts[family]
-    with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), method=family, k=2,
-                             kv_cache_gib=1)) as engine:
-        served_vs_trained(engine, policy, folder, tmp_path)
-        spec, stats = engine.generate(PROMPTS, Sampling(max_tokens=12, temperature=0.0))
-        assert stats.num_drafts > 0
-    assert [c[0].response_ids for c in spec] == plain_reference
-
-
 from conftest import GYM_SUMS as DATA  # noqa: E402
 
 
@@ -121,16 +105,18 @@ def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_hs, tmp
 @pytest.mark.engine
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.bf16)])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, drafts, tiny_policy, tmp_path):
-    """The online refresher's push: new weights into the running drafter (P-EAGLE's masked-slot
-    hidden state recomputed, DFlash's fused context projection rebuilt), the probe check passes
+def test_served_parallel_draft_equals_its_unroll_and_a_refresh_pushed_into_it(family, dtype, drafts, tiny_policy,
+                                                                               plain_reference, tmp_path):
+    """float32: the served drafter computes what spectool trains (`unroll`), and T=0 speculative output equals plain
+    decoding. Then, on the same engine, the online refresher's push: new weights into the running drafter (P-EAGLE's
+    masked-slot hidden state recomputed, DFlash's fused context projection rebuilt), the probe check passes
     with power in the engine's dtype, and the engine then computes the refreshed draft's unroll
     (float32: to 1e-3; bfloat16, as a GPU serves: it drafts on). Every drafter tensor a CUDA graph may
     capture stays where it was (vLLM 0.33 records DFlash's context step in a FULL graph; before the fix,
-    DFlash's rebuilt K norms moved with every push)."""
+    DFlash's rebuilt K norms moved with every push). One engine per case for both proofs."""
     from spectool.draft.checkpoint import save_draft
     from spectool.draft.refresh import DraftRefresher
-    from spectool.engine.engine import Engine, EngineConfig
+    from spectool.engine.engine import Engine, EngineConfig, Sampling
 
     from served import assert_addresses_kept, served_vs_trained
 
@@ -138,6 +124,12 @@ def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, drafts, ti
     refresher = DraftRefresher.from_folder(folder, policy)
     with Engine(EngineConfig(model_path=str(tiny_policy), draft_path=str(folder), method=family, k=2,
                              kv_cache_gib=1, dtype=dtype)) as engine:
+        if dtype == "float32":  # the draft as trained, before any push
+            (tmp_path / "trained").mkdir()
+            served_vs_trained(engine, policy, folder, tmp_path / "trained")
+            spec, stats = engine.generate(PROMPTS, Sampling(max_tokens=12, temperature=0.0))
+            assert stats.num_drafts > 0
+            assert [c[0].response_ids for c in spec] == plain_reference
         addresses = engine.draft_addresses()
         assert any(n.startswith("dflash:" if family == "dflash" else "peagle:") for n in addresses)
         first = refresher.push(engine)
@@ -155,8 +147,6 @@ def test_refreshed_parallel_draft_is_pushed_and_served(family, dtype, drafts, ti
             save_draft(refresher.draft, pushed)
             served_vs_trained(engine, policy, pushed, tmp_path)
         else:
-            from spectool.engine.engine import Sampling
-
             _, stats = engine.generate([[1, 7, 42, 99, 100]], Sampling(max_tokens=12, temperature=0.0))
             assert stats.num_drafts > 0
 
