@@ -9,7 +9,7 @@ A fresh interpreter pays for its imports again (vLLM, torch and transformers: 8-
 as a small engine's start). A call given `warm` modules is forked instead from a server process (the
 standard library's multiprocessing forkserver) that imported them once and started nothing: each call still
 has its own process, environment, folder and engine, without the import. The engine area says which
-modules (`spectool.engine.arms.warm_imports`); with none, the call starts a fresh interpreter as before.
+modules (`spectool.engine.compat.warm_imports`); with none, the call starts a fresh interpreter as before.
 """
 
 from __future__ import annotations
