@@ -47,7 +47,9 @@ def test_tiny_sweep_and_auto_k_rollout(tiny_policy, random_draft, tmp_path):
 
     # A rerun finds every arm measured and only re-renders (resume).
     r = spectool(*args)
-    assert "plain decoding" not in r.stderr
+    # (not "plain decoding" absent: the rendered contention note may name that arm)
+    assert "engine runs to go" not in r.stderr and "lacks" not in r.stderr and "tokens/s" not in r.stderr, r.stderr[-2000:]
+    assert json.loads((out / "sweep.json").read_text())["rows"] == s["rows"]
 
     # --k auto with a schedule that speculates (k=2) up to 4 sequences and not above.
     from spectool.schedule import write_schedule
