@@ -1,7 +1,8 @@
 """Mutation score of the decision code: the audit's 19 mutants (../shared/reviews/audit-2026-11c.md, "Mutation
 table") and 33 of the code added on 2026-11-27/28 (issue 68 item 9: the context, prompts, the draft's attention and
 packing, trackers, the weights digest, TRL's preflight and attach, export and its card, ranks, the speculators
-reading), 4 of the evening's (arms forked from a forkserver, the engine log's routing in a forked process),
+reading), 4 of the evening's (arms forked from a forkserver, the engine log's routing in a forked process), 3 of
+2026-11-29's (the forkserver's warm-up: one thread, the count restored, the heap frozen),
 each applied alone to a copy of the working tree and run against the tests most likely to catch it.
 
 A mutant is killed when pytest reports a failed or errored test, and that test passes again once the mutant is
@@ -56,6 +57,7 @@ PROMPTS = ("tests/test_prompts.py",)
 # the 2026-11-28 evening round: arms forked from a forkserver, the engine log's routing in a forked process
 FORKS = ("tests/test_subproc.py",)
 LOGS = ("tests/test_logs.py",)
+PREFORK = ("tests/test_prefork.py",)
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,12 @@ NEW_MUTANTS = (
            "routing trusts the environment: a forked process keeps writing vLLM's lines to stderr"),
     Mutant("LG2", "src/spectool/engine/logs.py", "        envs.disable_envs_cache()", "        pass", LOGS,
            "vLLM's frozen environment kept: the stream just set is not read"),
+    Mutant("PF1", "src/spectool/engine/prefork.py", "    torch.set_num_threads(1)\n", "", PREFORK,
+           "the warm-up runs at the process's thread count: an OpenMP worker thread is left for its children to inherit"),
+    Mutant("PF2", "src/spectool/engine/prefork.py", "        torch.set_num_threads(threads)\n", "", PREFORK,
+           "the thread count not restored: every forked engine decodes on one thread"),
+    Mutant("PF3", "src/spectool/engine/prefork.py", "    gc.freeze()\n", "", PREFORK,
+           "the heap not frozen: every collection in a forked engine walks the forkserver's imports again"),
 )
 ALL = MUTANTS + NEW_MUTANTS
 

@@ -2,10 +2,11 @@
 
 `python -m spectool.cli ...` pays 9-11 s to import vLLM, torch and transformers before it does anything;
 the suite runs the CLI about 80 times. tests/clirun.py asks this server instead (unless SPECTOOL_TEST_FORK=0):
-it imports the heavy libraries once (and runs no torch op, so no OpenMP pool exists to be broken by fork),
-then forks a child per CLI run, in which the run's environment, folder and argv are set and stdout/stderr go
-to files, exactly as in a fresh process. Still one process per command, and every
-engine it starts is its own. Children that spawn (vLLM workers, sweep arms, launchers) start fresh.
+it imports the heavy libraries once and runs `spectool.engine.prefork` (its torch ops at one thread, so no OpenMP
+pool exists to be broken by fork), then forks a child per CLI run, in which the run's environment, folder and argv
+are set and stdout/stderr go to files, exactly as in a fresh process. Still one process per command, and every
+engine it starts is its own. Children that spawn (vLLM workers, launchers) start fresh; sweep arms fork from the
+run's own forkserver, as a user's do.
 
 Protocol: one JSON line per request on a Unix socket, {"args", "env", "cwd", "stdout", "stderr"}; the
 answer is one JSON line {"returncode"}.
@@ -54,6 +55,7 @@ def serve(path: str) -> None:
     import vllm  # noqa: F401
 
     import spectool.cli  # noqa: F401
+    import spectool.engine.prefork  # noqa: F401 - as sweep-k's forkserver does: worker modules, compiled sampler ops
 
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)

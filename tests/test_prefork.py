@@ -1,0 +1,96 @@
+"""spectool.engine.prefork: a process that will fork engine processes (sweep-k's forkserver, the suite's CLI zygote)
+imports the worker modules and runs vLLM's compiled sampler ops once, at one thread, and a process forked from it
+inherits them: no OpenMP worker thread left behind to break a child's, the thread count as it was, and one compile
+per op in the child for its batch sizes (torch guards on the thread count, so a child at its own compiles again).
+The unit test runs `warm` on stand-in ops (torch.compile with the eager backend: the same guards, in milliseconds;
+one that notes the thread count it ran at); the engine test runs vLLM's ops as its forkserver does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@torch.compile(backend="eager")
+def stand_in_op(x: torch.Tensor) -> torch.Tensor:  # x [batch, vocab] -> [batch]
+    return x.sum(-1)
+
+
+SEEN: list[int] = []
+
+
+def threads_seen(x: torch.Tensor) -> torch.Tensor:
+    """A stand-in op that notes the thread count it ran at (a team of more than one started before the fork)."""
+    SEEN.append(torch.get_num_threads())
+    return x.sum(-1)
+
+
+CHILD = r"""
+import gc, json, os
+import torch
+from torch._dynamo.utils import counters
+from spectool.engine import prefork
+from test_prefork import SEEN, stand_in_op  # noqa: F401
+WORKER, OPS = %s
+threads = torch.get_num_threads()
+seconds = prefork.warm(WORKER, OPS + (("test_prefork", "threads_seen", lambda x: (x,)),))
+parent = {"threads": threads, "seen": SEEN, "threads_after": torch.get_num_threads(),
+          "frozen": gc.get_freeze_count(), "seconds": seconds, "graphs": counters["stats"]["unique_graphs"]}
+r, w = os.pipe()
+if os.fork() == 0:
+    shapes = []
+    with torch.inference_mode():
+        for batch in (5, 9):
+            x = torch.randn(batch, %d)
+            shapes += [list(op(*args(x)).shape) for op, args in CALLS]
+    y = torch.randn(1024, 1024)
+    float((y @ y).sum())  # a parallel op at the child's thread count completes
+    os.write(w, json.dumps({"graphs": counters["stats"]["unique_graphs"], "threads": torch.get_num_threads(),
+                            "shapes": shapes}).encode())
+    os._exit(0)
+os.close(w)
+parent["child"] = json.loads(os.read(r, 1 << 16))
+print(json.dumps(parent))
+"""
+
+
+def _run(setup: str, vocab: int, calls: str, env: dict[str, str]) -> dict:
+    script = CHILD % (setup, vocab)
+    script = script.replace("shapes = []", f"shapes = []\n    {calls}", 1)
+    here = str(Path(__file__).parent)
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "SPECTOOL_PREFORK": "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])), **env}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _check(got: dict, ops: int) -> None:
+    assert got["seconds"] > 0 and got["frozen"] > 0
+    assert got["seen"] == [1], got  # the ops ran at one thread: no OpenMP team started before the fork
+    assert got["threads"] == 2 and got["threads_after"] == 2 and got["child"]["threads"] == 2, got
+    assert got["graphs"] >= ops, got  # every op compiled in the parent
+    assert got["child"]["shapes"] == [[5]] * ops + [[9]] * ops
+    # one compile per op in the child (its thread count), for both batch sizes: its sizes differ from the warm-up's
+    assert got["child"]["graphs"] - got["graphs"] <= ops, got
+
+
+def test_warm_runs_each_op_at_one_thread_and_a_forked_child_compiles_it_once_at_its_own():
+    got = _run('(), (("test_prefork", "stand_in_op", lambda x: (x,)),)', 700,
+               "CALLS = [(stand_in_op, lambda x: (x,))]", {})
+    _check(got, ops=1)
+
+
+@pytest.mark.engine  # a child that imports vLLM (10-20 s)
+def test_vllms_sampler_ops_are_warmed_for_an_engine_process_forked_after():
+    calls = ("from vllm.v1.sample.ops.logprobs import batched_count_greater_than as a\n"
+             "    from vllm.v1.sample.ops.topk_topp_sampler import compiled_random_sample as b\n"
+             "    CALLS = [(a, lambda x: (x, x[:, :1])), (b, lambda x: (x,))]")
+    got = _run("prefork.WORKER_MODULES, prefork.COMPILED_OPS", 49152, calls, {})  # SmolLM2's vocabulary
+    _check(got, ops=2)
