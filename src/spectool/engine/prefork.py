@@ -24,6 +24,9 @@ import logging
 import os
 import time
 
+import torch
+import torch._inductor.config as inductor
+
 log = logging.getLogger(__name__)
 
 WORKER_MODULES = ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner")
@@ -34,9 +37,6 @@ COMPILED_OPS = (("vllm.v1.sample.ops.logprobs", "batched_count_greater_than", la
 
 def warm(worker_modules: tuple[str, ...] = WORKER_MODULES, compiled_ops: tuple = COMPILED_OPS) -> float:
     """Import the worker modules and run each compiled op once at one thread, freeze the heap; the seconds it took."""
-    import torch
-    import torch._inductor.config as inductor
-
     started = time.monotonic()
     threads, compile_threads = torch.get_num_threads(), inductor.compile_threads
     torch.set_num_threads(1)
