@@ -27,6 +27,8 @@ import time
 import torch
 import torch._inductor.config as inductor
 
+from spectool.engine.compat import is_cpu_build
+
 log = logging.getLogger(__name__)
 
 WORKER_MODULES = ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner")
@@ -70,4 +72,5 @@ def _try(fn, *args):
         return None
 
 
-SECONDS = warm() if os.environ.get("SPECTOOL_PREFORK") != "0" else 0.0  # SPECTOOL_PREFORK=0: no warm-up (to rule it out)
+# SPECTOOL_PREFORK=0: no warm-up (to rule it out); a GPU build forks no engine process (compat.warm_imports)
+SECONDS = warm() if os.environ.get("SPECTOOL_PREFORK") != "0" and is_cpu_build() else 0.0
