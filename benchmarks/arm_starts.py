@@ -4,17 +4,21 @@ one that also ran `spectool.engine.prefork` (the worker modules imported, vLLM's
 heap frozen): `compat.warm_imports()`, what sweep-k's arms and verify's kernel control use on the CPU build. The
 same tiny measure_arm each time (plain decoding, batch 1, T=1 with logprobs).
 
-    .venv/bin/python benchmarks/arm_starts.py [--model smollm2-135m] [--runs 3] [--max-tokens 8]
+    SPECTOOL_ENFORCE_EAGER=1 .venv/bin/python benchmarks/arm_starts.py [--model smollm2-135m] [--runs 3] [--max-tokens 8]
+
+(eager engines: with torch.compile on, the model's compile, 30-60 s an arm on 2 cores, drowns the difference)
 
 A process has one forkserver, so each way runs as a block in its own child process; the blocks run in one order,
 then in reverse (drift cancels), in one run. Prints each call's seconds, the medians and the ratios. A forkserver's
-own start (its imports and warm-up, once per sweep) is paid by the block's first call and left out of the median.
+own start (its imports and warm-up, once per sweep) is paid by the block's first call, which is left out of the
+forked medians (a fresh call has no server: all its calls count).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -55,6 +59,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--block", choices=WAYS, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if os.environ.get("SPECTOOL_PREFORK") == "0":
+        raise SystemExit("SPECTOOL_PREFORK=0 makes prefork the same as imports: unset it to compare")
     if a.block:
         print(json.dumps(_block(a.block, a.model, a.runs, a.max_tokens)))
         return
@@ -69,11 +75,11 @@ def main() -> None:
             seconds[way] += got[1:] if way != "fresh" else got  # a fresh call has no server to start
             print(f"{way:>8}: " + ", ".join(f"{s:.1f}" for s in got) + " s", flush=True)
     med = {w: statistics.median(s) for w, s in seconds.items()}
-    print("median per engine run: " + ", ".join(f"{w} {med[w]:.1f} s" for w in WAYS))
+    print("median per engine run: " + ", ".join(f"{w} {med[w]:.1f} s (of {len(seconds[w])})" for w in WAYS))
     print(f"forked with imports vs fresh: {med['fresh'] / med['imports']:.2f}x ({med['fresh'] - med['imports']:.1f} s saved)")
     print(f"forked with prefork vs imports only: {med['imports'] / med['prefork']:.2f}x "
           f"({med['imports'] - med['prefork']:.1f} s saved); vs fresh {med['fresh'] / med['prefork']:.2f}x")
-    print("a block's first forked call (its forkserver's start): " + ", ".join(
+    print("a block's first forked call (its forkserver's start plus one engine run): " + ", ".join(
         f"{w} {statistics.median(first[w]):.1f} s" for w in ("imports", "prefork")))
 
 

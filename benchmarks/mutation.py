@@ -1,8 +1,8 @@
 """Mutation score of the decision code: the audit's 19 mutants (../shared/reviews/audit-2026-11c.md, "Mutation
 table") and 33 of the code added on 2026-11-27/28 (issue 68 item 9: the context, prompts, the draft's attention and
 packing, trackers, the weights digest, TRL's preflight and attach, export and its card, ranks, the speculators
-reading), 4 of the evening's (arms forked from a forkserver, the engine log's routing in a forked process), 3 of
-2026-11-29's (the forkserver's warm-up: one thread, the count restored, the heap frozen),
+reading), 4 of the evening's (arms forked from a forkserver, the engine log's routing in a forked process), 4 of
+2026-11-29's (the forkserver's warm-up: one thread, the count restored, the heap frozen, the random state kept),
 each applied alone to a copy of the working tree and run against the tests most likely to catch it.
 
 A mutant is killed when pytest reports a failed or errored test, and that test passes again once the mutant is
@@ -215,11 +215,13 @@ NEW_MUTANTS = (
     Mutant("LG2", "src/spectool/engine/logs.py", "        envs.disable_envs_cache()", "        pass", LOGS,
            "vLLM's frozen environment kept: the stream just set is not read"),
     Mutant("PF1", "src/spectool/engine/prefork.py", "    torch.set_num_threads(1)\n", "", PREFORK,
-           "the warm-up runs at the process's thread count: an OpenMP worker thread is left for its children to inherit"),
+           "the warm-up runs at the process's thread count: an OpenMP team may exist when the process forks"),
     Mutant("PF2", "src/spectool/engine/prefork.py", "        torch.set_num_threads(threads)\n", "", PREFORK,
            "the thread count not restored: every forked engine decodes on one thread"),
     Mutant("PF3", "src/spectool/engine/prefork.py", "    gc.freeze()\n", "", PREFORK,
            "the heap not frozen: every collection in a forked engine walks the forkserver's imports again"),
+    Mutant("PF4", "src/spectool/engine/prefork.py", "with torch.random.fork_rng(devices=[]), torch.inference_mode():",
+           "with torch.inference_mode():", PREFORK, "the warm-up draws from torch's random state and leaves it moved"),
 )
 ALL = MUTANTS + NEW_MUTANTS
 
