@@ -329,9 +329,10 @@ def is_cpu_build() -> bool:
 def warm_imports() -> tuple[str, ...]:
     """What a forkserver imports once for the engines run one per process (sweep-k's arms, verify's kernel
     control: `subproc.call`'s `warm`). The CPU build: what a CLI run imports before its engine, vLLM's top level
-    included, as the test suite's forked CLI runs do, then `engine/prefork.py` (the worker modules, the compiled
-    sampler ops, a frozen heap; benchmarks/arm_starts.py measures the saving). A GPU build: none (a fresh interpreter
-    per arm) until a GPU run shows that vLLM's import leaves CUDA uninitialised for a fork there."""
+    included, as the test suite's forked CLI runs do, then `engine/prefork.py` (the worker modules, the compiler
+    stack set up by the sampler op run once, a frozen heap; benchmarks/arm_starts.py measures the saving). A GPU
+    build: none (a fresh interpreter per arm) until a GPU run shows that vLLM's import leaves CUDA uninitialised for a
+    fork there."""
     return ("torch", "transformers", "vllm", "spectool.engine.arms", "spectool.engine.prefork") if is_cpu_build() else ()
 
 

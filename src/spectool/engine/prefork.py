@@ -10,7 +10,7 @@ kernel control), and the test suite's CLI zygote imports it too. Each engine pro
   what a cold engine compiles, without the cold stack;
 - a frozen heap (`gc.freeze`), which the collections vLLM runs while it starts no longer walk.
 Measured (`SPECTOOL_ENFORCE_EAGER=1 benchmarks/arm_starts.py`, docs/architecture.md "Engine processes"): an eager
-engine run forked after this 8.7 s against 16.8 s forked after the imports alone and 27.5 s fresh (2026-11-29).
+engine run forked after this 8.9 s against 15.9 s forked after the imports alone and 25.6 s fresh (2026-11-29).
 
 Fork safety: all of it runs at one thread with inductor compiling in-process, so the process forks with no OpenMP
 worker thread and no compile pool: a child's OpenMP team is its own (the one native thread that appears, found with
