@@ -31,38 +31,6 @@ def test_harvest_with_two_tensor_parallel_workers(tiny_policy, sums, tmp_path):
     assert "VllmWorker-0" in log and "VllmWorker-1" in log
 
 
-@pytest.mark.multiproc
-def test_harvest_with_two_data_parallel_replicas_under_torchrun(tiny_policy, sums, tmp_path):
-    import subprocess
-    import sys
-
-    from spectool.records import load_records, shard_paths
-
-    out = tmp_path / "h"
-
-    def launch(prompts: int):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-               "-m", "spectool.cli", "harvest", "--model", str(tiny_policy), "--data", str(sums), "--out", str(out),
-               "--n-prompts", str(prompts), "--max-tokens", "8", "--hidden-states", "--data-parallel-size", "2"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "SPECTOOL_ENFORCE_EAGER": "1"})
-        assert r.returncode == 0, r.stderr[-5000:]
-        return r
-
-    r = launch(33)  # 17 prompts for replica 0 (two shards), 16 for replica 1 (one)
-    assert r.stdout.count("records (33 new)") == 1  # the main process reports the run, once
-    # replica d writes shards d, d + 2, ...: shard 1 is replica 1's
-    assert [p.stem for p in shard_paths(out)] == ["shard-00000", "shard-00001", "shard-00002"]
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "complete" and manifest["records"] == manifest["prompts"] == 33
-    launch(40)  # a resume with more prompts: only the 7 new ones, in new shards after the old ones
-    records = load_records(out)
-    assert len(records) == len(set(records["prompt_id"])) == 40
-    shards = [p.stem for p in shard_paths(out)]
-    assert shards == [f"shard-{i:05d}" for i in range(5)]
-    assert sorted(p.stem for p in (out / "hidden").glob("*.safetensors")) == shards  # each shard's features beside it
-
-
 def _torchrun(args: list, nodes: int, port: int) -> list[list[str]]:
     """The launcher command of each node: 2 processes on one node, or 1 on each of 2 nodes meeting at a c10d
     rendezvous on loopback (as on a cluster, with the first node's address)."""
@@ -75,29 +43,40 @@ def _torchrun(args: list, nodes: int, port: int) -> list[list[str]]:
 
 
 @pytest.mark.multiproc
-def test_harvest_as_two_nodes_writes_what_one_node_writes(tiny_policy, sums, tmp_path):
-    """Two launchers side by side (node ranks 0 and 1, one replica each) make the same run as one launcher with two
-    processes: the same shards, records and features."""
+def test_two_data_parallel_replicas_on_one_node_or_two_write_one_run_that_resumes(tiny_policy, sums, tmp_path):
+    """torchrun with 2 processes (one engine replica each, each on its share of the prompts) writes one run; two
+    launchers side by side (node ranks 0 and 1, one replica each) write the same shards, records and features; a
+    second launch with more prompts resumes the first run with only the new ones."""
     from safetensors.torch import load_file
 
     from spectool.records import load_records, shard_paths
 
-    def run(folder, n: int):
-        args = ["--model", tiny_policy, "--data", sums, "--out", folder, "--n-prompts", "6", "--max-tokens", "8",
+    def run(folder, n: int, prompts: int, new: int):
+        args = ["--model", tiny_policy, "--data", sums, "--out", folder, "--n-prompts", prompts, "--max-tokens", "8",
                 "--hidden-states", "--data-parallel-size", "2"]
         done = nodes(_torchrun(args, n, free_port()), env={"SPECTOOL_ENFORCE_EAGER": "1"}, timeout=300)
         assert all(r.returncode == 0 for r in done), "\n".join(r.stderr[-3000:] for r in done)
-        assert sum(r.stdout.count("records (6 new)") for r in done) == 1  # the main process reports, on one node
+        assert sum(r.stdout.count(f"records ({new} new)") for r in done) == 1  # the main process reports, on one node
         records = sorted(load_records(folder).to_list(), key=lambda r: (r["prompt_id"], r["sample_idx"]))
-        return [p.name for p in shard_paths(folder)], records
+        return [p.stem for p in shard_paths(folder)], records
 
-    shards, records = run(tmp_path / "two", 2)
-    assert (shards, records) == run(tmp_path / "one", 1) and len(records) == 6
-    assert json.loads((tmp_path / "two" / "manifest.json").read_text())["status"] == "complete"
-    assert not list((tmp_path / "two").glob(".spectool-rank-*"))  # the shared-folder check leaves nothing behind
+    one, two = tmp_path / "one", tmp_path / "two"
+    shards, records = run(one, 1, 33, 33)  # 17 prompts for replica 0 (two shards), 16 for replica 1 (one)
+    # replica d writes shards d, d + 2, ...: shard 1 is replica 1's
+    assert shards == ["shard-00000", "shard-00001", "shard-00002"] and len(records) == 33
+    manifest = json.loads((one / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["records"] == manifest["prompts"] == 33
+    assert run(two, 2, 33, 33) == (shards, records)
+    assert json.loads((two / "manifest.json").read_text())["status"] == "complete"
+    assert not list(two.glob(".spectool-rank-*"))  # the shared-folder check leaves nothing behind
     for name in shards:  # the replicas' features, each beside its shard
-        one, two = (load_file(tmp_path / d / "hidden" / name.replace(".parquet", ".safetensors")) for d in ("one", "two"))
-        assert one.keys() == two.keys() and all(one[k].equal(two[k]) for k in one)
+        x, y = (load_file(d / "hidden" / f"{name}.safetensors") for d in (one, two))
+        assert x.keys() == y.keys() and all(x[k].equal(y[k]) for k in x)
+
+    shards, records = run(one, 1, 40, 7)  # a resume with more prompts: only the 7 new ones, in new shards after the old
+    assert len(records) == len({r["prompt_id"] for r in records}) == 40
+    assert shards == [f"shard-{i:05d}" for i in range(5)]
+    assert sorted(p.stem for p in (one / "hidden").glob("*.safetensors")) == shards  # each shard's features beside it
 
 
 @pytest.mark.multiproc

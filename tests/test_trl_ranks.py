@@ -85,14 +85,24 @@ def test_the_refreshers_cross_rank_path_without_an_engine(tiny_policy, random_dr
 
 
 @pytest.mark.multiproc
-def test_two_processes_hold_one_draft_and_resume_it(tiny_policy, random_draft, sums, tmp_path):
-    out = tmp_path / "trl"
-    _launch(2, out, tiny_policy, random_draft, sums, 2)
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the zero3 extra)")
+def test_two_processes_under_deepspeed_zero3_hold_one_draft_and_resume_it(tiny_policy, random_draft, sums, tmp_path):
+    """TRL's GRPOTrainer under `accelerate launch --use_deepspeed --zero_stage 3` (DeepSpeed's CPU
+    accelerator): the policy is partitioned, the refresher gathers its embedding and lm_head for each
+    refresh; one draft on both ranks after every refresh, every push found in the engines, the engines
+    equal to the trainer after every sync, TRL's metrics reduced over the ranks, the draft in TRL's (DeepSpeed)
+    checkpoint and back on resume. The plain data-parallel launch (no DeepSpeed) is the documented command's
+    test below, whose refresher stops every rank if the ranks' drafts differ after a refresh (the check
+    test_the_refreshers_cross_rank_path_without_an_engine proves); one launch pair each, not three."""
+    out = tmp_path / "zero3"
+    _launch(2, out, tiny_policy, random_draft, sums, 2, launcher=ZERO3)
     a, b = _ranks(out, 2)
     assert a["world"] == b["world"] == 2
     # one draft: trained on both ranks' rollouts (different prompts), the same bits on both after each refresh
     assert a["end"] == b["end"] and a["pushed"] == b["pushed"]
     assert a["begin"]["weights"] != a["end"]["weights"] and a["end"]["draft_steps"] == 6
+    assert [h["step"] for h in a["history"]] == [1, 2] and all(h["check_excess"] <= 1 and h["has_power"]
+                                                               for h in a["history"])
     # TRL's metrics: the same reduced numbers on both ranks; the lowest rank's acceptance beside the pooled one
     assert a["rows"] == b["rows"] and len(a["rows"]) == 2
     for row in a["rows"]:
@@ -101,43 +111,19 @@ def test_two_processes_hold_one_draft_and_resume_it(tiny_policy, random_draft, s
         assert row["spectool/draft_loss"] <= row["spectool/draft_loss_max"]
         assert row["spectool/draft_top1_pos1_min"] <= row["spectool/draft_top1_pos1"]
         assert all(row[f"spectool/{k}"] > 0 for k in ("refresh_train_s", "refresh_measure_s", "push_s", "probe_s"))
-    assert [h["step"] for h in a["history"]] == [1, 2] and all(h["has_power"] for h in a["history"])
-
-    # the checkpoint TRL wrote at step 2 carries that draft and its optimizer; the resume restores both on every rank
-    ckpt = out / "checkpoint-2"
-    assert _saved(ckpt) == a["end"] and (ckpt / "spectool-draft" / "config.json").exists()
-    _launch(2, out, tiny_policy, random_draft, sums, 3, "--resume")
-    a2, b2 = _ranks(out, 2)
-    assert a2["begin"] == b2["begin"] == a["end"]
-    assert a2["end"]["draft_steps"] == 9 and a2["end"] == b2["end"]
-    assert [h["step"] for h in a2["history"]] == [1, 2, 3]
-    assert [r["step"] for r in a2["rows"]] == [1, 2, 3]  # TRL's own history, resumed
-
-    # (a checkpoint whose draft was made for another policy is refused at the resume, the checkpoint intact:
-    # test_trl_e2e.py::test_train_rl_backend_trl_runs_rl_yaml_and_resumes, through the same restore path)
-
-
-@pytest.mark.multiproc
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the zero3 extra)")
-def test_two_processes_under_deepspeed_zero3_hold_one_draft_and_resume_it(tiny_policy, random_draft, sums, tmp_path):
-    """TRL's GRPOTrainer under `accelerate launch --use_deepspeed --zero_stage 3` (DeepSpeed's CPU
-    accelerator): the policy is partitioned, the refresher gathers its embedding and lm_head for each
-    refresh; one draft on both ranks after every refresh, every push found in the engines, the engines
-    equal to the trainer after every sync, the draft in TRL's (DeepSpeed) checkpoint and back on resume."""
-    out = tmp_path / "zero3"
-    _launch(2, out, tiny_policy, random_draft, sums, 2, launcher=ZERO3)
-    a, b = _ranks(out, 2)
-    assert a["world"] == b["world"] == 2 and a["end"] == b["end"] and a["pushed"] == b["pushed"]
-    assert a["begin"]["weights"] != a["end"]["weights"] and a["end"]["draft_steps"] == 6
-    assert [h["step"] for h in a["history"]] == [1, 2] and all(h["check_excess"] <= 1 and h["has_power"]
-                                                               for h in a["history"])
     checks = [r["spectool/logprob_check_max_diff"] for r in a["rows"] if "spectool/logprob_check_max_diff" in r]
     assert checks and max(checks) < 1e-3
+    # the checkpoint TRL wrote at step 2 carries that draft and its optimizer; the resume restores both on every rank
     ckpt = out / "checkpoint-2"
     assert _saved(ckpt) == a["end"] and (ckpt / "global_step2").is_dir()  # DeepSpeed's own checkpoint beside
+    assert (ckpt / "spectool-draft" / "config.json").exists()
     _launch(2, out, tiny_policy, random_draft, sums, 3, "--resume", launcher=ZERO3)
     a2, b2 = _ranks(out, 2)
     assert a2["begin"] == b2["begin"] == a["end"] and a2["end"] == b2["end"] and a2["end"]["draft_steps"] == 9
+    assert [h["step"] for h in a2["history"]] == [1, 2, 3]
+    assert [r["step"] for r in a2["rows"]] == [1, 2, 3]  # TRL's own history, resumed
+    # (a checkpoint whose draft was made for another policy is refused at the resume, the checkpoint intact:
+    # test_trl_e2e.py::test_train_rl_backend_trl_runs_rl_yaml_and_resumes, through the same restore path)
 
 
 @pytest.mark.multiproc

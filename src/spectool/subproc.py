@@ -75,16 +75,23 @@ def _relay(lines: Iterable[str], progress: Callable[[str], None] | None) -> list
 _SERVER: list = []  # the forkserver context, once started (one per process: the first call's `warm` is what it imports)
 
 
-def _forked(module: str, function: str, kwargs: dict[str, Any], out: Path, env: dict[str, str],
-            warm: tuple[str, ...], progress: Callable[[str], None] | None) -> tuple[int, list[str]]:
-    """The call in a process forked from the forkserver that imported `warm` (started at the first call)."""
+def start_forkserver(warm: tuple[str, ...]) -> multiprocessing.context.BaseContext:
+    """This process's forkserver, started (importing `warm`) unless it runs already; `call` starts it at its first
+    forked call. A process forked after this one started it may use it too (tests/zygote.py: every CLI run of the
+    suite shares one)."""
     if not _SERVER:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(warm))
         with _quiet_fds():  # vLLM's import notices, printed by the server's C++ and Triton, are no one's output
             multiprocessing.forkserver.ensure_running()
         _SERVER.append(ctx)
-    ctx = _SERVER[0]
+    return _SERVER[0]
+
+
+def _forked(module: str, function: str, kwargs: dict[str, Any], out: Path, env: dict[str, str],
+            warm: tuple[str, ...], progress: Callable[[str], None] | None) -> tuple[int, list[str]]:
+    """The call in a process forked from the forkserver that imported `warm` (started at the first call)."""
+    ctx = start_forkserver(warm)
     reader, writer = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(module, function, kwargs, str(out), env, writer), daemon=False)
     proc.start()
