@@ -58,6 +58,7 @@ PROMPTS = ("tests/test_prompts.py",)
 FORKS = ("tests/test_subproc.py",)
 LOGS = ("tests/test_logs.py",)
 PREFORK = ("tests/test_prefork.py",)
+SETTINGS = ("tests/test_settings.py", "tests/test_cli.py")
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,23 @@ NEW_MUTANTS = (
            "the heap not frozen: every collection in a forked engine walks the forkserver's imports again"),
     Mutant("PF4", "src/spectool/engine/prefork.py", "with torch.random.fork_rng(devices=[]), torch.inference_mode():",
            "with torch.inference_mode():", PREFORK, "the warm-up draws from torch's random state and leaves it moved"),
+    Mutant("ST1", "src/spectool/cli.py", "                cfg.validate()  # before the command's module imports torch and vLLM",
+           "                pass  # before the command's module imports torch and vLLM", SETTINGS,
+           "a refused setting found only after the command imported torch and vLLM"),
+    Mutant("ST2", "src/spectool/cli.py", "values.update({p: v for p, v in from_file.items() if p not in given})",
+           "values.update(from_file)", SETTINGS, "--config FILE over the flags given on the command line"),
+    Mutant("ST3", "src/spectool/settings/engine.py", "    out.pop(\"max_model_len\", None)\n",
+           "    out.pop(\"max_model_len\", None)\n    out.pop(\"enforce_eager\", None)\n", SETTINGS,
+           "an engine setting that does not reach the engine (EngineConfig falls back to its own default)"),
+    Mutant("ST4", "src/spectool/rl/config.py", "engine.get(\"max_model_len\") == 0:", "engine.get(\"max_model_len\") == -1:",
+           SETTINGS, "an older rl.yaml's engine.max_model_len: 0 (derived) refused"),
+    Mutant("ST5", "src/spectool/cli.py", "    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):",
+           "    for klass in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]:", SETTINGS,
+           "a group's docstring over the command's own for a field the command restates (verify's float32 dtype)"),
+    Mutant("ST6", "src/spectool/cli.py", 'getattr(ctx.get_parameter_source(p), "name", "") == "COMMANDLINE"',
+           'ctx.get_parameter_source(p) == __import__("click.core").core.ParameterSource.COMMANDLINE', SETTINGS,
+           "flags given compared with click's ParameterSource, not typer's copy: no flag counts as given (a --config "
+           "file or an init-draft --preset over the flags)"),
 )
 ALL = MUTANTS + NEW_MUTANTS
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -29,6 +30,44 @@ def test_help_does_not_import_heavy_libraries():
     code = "import sys, spectool.cli; print([m for m in ('torch', 'vllm', 'transformers') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+REFUSED = [  # a flag each command's settings refuse (validate()), and the words its error names
+    (["harvest", "--out", "o", "--max-tokens", "0"], "--max-tokens"),
+    (["init-draft", "--out", "o", "--draft-layers", "9"], "--draft-layers"),
+    (["sweep-k", "--out", "o", "--drafts", "/nonexistent", "--methods", "dflash", "--batch-sizes", "0"], "--batch-sizes"),
+    (["rollout", "--dtype", "float8"], "--dtype"),
+    (["export", "--draft", "d", "--out", "o", "--push-to-hub", "not a repo"], "--push-to-hub"),
+    (["verify", "--draft", "d", "--draft-sampling", "sometimes"], "--draft-sampling"),
+    (["forecast", "--sweep", "s", "--generation-share", "2"], "--generation-share"),
+    (["train-rl", "--set", "speculation.k=0"], "speculation.k"),
+]
+
+
+def test_a_refused_setting_starts_no_torch_and_writes_nothing(tmp_path):
+    """A run its settings refuse ends with exit code 2 and the flag or key named before the command's module is
+    imported: no torch, no vLLM (a user's refusal in a fresh interpreter: under a second, not the 8-10 s of imports)."""
+    code = f"""
+import json, sys
+from spectool.cli import app
+codes = []
+for args in {[a for a, _ in REFUSED]!r}:
+    try:
+        rc = app(args, standalone_mode=False)  # an exit code is returned, not raised, outside standalone mode
+        codes.append(rc if isinstance(rc, int) else 0)
+    except SystemExit as e:
+        codes.append(e.code)
+    except BaseException as e:  # typer.Exit
+        codes.append(getattr(e, "exit_code", repr(e)))
+print(json.dumps({{"codes": codes, "heavy": [m for m in ("torch", "vllm", "transformers") if m in sys.modules]}}))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    said = json.loads(r.stdout.strip().splitlines()[-1])
+    assert said["codes"] == [2] * len(REFUSED), r.stderr[-3000:]
+    for _, flag in REFUSED:
+        assert flag in r.stderr
+    assert said["heavy"] == []
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)

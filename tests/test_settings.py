@@ -3,6 +3,8 @@ settings dataclass (config.py), and every field a user may set has an option."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import typer
 
@@ -29,7 +31,7 @@ def test_cli_defaults_are_the_dataclass_defaults_and_every_setting_has_a_flag(co
     click_cmd = typer.main.get_command(app).commands[command]
     seen = set()
     for p in click_cmd.params:
-        if p.name == "ctx":
+        if p.name in ("ctx", "config"):  # --config FILE: every command's, no setting of its own
             continue
         path = p.name.replace("__", ".")
         seen.add(path)
@@ -58,7 +60,7 @@ def test_flags_parse_into_the_settings():
                                                  "draft_sampling", "system_prompt", "chat_template_kwargs",
                                                  "gpu_memory_utilization", "dummy_weights", "acceptance_length",
                                                  "lengths", "prompt_len", "dtype", "max_model_len", "prompt_col",
-                                                 "answer_col")}
+                                                 "answer_col", "enforce_eager")}
     cfg = _build(CLI["sweep-k"], {**kw, "ks": "3,1,3", "batch_sizes": "8", "methods": "eagle3, mtp",
                                   "acceptance_rates": "0.9,0.5"})
     assert cfg.ks == [1, 3] and cfg.methods == ["eagle3", "mtp"] and cfg.acceptance_rates == [0.9, 0.5]
@@ -136,7 +138,148 @@ def test_every_engine_command_takes_the_engine_precision(command):
         assert "dtype" not in field_docs(cls)
         return
     assert "dtype" in field_docs(cls)
+    if command == "verify":  # its own default and words over the engine group's
+        assert field_docs(cls)["dtype"].startswith("The engine's precision: float32 (the proof's default")
     required = {"out": "x", "draft": "d", "sweep": "s"}
     cfg = cls(**{f: v for f, v in required.items() if f in field_docs(cls)}, dtype="float64")
     with pytest.raises(SpectoolError, match=r"--dtype='float64': must be one of auto \| float32 \| bfloat16 \| float16"):
         cfg.validate()
+
+
+ENGINE_COMMANDS = ("harvest", "init-draft", "sweep-k", "rollout", "export", "verify")
+
+
+def test_a_new_engine_setting_is_one_field_in_one_file_and_reaches_every_entry_point(tmp_path):
+    """A field added to settings/engine.EngineSettings in a scratch copy of the package, and nothing else edited: a
+    flag of every engine command with its docstring as help, a key of rl.yaml's engine section (validated, printed by
+    --print-config), a keyword of SpectoolSpeculation, and a keyword engine.EngineConfig takes from each of them."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import spectool
+
+    copy = tmp_path / "src" / "spectool"
+    shutil.copytree(Path(spectool.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    engine = copy / "settings" / "engine.py"
+    text = engine.read_text()
+    anchor = "    def validate(self, spell: Spell = flag) -> None:\n        check(self.dtype in ENGINE_DTYPES"
+    assert text.count(anchor) == 1
+    engine.write_text(text.replace(anchor, '    swap_space_gib: float = 4.0\n    """A scratch engine setting."""\n\n'
+                                           + anchor))
+    code = f"""
+import json, typer
+from spectool.cli import app
+from spectool.config import RolloutConfig
+from spectool.engine.engine import EngineConfig
+from spectool.integrations.trl.speculation import SpeculationSettings
+from spectool.rl.config import load_config, to_yaml
+from spectool.settings.engine import engine_kwargs
+commands = typer.main.get_command(app).commands
+flags = {{c: [(p.opts, p.default, p.help) for p in commands[c].params if p.name == "swap_space_gib"]
+         for c in {ENGINE_COMMANDS!r}}}
+rl = load_config(None, ["speculation.draft=x", "engine.swap_space_gib=2"])
+trl = SpeculationSettings(None, swap_space_gib=3.0)
+print(json.dumps({{"flags": flags, "rl": rl.engine.swap_space_gib, "yaml": "swap_space_gib: 2.0" in to_yaml(rl),
+                  "trl": trl.swap_space_gib, "engine": [EngineConfig(model_path="m", **engine_kwargs(s)).swap_space_gib
+                                                        for s in (RolloutConfig(swap_space_gib=5.0), rl.engine, trl)]}}))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(copy.parent)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for command in ENGINE_COMMANDS:
+        assert got["flags"][command] == [[["--swap-space-gib"], 4.0, "A scratch engine setting."]], command
+    assert got["rl"] == 2.0 and got["yaml"] and got["trl"] == 3.0
+    assert got["engine"] == [5.0, 2.0, 3.0]
+
+
+def test_train_rl_help_lists_every_rl_yaml_key_with_its_docstring():
+    """Every leaf of rl.yaml (RLConfig, its sections dotted) is listed by `train-rl --help` with its default and its
+    docstring: the keys a user may write are the ones the config reads."""
+    from dataclasses import asdict
+
+    from typer.testing import CliRunner
+
+    from spectool.cli import rl_keys
+    from spectool.rl.config import RLConfig
+    from spectool.runs import flatten_keys
+
+    keys = rl_keys()
+    assert [k for k, _, _ in keys] == list(flatten_keys(asdict(RLConfig())))
+    assert all(doc.strip() for _, _, doc in keys)
+    shown = " ".join(CliRunner().invoke(app, ["train-rl", "--help"], terminal_width=400).output.split())
+    for key, _, doc in keys:
+        assert f"{key} (" in shown and " ".join(doc.split())[:60] in shown, key
+
+
+def test_config_file_settings_sit_under_the_flags_and_are_checked_by_key(tmp_path, monkeypatch):
+    """--config FILE on a flag command: its keys are the flags' names (or the fields'), typed as the flags are; a flag
+    given on the command line wins; a file value reaches the settings (a bad one is refused by the settings' own
+    rule, before anything runs); an unknown key or a wrong type is refused naming the file's key."""
+    from typer.testing import CliRunner
+
+    from spectool.cli import settings_file
+    from spectool.errors import SpectoolError
+
+    monkeypatch.chdir(tmp_path)  # out: runs/s, relative: a refused run writes nothing there
+    f = tmp_path / "sweep.yaml"
+    f.write_text("out: runs/s\nk: [1, 2]\nbatch_sizes: '1,8'\nmethods: [ngram]\nmax_tokens: 12\ntemperature: 1\n"
+                 "enforce_eager: true\nmin_gain: 5e-2\n")
+    assert settings_file(CLI["sweep-k"], str(f)) == {
+        "out": "runs/s", "ks": "1,2", "batch_sizes": "1,8", "methods": "ngram", "max_tokens": 12, "temperature": 1.0,
+        "enforce_eager": True, "min_gain": 0.05}
+    runner = CliRunner()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("out: runs/s\nmethods: [ngram]\nbatch_sizes: [0]\n")
+    r = runner.invoke(app, ["sweep-k", "--config", str(bad)])
+    assert r.exit_code == 2 and "--batch-sizes=[0]" in r.output  # the file's value reached the settings
+    bad.write_text("out: runs/s\nmethods: [ngram]\nbatch_sizes: [0]\nmax_tokens: 0\n")
+    r = runner.invoke(app, ["sweep-k", "--config", str(bad), "--batch-sizes", "4"])  # refused either way: nothing runs
+    assert r.exit_code == 2 and "--max-tokens=0" in r.output and "--batch-sizes" not in r.output  # the flag won
+    for text, words in (("max_tokens: twelve\n", "max_tokens='twelve': must be an integer"),
+                        ("batch: 4\n", "key='batch': is no setting of this command (its keys: "),
+                        ("[1, 2]\n", "must hold a mapping")):
+        bad.write_text(text)
+        with pytest.raises(SpectoolError, match=re.escape(words)):
+            settings_file(CLI["sweep-k"], str(bad))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_engine_setting_reaches_the_engine_from_every_entry_point(monkeypatch):
+    """engine_kwargs: each engine-group field a command, rl.yaml or SpectoolSpeculation holds becomes the engine's
+    (EngineConfig's own defaults, $SPECTOOL_ENFORCE_EAGER's included, never win over a setting given); the context
+    alone is left for the command to resolve first."""
+    from spectool.engine.engine import EngineConfig
+    from spectool.integrations.trl.speculation import SpeculationSettings
+    from spectool.rl.config import load_config
+    from spectool.settings.engine import engine_kwargs
+
+    monkeypatch.setenv("SPECTOOL_ENFORCE_EAGER", "1")
+    given = dict(dtype="bfloat16", enforce_eager=False)
+    rl = load_config(None, ["speculation.draft=x", "engine.dtype=bfloat16", "engine.enforce_eager=false",
+                            "engine.gpu_memory_utilization=0.3", "engine.max_model_len=99"])
+    for settings in (RolloutConfig(**given, gpu_memory_utilization=0.3, max_model_len=99), rl.engine,
+                     SpeculationSettings(None, **given)):
+        engine = EngineConfig(model_path="m", **engine_kwargs(settings))
+        assert (engine.dtype, engine.enforce_eager) == ("bfloat16", False), type(settings)
+        assert engine.max_model_len is None and "max_model_len" not in engine_kwargs(settings)
+        if not isinstance(settings, SpeculationSettings):  # TRL's own GPU share (GRPOConfig)
+            assert engine.gpu_memory_utilization == 0.3
+
+
+def test_rl_yaml_keeps_its_old_spelling_of_a_derived_context():
+    """engine.max_model_len: 0 (an older rl.yaml's "derived") still reads as derived, null now; below that is refused
+    in the one wording every entry point uses."""
+    from spectool.errors import SpectoolError
+    from spectool.rl.config import load_config
+
+    assert load_config(None, ["speculation.draft=x", "engine.max_model_len=0"]).engine.max_model_len is None
+    assert load_config(None, ["speculation.draft=x"]).engine.max_model_len is None
+    with pytest.raises(SpectoolError, match=re.escape("engine.max_model_len=-1: must be >= 1 (or unset: what the run")):
+        load_config(None, ["speculation.draft=x", "engine.max_model_len=-1"])
+    with pytest.raises(SpectoolError, match=re.escape("--max-model-len=-1: must be >= 1 (or unset: what the run")):
+        RolloutConfig(max_model_len=-1).validate()

@@ -10,10 +10,12 @@ transformers) are imported inside the commands so `--help` is fast. train-rl rea
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import inspect
 import os
 import sys
+import textwrap
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
@@ -31,7 +33,7 @@ from spectool.config import (
     SweepConfig,
     VerifyConfig,
 )
-from spectool.errors import SpectoolError
+from spectool.errors import SpectoolError, check
 from spectool.harvesting import HarvestConfig
 
 app = typer.Typer(
@@ -74,12 +76,15 @@ def field_docs(cls) -> dict[str, str]:
 
 @lru_cache(maxsize=None)
 def _field_docs(cls) -> tuple[tuple[str, str], ...]:
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    docs = []
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-            docs.append((a.target.id, " ".join(str(b.value.value).split())))
-    return tuple(docs)
+    """In the dataclass's field order; a field's docstring is the one of the class that last declares it (a command's
+    settings may restate a group's field with its own default and words: settings/)."""
+    docs: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for a, b in zip(body, body[1:]):
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+                docs[a.target.id] = " ".join(str(b.value.value).split())
+    return tuple((f.name, docs[f.name]) for f in fields(cls) if f.name in docs)
 
 
 def field_default(cls, name: str):
@@ -126,10 +131,12 @@ CLI = {
 
 
 def _leaves(spec: CliSpec) -> list[tuple[str, type, Any, str]]:
-    """(field path, type, default, help) of every flag of the command, in the dataclass's order."""
+    """(field path, type, default, help) of every flag of the command: the command's own settings in its dataclass's
+    order, then those of the settings groups it takes (settings/: the engine's)."""
     out = []
     hints, docs = typing.get_type_hints(spec.cls), field_docs(spec.cls)
-    for f in dataclasses.fields(spec.cls):
+    own = spec.cls.__dict__.get("__annotations__", {})
+    for f in sorted(dataclasses.fields(spec.cls), key=lambda f: f.name not in own):
         if f.name == spec.sampling:
             sub = field_default(spec.cls, f.name)
             sub_hints, sub_docs = typing.get_type_hints(SamplingConfig), field_docs(SamplingConfig)
@@ -172,8 +179,10 @@ def _param(spec: CliSpec, path: str, tp, default, doc: str) -> inspect.Parameter
     cli_type, _ = _cli_type(tp)
     if isinstance(default, list):
         default = ",".join(str(x) for x in default)
-    opt = typer.Option(... if path in spec.required else default, *_flag(spec, path).split(" "),
-                       help=spec.help.get(path, doc))
+    env = next((f.metadata["env"] for f in dataclasses.fields(spec.cls) if f.name == path and "env" in f.metadata), None)
+    required = " [required: a flag, or a key of --config]" if path in spec.required else ""
+    opt = typer.Option(default, *_flag(spec, path).split(" "), help=spec.help.get(path, doc) + required, envvar=env,
+                       show_envvar=env is not None)
     return inspect.Parameter(path.replace(".", "__"), inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=cli_type)
 
 
@@ -194,6 +203,54 @@ def _build(spec: CliSpec, values: dict[str, Any]):
     return spec.cls(**top)
 
 
+def _file_value(tp, value: Any, key: str) -> Any:
+    """A --config value in the form its flag's value takes (lists and objects as the flag's text, parsed as a flag's),
+    type-checked against the field; the error names the file's key."""
+    import json  # noqa: PLC0415 (kept beside its one use)
+
+    cli_type, parse = _cli_type(tp)
+    if value is None:
+        check(typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp), key, value,
+              "must be set (null is not a value of this setting)")
+        return None
+    if parse is not None and not isinstance(value, str):  # a list or an object: its flag's text
+        ok = isinstance(value, dict) if tp is dict or dict in typing.get_args(tp) else isinstance(value, (list, int, float))
+        check(ok, key, value, "must be " + ("a mapping" if "dict" in str(tp) else "a list or a comma-separated text"))
+        return json.dumps(value) if isinstance(value, dict) else ",".join(map(str, value if isinstance(value, list) else [value]))
+    want = typing.get_args(cli_type)[0] if typing.get_origin(cli_type) is typing.Union else cli_type
+    if want is float and not isinstance(value, bool) and isinstance(value, (int, str)):
+        with contextlib.suppress(ValueError):
+            value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a text
+    check(isinstance(value, want) and (want is bool or not isinstance(value, bool)), key, value,
+          f"must be {dict(bool='true or false', int='an integer', float='a number', str='a text')[want.__name__]}")
+    return value
+
+
+def settings_file(spec: CliSpec, path: str) -> dict[str, Any]:
+    """--config FILE: {field path: value} from a YAML mapping keyed as the command's flags are named (--max-tokens:
+    max_tokens; a field's own name too: ks for --k); unknown keys are refused, naming the known ones."""
+    import yaml  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+
+    file = os.path.expanduser(path)
+    check(os.path.isfile(file), "--config", path, "must be a YAML file of this command's settings")
+    try:
+        tree = yaml.safe_load(open(file).read()) or {}
+    except yaml.YAMLError as e:
+        raise SpectoolError(f"--config {path} is not valid YAML: {e}") from None
+    check(isinstance(tree, dict), "--config", path, "must hold a mapping of settings to values")
+    keys: dict[str, tuple[str, Any]] = {}
+    for leaf, tp, _, _ in _leaves(spec):
+        for k in (_flag(spec, leaf).split("/")[0].lstrip("-").replace("-", "_"), leaf, leaf.rpartition(".")[2]):
+            keys.setdefault(k, (leaf, tp))
+    out = {}
+    for k, v in tree.items():
+        check(k in keys, f"--config {path}: key", k, "is no setting of this command (its keys: "
+              + ", ".join(sorted({_flag(spec, leaf).lstrip("-").replace("-", "_") for leaf, *_ in _leaves(spec)})) + ")")
+        leaf, tp = keys[k]
+        out[leaf] = _file_value(tp, v, f"--config {path}: {k}")
+    return out
+
+
 def settings_command(name: str):
     """Decorate `fn(cfg)` (or `fn(cfg, given)`: the field paths set on the command line) as the
     command `name`, its options generated from CLI[name]; a SpectoolError ends it with exit code 2."""
@@ -203,22 +260,30 @@ def settings_command(name: str):
         leaves = _leaves(spec)
         wants_given = "given" in inspect.signature(fn).parameters
 
-        def command(ctx: typer.Context, **kw: Any) -> None:
+        def command(ctx: typer.Context, config: Optional[str] = None, **kw: Any) -> None:
             values = {p.replace("__", "."): v for p, v in kw.items()}
+            # by name: typer ships its own copy of click, whose ParameterSource is not click's
+            given = {p.replace("__", ".") for p in kw if getattr(ctx.get_parameter_source(p), "name", "") == "COMMANDLINE"}
             try:
+                if config:  # the file's settings under the flags given
+                    from_file = settings_file(spec, config)
+                    values.update({p: v for p, v in from_file.items() if p not in given})
+                    given |= set(from_file)
+                for path in sorted(spec.required):
+                    check(values[path] not in (None, ""), _flag(spec, path), values[path], "must be given (a flag, or a "
+                          "key of --config)")
                 cfg = _build(spec, values)
-                if wants_given:
-                    from click.core import ParameterSource  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-
-                    given = {p.replace("__", ".") for p in kw if ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE}
-                    fn(cfg, given)
-                else:
-                    fn(cfg)
+                cfg.validate()  # before the command's module imports torch and vLLM: a refused run starts neither
+                fn(cfg, given) if wants_given else fn(cfg)
             except SpectoolError as e:
                 _fail(e)
 
         ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
-        command.__signature__ = inspect.Signature([ctx_param, *(_param(spec, *leaf) for leaf in leaves)])
+        config_param = inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=typer.Option(
+            None, "--config", help="A YAML file of this command's settings, keyed as the flags are named (max_tokens: 512, "
+            "k: 3, drafts: [A, B]); a flag given on the command line overrides it. The resolved settings are saved "
+            "with the run as always."))
+        command.__signature__ = inspect.Signature([ctx_param, config_param, *(_param(spec, *leaf) for leaf in leaves)])
         command.__name__, command.__doc__ = fn.__name__, fn.__doc__
         return app.command(name)(command)
 
@@ -324,7 +389,32 @@ def forecast(cfg: ForecastConfig) -> None:
     render(run(cfg), cfg.out)
 
 
-@app.command("train-rl")
+def rl_keys() -> list[tuple[str, Any, str]]:
+    """(key, default, docstring) of every rl.yaml setting, sections' keys dotted: what `train-rl --help` lists."""
+    from spectool.rl.config import RLConfig  # noqa: PLC0415 (torch-free; read when the command is built)
+
+    def walk(cls, prefix: str) -> list[tuple[str, Any, str]]:
+        out = []
+        docs = field_docs(cls)
+        for f in fields(cls):
+            default = field_default(cls, f.name)
+            if dataclasses.is_dataclass(default):
+                out += walk(type(default), f"{prefix}{f.name}.")
+            else:
+                out.append((prefix + f.name, default, docs[f.name]))
+        return out
+
+    return walk(RLConfig, "")
+
+
+def _rl_help() -> str:
+    shown = {None: "null", True: "true", False: "false"}
+    lines = [f"{key} ({shown.get(default, default) if isinstance(default, (bool, type(None))) else default}): {doc}"
+             for key, default, doc in rl_keys()]
+    return "Keys of rl.yaml (--config), each also a --set section.key=value:\n\n" + "\n\n".join(lines)
+
+
+@app.command("train-rl", epilog=_rl_help())
 def train_rl(
     config: Optional[str] = typer.Option(None, "--config", help="YAML config (start from templates/rl.yaml)."),
     set_: list[str] = typer.Option([], "--set", help="Override one key: section.key=value (repeatable)."),

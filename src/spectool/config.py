@@ -32,13 +32,11 @@ from spectool.constants import (  # noqa: F401
     METHODS,
     POSITION_WEIGHTS,
     TRAINABLE,
-    check_dtype,
-    check_gpu_memory,
-    gpu_share_in_range,
-    k_in_range,
+    check_k,
 )
 from spectool.errors import SpectoolError, check  # noqa: F401
 from spectool.prompts import check_rendering
+from spectool.settings.engine import EngineSettings, EngineShare, validate_engine
 
 
 @dataclass
@@ -68,10 +66,6 @@ class SamplingConfig:
               "must be 1 at --temperature 0 (greedy completions of one prompt are identical)")
 
 
-def check_context(value: int | None, flag: str = "--max-model-len") -> None:
-    check(value is None or value >= 1, flag, value, "must be >= 1 (or unset: what the run needs)")
-
-
 def check_drafter(method: str, draft: str | None, flag: str = "--method", draft_flag: str = "--draft") -> None:
     """A draft-folder family needs a draft folder; mtp (the model's own MTP layers) takes none."""
     check(method in DRAFTERS, flag, method, f"must be one of {', '.join(DRAFTERS)}")
@@ -91,7 +85,7 @@ def check_lengths(value: str, flag: str = "--lengths") -> None:
 
 
 @dataclass
-class InitDraftConfig:
+class InitDraftConfig(EngineSettings, EngineShare):
     out: str = ""
     """Draft folder to create (or resume with the same settings)."""
     model: str = DEFAULT_MODEL
@@ -192,15 +186,10 @@ class InitDraftConfig:
     """Seed."""
     harvest: SamplingConfig = field(default_factory=lambda: SamplingConfig(n_prompts=256, samples=4, max_tokens=128))
     """How the policy is sampled when --data is a data source."""
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    """GPU only: the harvest engine's share of GPU memory (it stops before training)."""
     dtype: str = "auto"
     """The policy's precision, in the harvest's engine and in the forward that computes the draft's features: auto
     (float32 on the CPU build; on a GPU bfloat16, and below compute capability 8.0 a float16 engine with float32
     features) | float32 | bfloat16 | float16 (float32 features). --method mtp computes its features in float32."""
-    max_model_len: int | None = None
-    """The harvest engine's context (vLLM's max_model_len), when --data is a data source. Default: what the harvest
-    needs, the longest prompt + --max-tokens, refused before the engine starts when past the model's limit."""
     disk_budget_gb: float | None = None
     """Most disk (GiB) the policy features may take (--features stream or cache); init-draft refuses to start above
     it, and stream checks again before each shard it writes. Default: the free space where --out lives. A harvest's
@@ -209,7 +198,7 @@ class InitDraftConfig:
     """Named settings (see `spectool init-draft --help`); a flag given on the command line overrides them."""
 
     def validate(self) -> None:
-        check_dtype(self.dtype)
+        validate_engine(self)
         check(bool(self.out), "--out", self.out, "must name the draft folder")
         check_rendering(self)
         check(self.preset is None or self.preset in INIT_DRAFT_PRESETS, "--preset", self.preset,
@@ -222,12 +211,10 @@ class InitDraftConfig:
               "is refused with --method mtp: training starts from the model's own MTP layers")
         check(self.disk_budget_gb is None or self.disk_budget_gb > 0, "--disk-budget-gb", self.disk_budget_gb,
               "must be > 0 (GiB)")
-        check_gpu_memory(self.gpu_memory_utilization)
         check(self.ttt_steps >= 1, "--ttt-steps", self.ttt_steps, "must be >= 1 (use >= the largest k you run)")
         check(self.draft_vocab_size >= 2, "--draft-vocab-size", self.draft_vocab_size, "must be >= 2")
         check(not self.remap_vocab or self.init_from is not None, "--remap-vocab", self.remap_vocab,
               "needs --init-from (a fresh draft always builds its vocabulary from the data)")
-        check_context(self.max_model_len)
         check(self.epochs >= 1, "--epochs", self.epochs, "must be >= 1")
         check(self.max_steps is None or self.max_steps >= 1, "--max-steps", self.max_steps, "must be >= 1")
         check(self.features in FEATURE_SOURCES, "--features", self.features,
@@ -278,7 +265,7 @@ def apply_preset(cfg: InitDraftConfig, given: set[str]) -> InitDraftConfig:
 
 
 @dataclass
-class ExportConfig:
+class ExportConfig(EngineSettings, EngineShare):
     draft: str = ""
     """Draft folder from init-draft."""
     out: str = ""
@@ -303,20 +290,12 @@ class ExportConfig:
     """Load into vLLM and check acceptance before moving into place."""
     min_acceptance_length: float = 1.2
     """Refuse below this mean acceptance length."""
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
-    dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
-    capability 8.0) | float32 | bfloat16 | float16."""
-    max_model_len: int | None = None
-    """The verifying engine's context (vLLM's max_model_len). Default: what the check needs, the longest of its 8
-    prompts + the 32 tokens it decodes; a value shorter than that is refused."""
     push_to_hub: str | None = None
     """A hub model repo (ORG/NAME) to upload the export to with huggingface_hub, once verified and in place (created if
     missing; the token: `hf auth login` or HF_TOKEN)."""
 
     def validate(self) -> None:
-        check_dtype(self.dtype)
+        validate_engine(self)
         check(bool(self.draft) and bool(self.out), "--draft/--out", (self.draft, self.out), "must both be given")
         check(self.push_to_hub is None or re.fullmatch(r"[\w.-]+/[\w.-]+", self.push_to_hub) is not None,
               "--push-to-hub", self.push_to_hub, "must be a hub repo id, ORG/NAME")
@@ -325,16 +304,14 @@ class ExportConfig:
         check(self.push_to_hub is None or self.verify, "--push-to-hub", self.push_to_hub,
               "uploads a verified export only: drop --no-verify")
         check_rendering(self)
-        check_gpu_memory(self.gpu_memory_utilization)
-        check_context(self.max_model_len)
         check(self.format in ("vllm", "speculators"), "--format", self.format, "must be 'vllm' or 'speculators'")
         check(self.target in ("vllm", "nemo-rl", "verl", "skyrl", "trl-serve"), "--for", self.target,
               "must be vllm, nemo-rl, verl, skyrl or trl-serve")
-        check(k_in_range(self.k), "--k", self.k, f"must be in [{K_MIN}, {K_MAX}]")
+        check_k(self.k, "--k")
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(EngineSettings, EngineShare):
     model: str = DEFAULT_MODEL
     """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA
@@ -373,21 +350,12 @@ class RolloutConfig:
     draft proposes its argmax | probabilistic: it samples from its own distribution (more accepted at T>0). All exact."""
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(n_prompts=32))
     """How the policy samples."""
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
-    dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
-    capability 8.0) | float32 | bfloat16 | float16."""
-    max_model_len: int | None = None
-    """The engine's context (vLLM's max_model_len). Default: what the run needs, the longest prompt + --max-tokens,
-    refused before the engine starts when past the model's limit; a value shorter than the run needs is refused."""
     acceptance_length: float | None = None
     """What-if timing: accept drafted tokens synthetically at this mean length (lossy; no --out)."""
 
     def validate(self) -> None:
-        check_dtype(self.dtype)
+        validate_engine(self)
         check_rendering(self)
-        check_gpu_memory(self.gpu_memory_utilization)
         if self.acceptance_length is not None:
             check(self.out is None, "--out", self.out, "is refused with --acceptance-length: synthetic acceptance is "
                   "lossy by design (accepted tokens are the draft's, not the policy's), so its samples are not the "
@@ -401,13 +369,12 @@ class RolloutConfig:
         check_drafter(self.method, self.draft)
         check(self.method != "mtp" or self.k != "auto", "--k", self.k, "auto reads a sweep's schedule for a draft "
               "folder (eagle3, peagle, dflash); give a fixed --k with --method mtp")
-        check_context(self.max_model_len)
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         if self.k == "auto":
             if self.sweep is None:
                 raise SpectoolError("--k auto needs --sweep RUN (a sweep-k or forecast run directory)")
         else:
-            check(k_in_range(self.k), "--k", self.k, f"must be in [{K_MIN}, {K_MAX}] or 'auto'")
+            check_k(self.k, "--k", auto=True)
         check(not self.compare or self.draft is not None or self.draft_model is not None or self.sweep is not None
               or self.method == "mtp", "--compare", self.compare,
               "needs --draft, --draft-model or --method mtp (or --k auto --sweep RUN)")
@@ -416,7 +383,7 @@ class RolloutConfig:
 
 
 @dataclass
-class SweepConfig:
+class SweepConfig(EngineSettings, EngineShare):
     out: str = ""
     """Run directory (a killed sweep resumes there)."""
     draft: str | None = None
@@ -473,14 +440,6 @@ class SweepConfig:
     draft_sampling: str = "auto"
     """auto: chosen per build by measurement (greedy on the CPU build, probabilistic on GPU builds) | greedy: the
     draft proposes its argmax | probabilistic: it samples from its own distribution (more accepted at T>0). All exact."""
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
-    dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
-    capability 8.0) | float32 | bfloat16 | float16."""
-    max_model_len: int | None = None
-    """The engine's context (vLLM's max_model_len). Default: what the run needs, the longest prompt + --max-tokens,
-    refused before the engine starts when past the model's limit; a value shorter than the run needs is refused."""
     dummy_weights: bool = False
     """What-if: --model is a config.json folder or a templates/models name; random weights, dummy draft."""
     acceptance_rates: list[float] | None = None
@@ -509,11 +468,10 @@ class SweepConfig:
         return None
 
     def validate(self) -> None:
-        check_dtype(self.dtype)
+        validate_engine(self)
         check(bool(self.out), "--out", self.out, "must name the run directory")
         check_rendering(self)
         check_draft_sampling(self.draft_sampling)
-        check_gpu_memory(self.gpu_memory_utilization)
         self._validate_synthetic()
         check(len(self.ks) > 0 and all(k >= 1 for k in self.ks), "--k", self.ks, "must be a list of integers >= 1")
         check(len(self.batch_sizes) > 0 and all(1 <= b <= MAX_NUM_SEQS for b in self.batch_sizes), "--batch-sizes",
@@ -529,7 +487,6 @@ class SweepConfig:
         check(("draft_model" in self.methods) == (self.draft_model is not None), "--draft-model", self.draft_model,
               "goes with --methods draft_model, and that method needs it")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
-        check_context(self.max_model_len)
         check(1 <= self.max_tokens <= 32768, "--max-tokens", self.max_tokens, "must be in [1, 32768]")
         check(0 <= self.temperature <= 10, "--temperature", self.temperature, "must be in [0, 10]")
         check(self.min_seqs >= 1, "--min-seqs", self.min_seqs, "must be >= 1")
@@ -560,7 +517,7 @@ class SweepConfig:
 
 
 @dataclass
-class VerifyConfig:
+class VerifyConfig(EngineSettings, EngineShare):
     draft: str | None = None
     """Draft folder (init-draft or export output) of the family --method names."""
     method: str = "eagle3"
@@ -619,17 +576,12 @@ class VerifyConfig:
     draft_sampling: str = "auto"
     """auto: chosen per build by measurement (greedy on the CPU build, probabilistic on GPU builds) | greedy: the
     draft proposes its argmax | probabilistic: it samples from its own distribution (more accepted at T>0). All exact."""
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
     dtype: str = "float32"
     """The engine's precision: float32 (the proof's default on every device: the policy's logprobs are a float32
     forward) | bfloat16 (the precision GPU rollouts serve) | auto."""
-    max_model_len: int | None = None
-    """The engines' context (vLLM's max_model_len). Default: what the test needs, the longest prompt + --depth +
-    --positions, refused before an engine starts when past the model's limit; a value shorter than that is refused."""
 
     def validate(self) -> None:
-        check_dtype(self.dtype)
+        validate_engine(self)
         check_rendering(self)
         check_drafter(self.method, self.draft)
         if self.draft_model is not None:
@@ -638,12 +590,10 @@ class VerifyConfig:
         check(self.method == "mtp" or bool(self.draft) or self.draft_model is not None, "--draft", self.draft,
               "must name a draft folder (or --draft-model, or --method mtp)")
         check_draft_sampling(self.draft_sampling)
-        check_gpu_memory(self.gpu_memory_utilization)
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
-        check(k_in_range(self.k), "--k", self.k, f"must be in [{K_MIN}, {K_MAX}]")
+        check_k(self.k, "--k")
         check(self.n_prompts >= 1, "--n-prompts", self.n_prompts, "must be >= 1")
         check(self.samples >= 20, "--samples", self.samples, "must be >= 20 (the tests need counts)")
-        check_context(self.max_model_len)
         check(self.positions >= 2, "--positions", self.positions, "must be >= 2 (position 1 is never speculated)")
         check(self.depth >= 0, "--depth", self.depth, "must be >= 0 (tokens of the policy's own sample before the tests)")
         check(0 < self.temperature <= 10, "--temperature", self.temperature, "must be in (0, 10]: greedy needs no test")

@@ -65,13 +65,8 @@ def k_in_range(k: object) -> bool:
     return isinstance(k, int) and K_MIN <= k <= K_MAX
 
 
-def gpu_share_in_range(share: float) -> bool:
-    return 0 < share <= GPU_SHARE_MAX
-
-
-def check_gpu_memory(value: float, flag: str = "--gpu-memory-utilization") -> None:
-    check(gpu_share_in_range(value), flag, value, f"must be a fraction of the GPU's memory in (0, {GPU_SHARE_MAX}]")
-
-
-def check_dtype(value: str, flag: str = "--dtype") -> None:
-    check(value in ENGINE_DTYPES, flag, value, f"must be one of {' | '.join(ENGINE_DTYPES)}")
+def check_k(k: object, name: str, auto: bool = False) -> None:
+    """The one rule for k wherever it is set, in one wording: `name` as the caller spells it (--k, speculation.k, k);
+    `auto`: 'auto' (k per batch size from a sweep) is allowed there."""
+    check(k_in_range(k) or (auto and k == "auto"), name, k, f"must be an integer in [{K_MIN}, {K_MAX}]"
+          + (" or 'auto'" if auto else ""))

@@ -21,10 +21,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from spectool.config import SamplingConfig, check_context
-from spectool.constants import DEFAULT_DATA, DEFAULT_MODEL, GPU_MEMORY_UTILIZATION, check_dtype, check_gpu_memory
+from spectool.config import SamplingConfig
+from spectool.constants import DEFAULT_DATA, DEFAULT_MODEL
 from spectool.errors import check
 from spectool.prompts import check_conversations, check_rendering, rendering
+from spectool.settings.engine import EngineSettings, EngineShare, engine_kwargs, validate_engine
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def chunk_prompts(samples: int, cpu_build: bool) -> int:
 
 
 @dataclass
-class HarvestConfig:
+class HarvestConfig(EngineSettings, EngineShare):
     """The harvest stage's settings: `spectool harvest`'s flags, and what init-draft harvests with."""
 
     model: str = DEFAULT_MODEL
@@ -69,14 +70,6 @@ class HarvestConfig:
     """Answer column of a file or hub source (a hub source's may be a nested field: a.b)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """How the policy samples."""
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
-    dtype: str = "auto"
-    """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
-    capability 8.0) | float32 | bfloat16 | float16."""
-    max_model_len: int | None = None
-    """The engine's context (vLLM's max_model_len). Default: what the run needs, the longest prompt + --max-tokens,
-    refused before the engine starts when past the model's limit; a value shorter than the run needs is refused."""
     tensor_parallel_size: int = 1
     """vLLM's tensor parallelism: the policy split over N GPUs (on the CPU build, N worker processes)."""
     data_parallel_size: int = 1
@@ -84,7 +77,7 @@ class HarvestConfig:
     (times --tensor-parallel-size)."""
 
     def validate(self) -> None:
-        check_dtype(self.dtype)
+        validate_engine(self)
         check(self.tensor_parallel_size >= 1, "--tensor-parallel-size", self.tensor_parallel_size, "must be >= 1")
         procs, launched = self.data_parallel_size * self.tensor_parallel_size, int(os.environ.get("WORLD_SIZE", "1"))
         # vLLM's offline engine runs data parallelism only as one process per replica (vllm.LLM refuses it in one)
@@ -96,8 +89,6 @@ class HarvestConfig:
         check(bool(self.out), "--out", self.out, "must name the run directory")
         check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
         check_rendering(self)
-        check_gpu_memory(self.gpu_memory_utilization)
-        check_context(self.max_model_len)
         self.sampling.validate()
 
 
@@ -194,9 +185,10 @@ def _open_run(cfg: HarvestConfig, model, source, tasks, out: Path, place: _Place
     from spectool.runs import MANIFEST, atomic_write_json, claim, load_manifest, make_manifest  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     chunk = chunk_prompts(cfg.sampling.samples, is_cpu_build())
+    may_change = {"sampling.n_prompts", "gpu_memory_utilization", "enforce_eager", "tensor_parallel_size",
+                  "data_parallel_size", "max_model_len"}
     ranks.claim_folder(out, lambda: claim(out, "harvest", {**asdict(cfg), "model_identity": model.identity},
-                                          may_change={"sampling.n_prompts", "gpu_memory_utilization", "tensor_parallel_size",
-                                                      "data_parallel_size", "max_model_len"}))  # one folder every replica sees
+                                          may_change=may_change))  # one folder every replica sees
     if (out / MANIFEST).exists():
         chunk = load_manifest(out, "harvest").get("chunk_prompts", CPU_CHUNK_PROMPTS)  # a resume keeps its shards
     manifest = make_manifest("harvest", model=model.name, model_path=model.path, model_identity=model.identity,
@@ -232,8 +224,9 @@ def _start_engine(cfg: HarvestConfig, model, out: Path, place: _Place, context: 
                                    bins=output_bin_counts(seqs, config.vocab_size))
         log.info(plan.text())
     return Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=str(out / "engine.log"),
-                               gpu_memory_utilization=share, dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size,
-                               external_launcher=place.replicas > 1, max_model_len=context))
+                               **{**engine_kwargs(cfg), "gpu_memory_utilization": share},
+                               tensor_parallel_size=cfg.tensor_parallel_size, external_launcher=place.replicas > 1,
+                               max_model_len=context))
 
 
 def _generate(cfg: HarvestConfig, model, source, engine, tasks: list, todo: list, out: Path, place: _Place,

@@ -32,6 +32,7 @@ from spectool.frameworks import check_target, snippet
 from spectool.models import HUB_IDS, resolve_model
 from spectool.prompts import encode_tasks, rendering
 from spectool.runs import atomic_write_bytes
+from spectool.settings.engine import engine_kwargs
 from spectool.ui import console
 
 
@@ -253,8 +254,7 @@ def _verify(folder: Path, model_path: str, data: str, cfg: ExportConfig, family:
                                                                                 "tokens"), draft_path=draft_arg,
                                     method=family)
     engine = Engine(EngineConfig(model_path=model_path, draft_path=draft_arg, k=cfg.k, kv_cache_gib=1, method=family,
-                                 gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                                 max_model_len=context))
+                                 **engine_kwargs(cfg), max_model_len=context))
     _, greedy = engine.generate(prompts, Sampling(max_tokens=VERIFY_TOKENS, temperature=0.0))
     _, sampled = engine.generate(prompts, Sampling(max_tokens=VERIFY_TOKENS, temperature=1.0, seed=VERIFY_SEED))
     proposals, why = resolve_proposals(engine.cfg.draft_sampling)

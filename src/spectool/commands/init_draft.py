@@ -69,11 +69,11 @@ from spectool.ui import console
 
 RUN_CONFIG = "init_draft.json"  # the resolved settings (config.json in a draft folder is vLLM's)
 RESUME_MAY_CHANGE = {"save_every", "disk_budget_gb", "preset", "features", "harvest_identity", "draft_dtype",
-                     "max_model_len", "recompute_loss", "report_to", "model_weights"}
+                     "max_model_len", "recompute_loss", "report_to", "model_weights", "enforce_eager"}
 # a rerun may change these and resume (harvest_identity: checked by check_harvest, which names what changed;
 # model_weights: by check_weights;
 # max_model_len: a context too short for the harvest is refused, so records never differ; recompute_loss: the same
-# loss and gradients)
+# loss and gradients; enforce_eager: how the harvest engine starts, its samples the policy's either way)
 # (every --features trains the same draft: a stream run short of disk resumes with --features online)
 # the settings runs made before each was added are compared as: a resume goes on with them (an older run within one
 # shuffle window, 131,072 tokens, and within 8,192 tokens a batch, as every earlier demo run was, draws as it drew)

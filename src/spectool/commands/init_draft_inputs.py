@@ -43,6 +43,7 @@ from spectool.precision import draft_dtype
 from spectool.prompts import encode_tasks, rendering
 from spectool.records import load_records
 from spectool.runs import load_manifest
+from spectool.settings.engine import EngineSettings, EngineShare, values
 
 
 def _harvest_if_needed(cfg: InitDraftConfig) -> Path:
@@ -64,8 +65,7 @@ def _harvest_config(cfg: InitDraftConfig) -> HarvestConfig:
     return HarvestConfig(model=cfg.model, data=cfg.data, system_prompt=cfg.system_prompt,
                          chat_template_kwargs=cfg.chat_template_kwargs, out=str(Path(cfg.out) / "harvest"),
                          split="train", sampling=cfg.harvest, prompt_col=cfg.prompt_col, answer_col=cfg.answer_col,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                         max_model_len=cfg.max_model_len)
+                         **values(cfg, EngineSettings), **values(cfg, EngineShare))
 
 
 MIN_RECORDS = 4  # a harvest with fewer cannot be split into training and held-out records (training_data)

@@ -35,6 +35,7 @@ from spectool.prompts import check_conversations, encode_tasks, rendering
 from spectool.records import write_shard
 from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 from spectool.schedule import read_schedule, schedule_method
+from spectool.settings.engine import engine_kwargs
 from spectool.stats import AcceptanceStats
 from spectool.stats.sweep import block_speedups
 from spectool.ui import console
@@ -190,13 +191,12 @@ def run(cfg: RolloutConfig) -> RolloutResult:
     batch = len(tasks) * cfg.sampling.samples
     check_memory(cfg, model.path, method if drafting else "", max(max_k, 1) if drafting else 0, proposals, batch)
     if cfg.out:  # after every check of the draft and the memory plan: a refused run writes nothing
-        claim(Path(cfg.out), "rollout", cfg)
+        claim(Path(cfg.out), "rollout", cfg, defaults=RolloutConfig())  # a run from before a setting: its default
     log_path = str(Path(cfg.out) / "engine.log") if cfg.out else None
     plain_tps, plain_passes, load = None, [], {}
     if cfg.compare:
         plain = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, log_path=log_path,
-                                    gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                                    max_model_len=context))
+                                    **engine_kwargs(cfg), max_model_len=context))
         _warm_up(plain, tokenizer, source, tasks, cfg)
         before = machine_load.snapshot()  # what other processes take of the CPU while this arm is timed
         _, _, n_plain, s_plain = rollout_tasks(plain, tokenizer, source, tasks, cfg.sampling, cfg)
@@ -206,8 +206,7 @@ def run(cfg: RolloutConfig) -> RolloutResult:
         plain.close()  # the speculative arm starts on a free device
     engine = Engine(EngineConfig(model_path=model.path, seed=cfg.sampling.seed, draft_path=draft_path, log_path=log_path,
                                  method=method, k=max(max_k, 1), k_schedule=schedule, draft_sampling=proposals,
-                                 gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                                 max_num_seqs=batch, max_model_len=context,
+                                 **engine_kwargs(cfg), max_num_seqs=batch, max_model_len=context,
                                  synthetic_acceptance={"length": cfg.acceptance_length} if cfg.acceptance_length else None))
     _warm_up(engine, tokenizer, source, tasks, cfg)
     before = machine_load.snapshot()

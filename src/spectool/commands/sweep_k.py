@@ -52,6 +52,7 @@ from spectool.plots import pyplot, save
 from spectool.prompts import encode_tasks
 from spectool.runs import atomic_write_bytes
 from spectool.schedule import write_schedule
+from spectool.settings.engine import engine_kwargs
 from spectool.stats.sweep import SWEEP_ALPHA, block_speedups, paired_log_rates, power
 from spectool.ui import console
 
@@ -289,9 +290,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             model_path=model.path, method=method, k=k, drafts=drafts, prompts=prompts, batch_sizes=todo,
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs,
             seed=cfg.seed + run_no * ROUND_SEED,
-            draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization,
-            dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths, log_path=str(out / "engine.log"),
-            dtype=cfg.dtype, min_seconds=cfg.min_seconds, max_model_len=context),
+            draft_sampling=cfg.draft_sampling, dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths,
+            log_path=str(out / "engine.log"), min_seconds=cfg.min_seconds, max_model_len=context, **engine_kwargs(cfg)),
             what=f"the {method} k={k} engine", progress=progress, warm=warm)
         measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # when this engine run ended
         for row in rows:

@@ -48,6 +48,7 @@ from spectool.rl.report import LiveView, plot_run
 from spectool.rl.speculation import resolve
 from spectool.rl.tasks import StepPrompts
 from spectool.runs import MANIFEST, append_jsonl, atomic_dir, atomic_write_json, claim, make_manifest, truncate_jsonl
+from spectool.settings.engine import engine_kwargs
 from spectool.stats import AcceptanceStats
 from spectool.trackers import open_trackers
 
@@ -186,9 +187,8 @@ def _setup(cfg: RLConfig) -> _Run:
     engine = Engine(EngineConfig(
         model_path=model.path, draft_path=None if mtp else draft_path, method=spec.method, k=max(k, 1),
         k_schedule=schedule, seed=cfg.seed, max_num_seqs=rollout_batch(cfg),
-        log_path=str(out / "engine.log"), draft_sampling=spec.proposals, dtype=dtype,
-        gpu_memory_utilization=e.gpu_memory_utilization,
-        kv_cache_gib=e.kv_cache_gib, enforce_eager=e.enforce_eager, max_model_len=context,
+        log_path=str(out / "engine.log"), draft_sampling=spec.proposals, **{**engine_kwargs(e), "dtype": dtype},
+        kv_cache_gib=e.kv_cache_gib, max_model_len=context,
         logprobs_mode="processed_logprobs",  # behaviour logprobs at the sampling temperature
     ))
     if ckpt:

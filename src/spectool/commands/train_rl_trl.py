@@ -31,6 +31,7 @@ from spectool.prompts import template_kwargs
 from spectool.rl.config import RESUMABLE_KEYS_IGNORED, RLConfig
 from spectool.rl.speculation import resolve
 from spectool.runs import MANIFEST, append_jsonl, atomic_write_json, claim, make_manifest, truncate_jsonl
+from spectool.settings.engine import EngineSettings, values
 
 TRL_DIR = "trl"  # TRL's output_dir inside the run folder (its checkpoints)
 
@@ -93,7 +94,7 @@ def speculation_for(cfg: RLConfig, model):
     """rl.yaml's speculation for TRL (a resumed run's refreshed draft comes from TRL's checkpoint)."""
 
     e = cfg.engine
-    common = dict(dtype=e.dtype, enforce_eager=e.enforce_eager, logprob_tolerance=cfg.policy.logprob_tolerance or None)
+    common = dict(values(e, EngineSettings), logprob_tolerance=cfg.policy.logprob_tolerance or None)
     spec = resolve(cfg, model)
     if spec.draft_path is None:  # plain decoding, with spectool's engine settings, weight sync and logprob guard
         return SpectoolSpeculation(None, **common)

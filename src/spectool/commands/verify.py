@@ -42,6 +42,7 @@ from spectool.models import draft_model_path, resolve_model
 from spectool.precision import LOGPROB_TOLERANCE, TF32_MEAN_CEILING, engine_dtype, ieee_float32, on_gpu
 from spectool.prompts import encode_tasks
 from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
+from spectool.settings.engine import engine_kwargs
 from spectool.stats.distributions import normal_cdf, normal_quantile
 from spectool.stats.lossless import (
     ALTERNATIVES,
@@ -422,11 +423,11 @@ def run(cfg: VerifyConfig, progress=print) -> VerifyResult:
                                     user=cfg.max_model_len, draft_path=draft, method=method,
                                     names=LengthSettings(max_tokens="--depth + --positions" if cfg.depth else "--positions"))
     if cfg.out:  # after the draft's and the context's checks: a refused run writes nothing
-        claim(Path(cfg.out), "verify", cfg)
+        claim(Path(cfg.out), "verify", cfg, defaults=VerifyConfig())  # a run from before a setting: its default
     common = dict(model_path=model.path, k=cfg.k, prompts=prompts, samples=cfg.samples, positions=cfg.positions,
                   temperature=cfg.temperature, draft_sampling=proposals,
-                  gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                  log_path=str(Path(cfg.out) / "engine.log") if cfg.out else None, max_model_len=context)
+                  log_path=str(Path(cfg.out) / "engine.log") if cfg.out else None, max_model_len=context,
+                  **engine_kwargs(cfg))
 
     rule = logprob_rule(cfg, cpu_build)
     # a float32 engine on a GPU rounds its attention in TF32 unless told (precision.IEEE_FLOAT32_ENV): the engines

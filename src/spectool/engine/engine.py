@@ -34,13 +34,17 @@ from spectool.engine.logs import log_size, native_stderr_to_log, route, written_
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
 from spectool.precision import engine_dtype
+from spectool.settings.engine import EngineSettings
 from spectool.stats import AcceptanceStats
 
 PROGRESS_S = 2.0  # how often a generate call reports its tokens to a progress callback
 
 
 @dataclass
-class EngineConfig:
+class EngineConfig(EngineSettings):
+    """One engine's settings: the entry points' engine groups (settings/engine.py: dtype, enforce_eager, by name
+    through `engine_kwargs`) and what the calling stage sets. vLLM's keywords from them: `spectool_kwargs`."""
+
     model_path: str
     draft_path: str | None = None  # plain EAGLE-3 folder (config.json + model.safetensors)
     k: int = DEFAULT_K  # num_speculative_tokens (the largest k when k_schedule is set)
@@ -58,7 +62,6 @@ class EngineConfig:
     kv_cache_gib: float = 2.0  # CPU only
     # GPU only: the engine's share of GPU memory (weights + KV cache); lower it when a trainer shares the GPU
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    dtype: str = "auto"  # precision.engine_dtype: float32 on CPU, bfloat16 on a GPU (float16 below compute 8.0)
     # the most sequences decoded at once: the run's batch (prompts x samples), given to vLLM capped at what vLLM itself
     # would pick on the device (engine/batch.py); it sizes the V2 runner's drafter logits [max_num_seqs, k, vocab] and
     # output_bin_counts [max_num_seqs, vocab] before the KV cache
@@ -77,8 +80,8 @@ class EngineConfig:
     # one engine per process of a launcher (torchrun, accelerate launch): vLLM's external-launcher mode, the
     # engine joins the launcher's process group; replicas (tensor-parallel groups) are independent
     external_launcher: bool = False
-    # True: no torch.compile (7 s start on CPU instead of 35-110 s, ~35% slower decode)
-    enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1")
+    # EngineSettings' field, its default here from the environment (a library caller's engine: benchmarks, tests)
+    enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1", kw_only=True)
     extra: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is
 
 

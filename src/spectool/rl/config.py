@@ -14,91 +14,136 @@ from spectool.constants import (
     DEFAULT_K,
     DEFAULT_MODEL,
     DRAFT_SAMPLING,
-    ENGINE_DTYPES,
-    GPU_SHARE_MAX,
-    K_MAX,
-    K_MIN,
     TRAINABLE,
-    gpu_share_in_range,
-    k_in_range,
+    check_k,
 )
 from spectool.draft.refresh_policy import RefreshSettings
 from spectool.errors import SpectoolError, check
 from spectool.prompts import check_rendering
+from spectool.settings import spelling
+from spectool.settings.engine import EngineSettings, EngineShare, validate_engine
 
 BACKENDS = ("builtin", "trl")
 
 
 @dataclass
 class RolloutSection:
+    """rl.yaml's rollout section: how each step's rollouts are sampled."""
+
     prompts_per_step: int = 16
+    """Prompts per RL step."""
     group_size: int = 8
+    """Samples per prompt (GRPO compares the samples within a group)."""
     max_tokens: int = 128
+    """Most new tokens per sample (reasoning policies need their RL length, 4096-16384)."""
     temperature: float = 1.0
+    """Sampling temperature."""
     mode: str = "sync"
-    eval_every: int = 10  # held-out reward (greedy, eval split) every N steps; 0 = never
+    """sync (generate, then train) | async (the next step's rollouts generate while this one trains: one step off
+    policy; backend builtin only)."""
+    eval_every: int = 10
+    """Held-out reward (greedy, eval split) every N steps; 0: never."""
     eval_prompts: int = 32
-    eval_samples: int = 1  # 1: greedy; n > 1: n samples per prompt at the rollout temperature (mean reward)
-    system_prompt: str | None = None  # a system turn put first in every prompt (refused with data that has its own)
-    chat_template_kwargs: dict | None = None  # extra keyword arguments to the chat template (TRL's chat_template_kwargs)
+    """Held-out prompts per evaluation."""
+    eval_samples: int = 1
+    """1: greedy; n > 1: n samples per held-out prompt at the rollout temperature (their mean reward)."""
+    system_prompt: str | None = None
+    """A system turn put first in every prompt (refused with data whose prompts have their own)."""
+    chat_template_kwargs: dict | None = None
+    """Extra keyword arguments to the chat template (TRL's chat_template_kwargs), e.g. {enable_thinking: false}."""
 
 
 @dataclass
 class SpeculationSection:
-    enabled: bool = True  # false: plain decoding (the draft, if set, is not used)
+    """rl.yaml's speculation section: what drafts the rollouts."""
+
+    enabled: bool = True
+    """false: plain decoding (the draft, if set, is not used)."""
     draft: str | None = None
+    """A draft folder (init-draft / export), or a hub id ORG/NAME of one."""
     k: int | str = DEFAULT_K
+    """Draft tokens per verify step, or auto: per batch size from `sweep`."""
     sweep: str | None = None
-    draft_sampling: str = "auto"  # auto (per build, engine/proposals.py) | greedy | probabilistic (all exact)
-    # the draft's family (draft/families.py): eagle3 | peagle | dflash (speculation.draft) | mtp: the policy's
-    # own MTP layers draft (no draft folder)
+    """A sweep-k or forecast run (for k: auto)."""
+    draft_sampling: str = "auto"
+    """auto (per build, engine/proposals.py) | greedy | probabilistic: how the draft proposes (all exact)."""
     method: str = "eagle3"
+    """The draft's family (draft/families.py): eagle3 | peagle | dflash (with `draft`) | mtp: the policy's own MTP
+    layers draft (no draft folder)."""
 
 
 @dataclass
 class PolicySection:
+    """rl.yaml's policy section: the GRPO update."""
+
     lr: float = 1e-6
+    """The policy's AdamW learning rate."""
     steps: int = 50
+    """RL steps (a resumed run may run longer)."""
     eps_low: float = 0.2
+    """The clipped ratio's lower margin (1 - eps_low)."""
     eps_high: float = 0.2
+    """The clipped ratio's upper margin (1 + eps_high)."""
     kl_beta: float = 0.0
+    """The KL penalty's coefficient against the reference policy (0: none)."""
     scale_adv_by_std: bool = True
+    """Advantages divided by their group's standard deviation."""
     logprob_check_every: int = 5
-    logprob_tolerance: float = 0.0  # mean |engine - trainer| that stops the run; 0: by engine dtype (precision.py)
+    """Every N steps, the engine's logprobs of the sampled tokens are held against the trainer's (the run stops past
+    logprob_tolerance)."""
+    logprob_tolerance: float = 0.0
+    """Mean |engine - trainer| logprob that stops the run; 0: by the engine's dtype (precision.py)."""
     micro_batch_size: int = 8
+    """Sequences per training forward (gradients accumulated over the step)."""
     max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
 
 
 @dataclass
-class EngineSection:
-    kv_cache_gib: float = 2.0  # CPU build only
-    gpu_memory_utilization: float = 0.5  # GPU only: the engine's share; the rest is the colocated trainer's
-    dtype: str = "auto"  # auto (float32 on CPU; bfloat16 on GPU, float16 below compute 8.0) | float32 | bfloat16 | float16
-    enforce_eager: bool = False  # true: no torch.compile (faster start, slower decode)
-    # the engine's context; 0: derived (builtin: the longest prompt + rollout.max_tokens, context.py; trl: TRL's own,
-    # the model's limit)
-    max_model_len: int = 0
+class EngineSection(EngineSettings, EngineShare):
+    """rl.yaml's engine section: the engine groups every entry point takes (settings/engine.py), with the colocated
+    trainer's share of the GPU left to it."""
+
+    gpu_memory_utilization: float = 0.5
+    """GPU only: the engine's share of GPU memory (weights + KV cache); the rest is the colocated trainer's."""
+    kv_cache_gib: float = 2.0
+    """CPU build only: the engine's KV cache (GiB)."""
 
 
 @dataclass
 class RLConfig:
+    """train-rl's settings: rl.yaml (templates/rl.yaml) and its --set overrides."""
+
     model: str = DEFAULT_MODEL
+    """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
     data: str = DEFAULT_DATA
-    prompt_col: str = "prompt"  # a file or hub source's prompt column (a text, or a conversation: a list of messages)
-    answer_col: str = "answer"  # a file or hub source's answer column (a hub source's may be a nested field: a.b)
+    """dapo | gym:<task>[:k=v,...] | hub:ORG/NAME[:split=S,config=C] | file.jsonl/.parquet: prompts with answers."""
+    prompt_col: str = "prompt"
+    """A file or hub source's prompt column (a text, or a conversation: a list of messages)."""
+    answer_col: str = "answer"
+    """A file or hub source's answer column (a hub source's may be a nested field: a.b)."""
     out: str = "runs/rl"
+    """The run directory (a killed run resumes there)."""
     seed: int = 0
-    backend: str = "builtin"  # builtin (one process) | trl (TRL's GRPOTrainer: accelerate/DeepSpeed/FSDP, LoRA)
+    """Sampling, data and draft seed."""
+    backend: str = "builtin"
+    """builtin (one process) | trl (TRL's GRPOTrainer: accelerate/DeepSpeed/FSDP, LoRA)."""
     rollout: RolloutSection = field(default_factory=RolloutSection)
+    """How each step's rollouts are sampled."""
     speculation: SpeculationSection = field(default_factory=SpeculationSection)
+    """What drafts the rollouts."""
     policy: PolicySection = field(default_factory=PolicySection)
-    draft_refresh: RefreshSettings = field(default_factory=RefreshSettings)  # the refresher's own settings, one shape
+    """The GRPO update."""
+    draft_refresh: RefreshSettings = field(default_factory=RefreshSettings)
+    """How and when the draft trains online (the refresher's own settings, one shape: draft/refresh_policy.py)."""
     engine: EngineSection = field(default_factory=EngineSection)
+    """The rollout engine (settings/engine.py, the commands' engine settings)."""
     checkpoint_every: int = 10
-    # experiment trackers that get each metrics.jsonl line at its step and this config as the run's config, by TRL's
-    # report_to names: tensorboard | trackio | wandb | none, or a comma-separated list (trackers.py); backend trl hands
-    # them to GRPOConfig
+    """Policy, draft and optimizer state every N steps (the resume point)."""
     report_to: str = "none"
+    """Experiment trackers that get each metrics.jsonl line at its step and this config as the run's config, by TRL's
+    report_to names: tensorboard | trackio | wandb | none, or a comma-separated list (trackers.py); backend trl hands
+    them to GRPOConfig."""
 
     def validate(self) -> None:
         r, s, p, d = self.rollout, self.speculation, self.policy, self.draft_refresh
@@ -110,7 +155,7 @@ class RLConfig:
         _need(r.max_tokens >= 1, "rollout.max_tokens", r.max_tokens, ">= 1")
         _need(0 < r.temperature <= 10, "rollout.temperature", r.temperature, "in (0, 10]")
         _need(r.mode in ("sync", "async"), "rollout.mode", r.mode, "sync or async")
-        _need(s.k == "auto" or k_in_range(s.k), "speculation.k", s.k, f"{K_MIN}..{K_MAX} or auto")
+        check_k(s.k, "speculation.k", auto=True)
         _need(s.k != "auto" or s.sweep is not None, "speculation.sweep", s.sweep, "a sweep-k run when k is auto")
         _need(s.draft_sampling in DRAFT_SAMPLING, "speculation.draft_sampling", s.draft_sampling,
               f"one of {', '.join(DRAFT_SAMPLING)}")
@@ -142,10 +187,7 @@ class RLConfig:
         _need(p.max_grad_norm > 0, "policy.max_grad_norm", p.max_grad_norm, "> 0")
         e = self.engine
         _need(e.kv_cache_gib > 0, "engine.kv_cache_gib", e.kv_cache_gib, "> 0")
-        _need(gpu_share_in_range(e.gpu_memory_utilization), "engine.gpu_memory_utilization", e.gpu_memory_utilization,
-              f"a fraction of the GPU's memory in (0, {GPU_SHARE_MAX}]")
-        _need(e.dtype in ENGINE_DTYPES, "engine.dtype", e.dtype, " | ".join(ENGINE_DTYPES))
-        _need(e.max_model_len >= 0, "engine.max_model_len", e.max_model_len, ">= 0")
+        validate_engine(e, spelling.key("engine."))
         _need(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
         trackers.parse(self.report_to, "report_to")  # an unknown name or a missing package, before anything starts
         _need(self.backend in BACKENDS, "backend", self.backend, " | ".join(BACKENDS))
@@ -241,11 +283,15 @@ def load_config(path: str | None, overrides: list[str] = ()) -> RLConfig:
     tree = copy.deepcopy(tree)
     for a in overrides:
         _set(tree, a)
+    engine = tree.get("engine")
+    if isinstance(engine, dict) and engine.get("max_model_len") == 0:  # rl.yaml's old spelling of derived: null now
+        engine["max_model_len"] = None
     cfg = _build(RLConfig, tree, "")
     cfg.validate()
     return cfg
 
 
 # a resumed run may run longer, log elsewhere, or cut the draft's steps into other micro-batches (the same gradient
-# while a step fits in one; split, within 1-2%: ttt.micro_batches)
-RESUMABLE_KEYS_IGNORED = {"policy.steps", "out", "report_to", "draft_refresh.max_batch_tokens"}
+# while a step fits in one; split, within 1-2%: ttt.micro_batches), or give another context (one shorter than the
+# run needs is refused, so completions are never cut: an older run's 0 for derived is null now)
+RESUMABLE_KEYS_IGNORED = {"policy.steps", "out", "report_to", "draft_refresh.max_batch_tokens", "engine.max_model_len"}

@@ -6,20 +6,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spectool.constants import DEFAULT_K, DRAFT_SAMPLING, K_MAX, K_MIN, OWN_MTP, k_in_range
+from spectool.constants import DEFAULT_K, DRAFT_SAMPLING, OWN_MTP, check_k
 from spectool.draft.checkpoint import draft_folder
 from spectool.draft.families import folder_family
 from spectool.draft.refresh_policy import RefreshSettings
 from spectool.engine.proposals import resolve
-from spectool.errors import SpectoolError
+from spectool.errors import SpectoolError, check
 from spectool.schedule import read_schedule
+from spectool.settings import spelling
+from spectool.settings.engine import EngineSettings
 
 MTP = OWN_MTP  # SpectoolSpeculation(draft=MTP): the policy's own MTP layers draft
 
 
 @dataclass
-class SpeculationSettings:
-    """Speculative rollouts with a spectool draft inside TRL's GRPOTrainer (colocate mode)."""
+class SpeculationSettings(EngineSettings):
+    """Speculative rollouts with a spectool draft inside TRL's GRPOTrainer (colocate mode). The engine's own settings
+    (dtype, enforce_eager: settings/engine.EngineSettings, the engine commands' and rl.yaml's too) are keywords
+    here; its GPU share and context are GRPOConfig's (vllm_gpu_memory_utilization, vllm_max_model_length)."""
 
     draft: str | None
     """A spectool draft or export folder (init-draft / export; EAGLE-3, P-EAGLE or DFlash: its family is
@@ -38,11 +42,6 @@ class SpeculationSettings:
     online (every `every` optimizer steps) | auto, its steps, learning rate, unroll, batch, buffer and loss."""
     seed: int = 0
     """The refresher's sampling seed."""
-    dtype: str = "auto"
-    """The engine's dtype: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
-    capability 8.0) | float32 | bfloat16 | float16."""
-    enforce_eager: bool = False
-    """True: no torch.compile in the engine (faster start, slower decode)."""
     policy_sync: str = "auto"
     """auto (spectool's reload on the CPU build and for a mixture-of-experts policy, TRL's own otherwise on a GPU) |
     spectool | trl."""
@@ -76,10 +75,10 @@ class SpeculationSettings:
         return (self.draft and folder_family(self.draft)) or "eagle3"
 
     def validate(self) -> None:
-        if not k_in_range(self.k):
-            raise SpectoolError(f"k = {self.k}: must be in [{K_MIN}, {K_MAX}]")
-        if self.draft_sampling not in DRAFT_SAMPLING:
-            raise SpectoolError(f"draft_sampling = {self.draft_sampling!r}: one of {', '.join(DRAFT_SAMPLING)}")
+        check_k(self.k, "k")
+        check(self.draft_sampling in DRAFT_SAMPLING, "draft_sampling", self.draft_sampling,
+              f"must be one of {', '.join(DRAFT_SAMPLING)}")
         self.refresh.validate("refresh.")
-        if self.policy_sync not in ("auto", "spectool", "trl"):
-            raise SpectoolError(f"policy_sync = {self.policy_sync!r}: auto, spectool or trl")
+        EngineSettings.validate(self, spelling.keyword)
+        check(self.policy_sync in ("auto", "spectool", "trl"), "policy_sync", self.policy_sync,
+              "must be auto, spectool or trl")
