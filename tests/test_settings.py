@@ -250,25 +250,28 @@ def test_config_file_settings_sit_under_the_flags_and_are_checked_by_key(tmp_pat
 
 
 def test_every_engine_setting_reaches_the_engine_from_every_entry_point(monkeypatch):
-    """engine_kwargs: each engine-group field a command, rl.yaml or SpectoolSpeculation holds becomes the engine's
-    (EngineConfig's own defaults, $SPECTOOL_ENFORCE_EAGER's included, never win over a setting given); the context
+    """engine_kwargs: each engine-group field a command, rl.yaml or SpectoolSpeculation holds becomes the engine's (an
+    enforce_eager left false leaves the engine's default, $SPECTOOL_ENFORCE_EAGER, as before the groups); the context
     alone is left for the command to resolve first."""
     from spectool.engine.engine import EngineConfig
     from spectool.integrations.trl.speculation import SpeculationSettings
     from spectool.rl.config import load_config
     from spectool.settings.engine import engine_kwargs
 
-    monkeypatch.setenv("SPECTOOL_ENFORCE_EAGER", "1")
-    given = dict(dtype="bfloat16", enforce_eager=False)
-    rl = load_config(None, ["speculation.draft=x", "engine.dtype=bfloat16", "engine.enforce_eager=false",
+    monkeypatch.delenv("SPECTOOL_ENFORCE_EAGER")  # the suite's (conftest.py): the engine's default is compiled here
+    given = dict(dtype="bfloat16", enforce_eager=True)
+    rl = load_config(None, ["speculation.draft=x", "engine.dtype=bfloat16", "engine.enforce_eager=true",
                             "engine.gpu_memory_utilization=0.3", "engine.max_model_len=99"])
     for settings in (RolloutConfig(**given, gpu_memory_utilization=0.3, max_model_len=99), rl.engine,
                      SpeculationSettings(None, **given)):
         engine = EngineConfig(model_path="m", **engine_kwargs(settings))
-        assert (engine.dtype, engine.enforce_eager) == ("bfloat16", False), type(settings)
+        assert (engine.dtype, engine.enforce_eager) == ("bfloat16", True), type(settings)
         assert engine.max_model_len is None and "max_model_len" not in engine_kwargs(settings)
         if not isinstance(settings, SpeculationSettings):  # TRL's own GPU share (GRPOConfig)
             assert engine.gpu_memory_utilization == 0.3
+    assert not EngineConfig(model_path="m", **engine_kwargs(RolloutConfig())).enforce_eager
+    monkeypatch.setenv("SPECTOOL_ENFORCE_EAGER", "1")
+    assert EngineConfig(model_path="m", **engine_kwargs(RolloutConfig())).enforce_eager  # not asked: the environment
 
 
 def test_rl_yaml_keeps_its_old_spelling_of_a_derived_context():

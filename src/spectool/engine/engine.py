@@ -80,7 +80,7 @@ class EngineConfig(EngineSettings):
     # one engine per process of a launcher (torchrun, accelerate launch): vLLM's external-launcher mode, the
     # engine joins the launcher's process group; replicas (tensor-parallel groups) are independent
     external_launcher: bool = False
-    # EngineSettings' field, its default here from the environment (a library caller's engine: benchmarks, tests)
+    # EngineSettings' field; unless an entry point asks for it (engine_kwargs passes only true), $SPECTOOL_ENFORCE_EAGER
     enforce_eager: bool = field(default_factory=lambda: os.environ.get("SPECTOOL_ENFORCE_EAGER") == "1", kw_only=True)
     extra: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is
 

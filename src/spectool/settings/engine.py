@@ -27,8 +27,8 @@ class EngineSettings:
     capability 8.0) | float32 | bfloat16 | float16."""
     enforce_eager: bool = field(default=False, metadata={"env": "SPECTOOL_ENFORCE_EAGER"})
     """True: no torch.compile in the engine (a faster start, a slower decode: on 2 CPU cores a SmolLM2 engine starts
-    in about 7 s instead of 35-110 s and decodes about 35% slower). The commands' --enforce-eager also reads
-    $SPECTOOL_ENFORCE_EAGER=1."""
+    in about 7 s instead of 35-110 s and decodes about 35% slower). False: the engine's default, compiled unless
+    $SPECTOOL_ENFORCE_EAGER=1 (the commands' --enforce-eager reads it too)."""
 
     def validate(self, spell: Spell = flag) -> None:
         check(self.dtype in ENGINE_DTYPES, spell("dtype"), self.dtype, f"must be one of {' | '.join(ENGINE_DTYPES)}")
@@ -70,7 +70,10 @@ def values(settings: object, group: type) -> dict[str, Any]:
 
 def engine_kwargs(settings: object) -> dict[str, Any]:
     """engine.EngineConfig's keywords from `settings`' engine groups, by name: every field but the context, which
-    the command first resolves against what the run needs (context.resolve_max_model_len)."""
+    the command first resolves against what the run needs (context.resolve_max_model_len), and enforce_eager unless
+    it is asked for."""
     out = {k: v for group in GROUPS if isinstance(settings, group) for k, v in values(settings, group).items()}
     out.pop("max_model_len", None)
+    if not out.get("enforce_eager", True):
+        out.pop("enforce_eager")  # not asked for: the engine's default ($SPECTOOL_ENFORCE_EAGER), as before the groups
     return out

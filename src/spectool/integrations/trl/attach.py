@@ -36,6 +36,7 @@ from spectool.integrations.trl.data import prompt_rendering
 from spectool.integrations.trl.speculation import SpeculationSettings
 from spectool.policy_weights import checkpoint_layout
 from spectool.precision import logprob_gaps, logprob_tolerance
+from spectool.settings.engine import engine_kwargs
 from spectool.stats import AcceptanceStats
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,8 @@ def speculative_llm(spec: SpeculationSettings):
         budget = {"max_num_batched_tokens": kwargs["max_num_batched_tokens"]} if kwargs.get("max_num_batched_tokens") else {}
         ecfg = EngineConfig(model_path=kwargs.get("model", ""), draft_path=None if mtp else spec.draft and str(spec.draft),
                             method=spec.method, k=spec.k,
-                            k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, dtype=spec.dtype,
-                            enforce_eager=spec.enforce_eager, max_num_seqs=kwargs.get("max_num_seqs"),
+                            k_schedule=spec.k_schedule, draft_sampling=spec.draft_sampling, **engine_kwargs(spec),
+                            max_num_seqs=kwargs.get("max_num_seqs"),
                             extra=budget)  # TRL's batch and token budget, kept under vLLM's own (engine/batch.py)
         remove_truncated_kernels(kwargs)  # a killed run's zero-byte kernels would fail this start
         cpu = prepare_environment(ecfg)
