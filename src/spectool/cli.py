@@ -179,10 +179,8 @@ def _param(spec: CliSpec, path: str, tp, default, doc: str) -> inspect.Parameter
     cli_type, _ = _cli_type(tp)
     if isinstance(default, list):
         default = ",".join(str(x) for x in default)
-    env = next((f.metadata["env"] for f in dataclasses.fields(spec.cls) if f.name == path and "env" in f.metadata), None)
     required = " [required: a flag, or a key of --config]" if path in spec.required else ""
-    opt = typer.Option(default, *_flag(spec, path).split(" "), help=spec.help.get(path, doc) + required, envvar=env,
-                       show_envvar=env is not None)
+    opt = typer.Option(default, *_flag(spec, path).split(" "), help=spec.help.get(path, doc) + required)
     return inspect.Parameter(path.replace(".", "__"), inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=cli_type)
 
 

@@ -10,7 +10,7 @@ engine section and (EngineSettings) a keyword of SpectoolSpeculation, and reache
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from spectool.constants import ENGINE_DTYPES, GPU_MEMORY_UTILIZATION, GPU_SHARE_MAX
@@ -25,10 +25,10 @@ class EngineSettings:
     dtype: str = "auto"
     """The engine's precision: auto (float32 on the CPU build; on a GPU bfloat16, float16 below compute
     capability 8.0) | float32 | bfloat16 | float16."""
-    enforce_eager: bool = field(default=False, metadata={"env": "SPECTOOL_ENFORCE_EAGER"})
+    enforce_eager: bool = False
     """True: no torch.compile in the engine (a faster start, a slower decode: on 2 CPU cores a SmolLM2 engine starts
     in about 7 s instead of 35-110 s and decodes about 35% slower). False: the engine's default, compiled unless
-    $SPECTOOL_ENFORCE_EAGER=1 (the commands' --enforce-eager reads it too)."""
+    $SPECTOOL_ENFORCE_EAGER=1 (the engine reads it: every engine of the run, whichever entry point)."""
 
     def validate(self, spell: Spell = flag) -> None:
         check(self.dtype in ENGINE_DTYPES, spell("dtype"), self.dtype, f"must be one of {' | '.join(ENGINE_DTYPES)}")
