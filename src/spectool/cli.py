@@ -179,7 +179,7 @@ def _param(spec: CliSpec, path: str, tp, default, doc: str) -> inspect.Parameter
     cli_type, _ = _cli_type(tp)
     if isinstance(default, list):
         default = ",".join(str(x) for x in default)
-    required = " [required: a flag, or a key of --config]" if path in spec.required else ""
+    required = " (required: a flag, or a key of --config)" if path in spec.required else ""
     opt = typer.Option(default, *_flag(spec, path).split(" "), help=spec.help.get(path, doc) + required)
     return inspect.Parameter(path.replace(".", "__"), inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=cli_type)
 
@@ -243,7 +243,8 @@ def settings_file(spec: CliSpec, path: str) -> dict[str, Any]:
     out = {}
     for k, v in tree.items():
         check(k in keys, f"--config {path}: key", k, "is no setting of this command (its keys: "
-              + ", ".join(sorted({_flag(spec, leaf).lstrip("-").replace("-", "_") for leaf, *_ in _leaves(spec)})) + ")")
+              + ", ".join(sorted({_flag(spec, leaf).split("/")[0].lstrip("-").replace("-", "_") for leaf, *_ in _leaves(spec)}))
+              + ")")
         leaf, tp = keys[k]
         out[leaf] = _file_value(tp, v, f"--config {path}: {k}")
     return out
