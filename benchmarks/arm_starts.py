@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from spectool.config import DEFAULT_MODEL
+from spectool.constants import DEFAULT_MODEL
 
 WAYS = ("fresh", "imports", "prefork")
 

@@ -50,7 +50,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from spectool.config import DEFAULT_DATA
+    from spectool.constants import DEFAULT_DATA
     from spectool.data.sources import load_source
     from spectool.engine.engine import Engine, EngineConfig, Sampling
     from spectool.models import resolve_model

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 DRAFT=${1:?draft folder}; HARVEST=${2:?harvest run (its output lengths)}; OUT=${3:-runs/draft-sampling}; K=${4:-3}
 PY=${PYTHON:-.venv/bin/python}  # python3 on a GPU machine with the bundle
 S="$PY -m spectool.cli"
-METHOD=$($PY -c "from spectool.draft.families import folder_family; print(folder_family('$DRAFT'))")
+METHOD=$($PY -c "from spectool.families import folder_family; print(folder_family('$DRAFT'))")
 for MODE in greedy probabilistic; do
   $S sweep-k --methods "$METHOD" --drafts "$DRAFT" --k "$K" --batch-sizes ${BATCHES:-1,8} --temperature 1 \
     --max-tokens 128 --min-seqs ${MIN_SEQS:-16} --lengths "$HARVEST" --draft-sampling $MODE --out "$OUT/$MODE"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from spectool import subproc
-from spectool.config import DEFAULT_DATA, DEFAULT_MODEL
+from spectool.constants import DEFAULT_DATA, DEFAULT_MODEL
 
 
 def main() -> None:

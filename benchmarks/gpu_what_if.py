@@ -64,7 +64,7 @@ def measure(sweep: Path, length: float) -> tuple[list[dict], list[dict], float, 
     k, the model's name)."""
     from spectool import subproc
     from spectool.commands import sweep_k
-    from spectool.config import SweepConfig
+    from spectool.config.sweep_k import SweepConfig
     from spectool.errors import SpectoolError
 
     saved = json.loads((sweep / "config.json").read_text())

@@ -240,6 +240,19 @@ NEW_MUTANTS = (
            'ctx.get_parameter_source(p) == __import__("click.core").core.ParameterSource.COMMANDLINE', SETTINGS,
            "flags given compared with click's ParameterSource, not typer's copy: no flag counts as given (a --config "
            "file or an init-draft --preset over the flags)"),
+    Mutant("ST7", "src/spectool/rl/config.py", "    enabled: bool = True\n",
+           "    enabled: bool = True\n    k: int | str = 4\n", SETTINGS,
+           "an entry point that restates a group's field with a default of its own (rl.yaml's speculation.k drifts "
+           "from the commands' --k)"),
+    Mutant("ST8", "src/spectool/integrations/trl/settings.py", "        Proposals.validate(self, keyword)\n", "", SETTINGS,
+           "SpectoolSpeculation takes the proposals group but not its rule (k=0 reaches the engine)"),
+    Mutant("ST9", "src/spectool/settings/groups.py", "            group.validate(settings, spell)",
+           "            group.validate(settings)", SETTINGS,
+           "a group's rule refused in the command line's spelling at every entry point (rl.yaml's engine.dtype named "
+           "--dtype)"),
+    Mutant("ST10", "src/spectool/settings/speculation.py", "        check(self.k != \"auto\" or self.sweep is not None",
+           "        check(True or self.sweep is not None", SETTINGS,
+           "k auto without a sweep taken (rollout and rl.yaml find no schedule once the engine is to start)"),
 )
 ALL = MUTANTS + NEW_MUTANTS
 

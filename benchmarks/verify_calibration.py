@@ -137,7 +137,7 @@ def report(a) -> None:
     import torch
 
     from spectool.commands.verify import arm_result, logprob_rule, verdict
-    from spectool.config import VerifyConfig
+    from spectool.config.verify import VerifyConfig
     from spectool.engine.arms import LOSSY_CONTROLS
     from spectool.engine.compat import is_cpu_build
     from spectool.stats.distributions import binomial_interval

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from spectool.draft.mtp import PREFIX
 from spectool.draft.mtp_folder import _shards, read_config
 from spectool.errors import SpectoolError
+from spectool.families import MTP_PREFIX
 
 
 def add_mtp_layers(source: str | Path, out: str | Path, layers: int = 1, seed: int = 0) -> Path:
@@ -40,7 +40,7 @@ def add_mtp_layers(source: str | Path, out: str | Path, layers: int = 1, seed: i
     g = torch.Generator().manual_seed(seed)
     last = f"model.layers.{N - 1}."
     for j in range(layers):
-        pre = f"{PREFIX}.{j}."
+        pre = f"{MTP_PREFIX}.{j}."
         for k, v in list(sd.items()):
             if k.startswith(last):
                 sd[pre + k[len(last):]] = v.clone()

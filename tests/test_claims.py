@@ -96,7 +96,7 @@ def test_sweep_ks_prompts_carry_the_system_prompt_and_the_template_kwargs(thinki
                                                                            monkeypatch):
     """The prompts sweep-k measures on (the ones its engines' context is derived from) are rendered with its flags."""
     from spectool.commands import sweep_k
-    from spectool.config import SweepConfig
+    from spectool.config.sweep_k import SweepConfig
 
     policy, _, tok = thinking_policy
     seen = []
@@ -117,7 +117,7 @@ def test_sweep_ks_prompts_carry_the_system_prompt_and_the_template_kwargs(thinki
 def test_verifys_prompts_carry_the_system_prompt_and_the_template_kwargs(thinking_policy, gym_jsonl, monkeypatch):
     """The prompts verify samples its arms on are rendered with its flags."""
     from spectool.commands import verify
-    from spectool.config import VerifyConfig
+    from spectool.config.verify import VerifyConfig
 
     policy, _, tok = thinking_policy
     seen = []
@@ -173,7 +173,7 @@ def test_exports_check_renders_with_its_flags_and_else_the_drafts_own(thinking_p
     """export's check prompts: --system-prompt and --chat-template-kwargs when given, else the draft's harvest's
     (its manifest's `rendering`), else none."""
     from spectool.commands.export import run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
 
     policy, draft, tok = thinking_policy
     own = _draft_with_rendering(draft, tmp_path / "own", {"system_prompt": SYSTEM, "chat_template_kwargs": NO_THINKING})
@@ -201,7 +201,7 @@ def test_exports_max_model_len_is_the_checks_context_or_refused_before_any_engin
     """--max-model-len on export: the check's engine runs at it; one shorter than the check needs is refused before
     any engine starts, and nothing is written."""
     from spectool.commands.export import run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
 
     policy, draft, _ = thinking_policy
     common = dict(draft=str(draft), model=str(policy), k=2, min_acceptance_length=1.0)

@@ -127,7 +127,7 @@ def test_export_refuses_non_draft(tmp_path):
      (["sweep-k", "--out", "S"], "--draft is required"),
      (["verify", "--draft", "D", "--samples", "5"], "--samples"),
      (["verify", "--draft", "D", "--temperature", "0"], "--temperature"),
-     (["rollout", "--k", "auto"], "--k auto needs --sweep"),
+     (["rollout", "--k", "auto"], "--sweep=None: must name a sweep-k or forecast run directory with --k auto"),
      (["rollout", "--k", "three"], "--k"),
      (["rollout", "--temperature", "0", "--samples", "4"], "must be 1 at --temperature 0"),
      (["rollout", "--draft-sampling", "nucleus"], "--draft-sampling"),

@@ -226,7 +226,8 @@ def test_every_command_reads_the_columns_it_is_given(gym_jsonl, tiny_policy, tmp
     columns it has, and with its columns named it gets as far as the context check (an 8-token context is short
     for every prompt here), before any engine starts or any run folder is claimed."""
     from spectool.commands import sweep_k, train_rl, train_rl_trl, verify
-    from spectool.config import SweepConfig, VerifyConfig
+    from spectool.config.sweep_k import SweepConfig
+    from spectool.config.verify import VerifyConfig
     from spectool.integrations.trl import task_data
 
     file = dict(model=str(tiny_policy), data=str(gym_jsonl), max_model_len=8)

@@ -104,7 +104,7 @@ def test_rollout_prints_its_plan_with_the_buffers_at_the_batch_the_engine_holds(
     import torch
 
     from spectool.commands import rollout
-    from spectool.config import RolloutConfig
+    from spectool.config.rollout import RolloutConfig
     from spectool.engine import batch as engine_batch
     from spectool.memory import drafter_logits, output_bin_counts
 

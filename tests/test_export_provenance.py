@@ -8,7 +8,7 @@ import json
 
 from spectool.commands.export import draft_data, draft_rendering
 from spectool.commands.export_card import training_data
-from spectool.config import ExportConfig
+from spectool.config.export import ExportConfig
 
 RENDERING = {"system_prompt": "Think step by step.", "chat_template_kwargs": {"enable_thinking": False}}
 

@@ -62,7 +62,7 @@ def fakes(monkeypatch):
 
 def test_a_verified_export_carries_its_card_and_is_uploaded_in_place(random_draft, tiny_policy, tmp_path, fakes):
     from spectool.commands.export import run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
 
     out = tmp_path / "share"
     cfg = ExportConfig(draft=str(random_draft), out=str(out), model=str(tiny_policy), k=2, min_acceptance_length=1.5,
@@ -92,7 +92,7 @@ def test_a_verified_export_carries_its_card_and_is_uploaded_in_place(random_draf
 def test_a_refused_export_is_not_uploaded_and_a_failed_upload_keeps_the_export(random_draft, tiny_policy, tmp_path,
                                                                               fakes):
     from spectool.commands.export import run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
 
     cfg = ExportConfig(draft=str(random_draft), out=str(tmp_path / "no"), model=str(tiny_policy), k=2,
                        min_acceptance_length=1.8, push_to_hub="someone/tiny-eagle3")
@@ -109,7 +109,7 @@ def test_a_refused_export_is_not_uploaded_and_a_failed_upload_keeps_the_export(r
 
 
 def test_push_settings_are_checked_before_anything_runs():
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
 
     with pytest.raises(SpectoolError, match="--push-to-hub.*verified export only"):
         ExportConfig(draft="d", out="o", verify=False, push_to_hub="a/b").validate()
@@ -126,7 +126,7 @@ def test_the_cards_command_line_gives_back_the_same_settings(monkeypatch):
     import spectool.commands.export as export
     from spectool.cli import app
     from spectool.commands.export_card import command_line
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
 
     cfg = ExportConfig(draft="d", out="o x", format="speculators", target="nemo-rl", k=3, verify=True,
                        min_acceptance_length=1.4, chat_template_kwargs={"enable_thinking": False},
@@ -162,7 +162,7 @@ def test_a_draft_harvested_from_other_columns_is_checked_on_them(random_draft, t
     import shutil
 
     from spectool.commands.export import run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
 
     draft, data, harvest = tmp_path / "draft", tmp_path / "qa.jsonl", tmp_path / "harvest"
     shutil.copytree(random_draft, draft)
@@ -189,7 +189,7 @@ def test_the_card_names_the_policys_hub_id(random_draft, tiny_policy, tmp_path, 
     import shutil
 
     from spectool.commands.export import run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
 
     hub = tmp_path / "hub" / "models--SomeOrg--Tiny-Policy" / "snapshots" / "0123abc"
     shutil.copytree(tiny_policy, hub)

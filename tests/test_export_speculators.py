@@ -19,7 +19,7 @@ def small_vocab_export(tiny_policy, tmp_path_factory, request):
     from transformers import AutoModelForCausalLM
 
     from spectool.commands.export import run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
     from spectool.draft.checkpoint import draft_metadata, new_draft, save_draft
     from spectool.hidden import default_aux_layer_ids
     from spectool.models import resolve_model
@@ -68,7 +68,7 @@ def test_the_verifier_is_named_with_its_architecture_and_dtype(tmp_path):
     from speculators.model import SpeculatorModel
 
     from spectool.commands.export import run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
 
     from conftest import make_policy, make_random_draft
 
@@ -109,7 +109,7 @@ def test_vllm_loads_the_speculators_export(tiny_policy, small_vocab_export, tmp_
     import huggingface_hub
 
     from spectool.commands.export import run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
 
     monkeypatch.setattr(huggingface_hub, "HfApi", RecordingHub)
     monkeypatch.setattr(RecordingHub, "calls", [])

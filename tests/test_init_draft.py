@@ -291,7 +291,7 @@ def test_two_layer_draft_trains_and_a_warm_start_keeps_its_depth(tiny_policy, fa
 
 
 def test_preset_fills_what_the_command_line_did_not_set():
-    from spectool.config import INIT_DRAFT_PRESETS, InitDraftConfig, apply_preset
+    from spectool.config.init_draft import INIT_DRAFT_PRESETS, InitDraftConfig, apply_preset
 
     cfg = InitDraftConfig(out="o", preset="quality", epochs=7)
     got = apply_preset(cfg, {"epochs", "out", "preset"})

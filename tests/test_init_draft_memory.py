@@ -230,8 +230,9 @@ def test_init_draft_refuses_before_harvesting(tmp_path, monkeypatch, capsys, siz
     data source's longest prompt + --max-tokens."""
     from spectool.commands import init_draft
     from spectool.commands import init_draft_inputs as draft_inputs
-    from spectool.config import InitDraftConfig, SamplingConfig
+    from spectool.config.init_draft import InitDraftConfig
     from spectool.errors import SpectoolError
+    from spectool.settings.sampling import SamplingConfig
 
     policy = _weightless_policy(tmp_path / size, size)
     _stand_in_gpu(monkeypatch, gpu)
@@ -337,7 +338,7 @@ def test_a_bfloat16_autocast_step_keeps_float32_weights_and_adamw_within_toleran
     from accelerate import Accelerator
 
     from spectool.commands.init_draft import train_step
-    from spectool.config import InitDraftConfig
+    from spectool.config.init_draft import InitDraftConfig
     from spectool.draft.training import DraftTrainer
 
     runs = {}
@@ -377,7 +378,8 @@ def test_each_rank_plans_its_share_of_a_batch(tmp_path, monkeypatch, capsys):
     """Under a launcher of 8 processes (WORLD_SIZE), --batch-size 32 is 4 records a rank: the plan's step is 4
     records packed (4 x the longest record), not 32 (which --max-batch-tokens would cap at 8,192)."""
     from spectool.commands import init_draft
-    from spectool.config import InitDraftConfig, SamplingConfig
+    from spectool.config.init_draft import InitDraftConfig
+    from spectool.settings.sampling import SamplingConfig
 
     policy = _weightless_policy(tmp_path / "8b", "8b")
     _stand_in_gpu(monkeypatch, 80)

@@ -70,7 +70,7 @@ def test_no_import_circle_and_no_arrow_up_to_the_recipes():
     into_rl = sorted((m, t) for m, ts in edges.items() for t in ts
                      if t.startswith("spectool.rl") and not m.startswith((*RECIPES, "spectool.rl")))
     assert into_rl == []
-    assert edges["spectool.runs"] <= {"spectool.errors"}
+    assert edges["spectool.runs"] <= {"spectool.errors", "spectool.version"}
 
 
 def test_the_check_sees_a_circle():
@@ -126,8 +126,8 @@ def test_the_link_check_sees_a_broken_anchor(tmp_path):
     assert "draft-quality" not in _anchors(tmp_path / "a.md")
 
 
-# the commands' settings (config.py); the harvest stage's, HarvestConfig, lives with the stage (harvesting.py), which
-# init-draft runs too; SamplingConfig is how a policy samples, a value every generating stage takes
+# the commands' settings (config/, a module each); the harvest stage's, HarvestConfig, lives with the stage
+# (harvesting.py), which init-draft runs too; the settings groups they are made of are settings/
 COMMAND_SETTINGS = {"InitDraftConfig", "ExportConfig", "RolloutConfig", "SweepConfig", "VerifyConfig", "ForecastConfig"}
 
 
@@ -141,11 +141,28 @@ def test_no_library_module_imports_a_commands_settings():
     offenders = []
     for f in ROOT.rglob("*.py"):
         rel = f.relative_to(ROOT)
-        if rel.parts[0] == "commands" or rel.name in ("cli.py", "config.py"):
+        if rel.parts[0] in ("commands", "config") or rel.name == "cli.py":
             continue
-        offenders += [f"{rel}: {name}" for mod, name in _imported_names(f) if mod == "spectool.config"
+        offenders += [f"{rel}: {name}" for mod, name in _imported_names(f) if mod.startswith("spectool.config")
                       and name in COMMAND_SETTINGS]
     assert not offenders, offenders
+
+
+def test_the_settings_are_short_torch_free_modules_on_the_ground_floors():
+    """Every settings module (the groups, settings/; each command's, config/; rl.yaml's, rl/config.py) is under 300
+    lines and imports no torch, vLLM or transformers, and the groups import nothing but the ground floor (constants,
+    errors, prompts, trackers) and each other: the library reads them, never the other way up."""
+    ground = ("spectool.constants", "spectool.errors", "spectool.prompts", "spectool.trackers", "spectool.settings")
+    files = [*(ROOT / "settings").glob("*.py"), *(ROOT / "config").glob("*.py"), ROOT / "rl" / "config.py"]
+    assert len(files) >= 12
+    for f in files:
+        lines = len(f.read_text().splitlines())
+        assert lines <= 300, f"{f.relative_to(ROOT)}: {lines} lines"
+        modules = {node.module or "" for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, ast.ImportFrom)}
+        modules |= {a.name for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, ast.Import) for a in node.names}
+        assert not {m for m in modules if m.split(".")[0] in ("torch", "vllm", "transformers")}, f
+        if f.parent.name == "settings":
+            assert {m for m in modules if m.startswith("spectool")} <= {m for m in modules if m.startswith(ground)}, f
 
 
 def test_tests_import_no_private_name_from_the_commands():

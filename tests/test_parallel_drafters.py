@@ -65,7 +65,7 @@ def test_parallel_lifecycle_through_the_cli(family, tiny_policy, harvest_hs, tmp
     draft = tmp_path / "draft"
     spectool("init-draft", "--model", str(tiny_policy), "--data", str(harvest_run), "--out", str(draft),
              "--method", family, "--draft-vocab-size", "256", "--ttt-steps", "3", "--epochs", "1", "--batch-size", "8")
-    from spectool.draft.families import FAMILIES, folder_family
+    from spectool.families import FAMILIES, folder_family
 
     assert folder_family(draft) == family
     assert json.loads((draft / "manifest.json").read_text())["family"] == family

@@ -73,7 +73,7 @@ def test_speculators_reads_every_row_in_the_layer_convention_it_trains_on(policy
 
 @pytest.mark.e2e  # the speculators trainer in its own process
 def test_speculators_trainer_runs_on_a_cpu_and_spectool_serves_its_family(policy8, peer_data, tmp_path):
-    from spectool.draft.families import folder_family
+    from spectool.families import folder_family
 
     data, _ = peer_data
     save = tmp_path / "eagle3"

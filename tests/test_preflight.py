@@ -1,5 +1,5 @@
-"""Pre-flight draft checks (draft/preflight.py), each with a crafted bad folder: what vLLM would load
-without a word and then serve with collapsed acceptance. The refusal names the field and the fix."""
+"""Pre-flight draft checks (draft/preflight.py; the position range: positions.py), each with a crafted bad folder:
+what vLLM would load without a word and then serve with collapsed acceptance. The refusal names the field and the fix."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_the_wrong_method_is_refused(reduced_draft, tiny_policy, tmp_path):
 
 
 def test_position_range_reads_rope_scaling():
-    from spectool.draft.preflight import check_positions, position_range
+    from spectool.positions import check_positions, position_range
 
     assert position_range({"max_position_embeddings": 2048}) == 2048
     yarn = {"max_position_embeddings": 32768, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
@@ -113,7 +113,7 @@ def test_position_range_reads_rope_scaling():
 def test_an_mtp_drafter_does_not_inherit_a_rope_override(tmp_path):
     """vLLM #58080: rope scaling given to the policy as an override does not reach its MTP drafter, so the
     drafter's range is the checkpoint's own; in config.json it is read by both."""
-    from spectool.draft.preflight import draft_position_range
+    from spectool.positions import draft_position_range
 
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     assert draft_position_range(None, str(tmp_path), "mtp", {"rope_scaling": {"rope_type": "yarn", "factor": 4}}) == 4096
@@ -172,7 +172,7 @@ def test_trls_length_check_measures_every_prompt_of_the_dataset(tiny_policy):
     from transformers import AutoTokenizer
 
     from spectool.integrations.trl.preflight import _longest_prompt, check_lengths
-    from spectool.integrations.trl.speculation import SpeculationSettings
+    from spectool.integrations.trl.settings import SpeculationSettings
 
     short = [{"role": "user", "content": "What is 1 + 2?"}]
     long = [{"role": "user", "content": " ".join(f"word{i}" for i in range(150))}]
@@ -255,7 +255,11 @@ def test_a_reduced_vocabulary_without_its_map_is_refused_by_every_reader_of_a_dr
 
 def _command_runs(tmp_path, tiny_policy, draft, gym):
     from spectool.commands import export, init_draft, rollout, sweep_k, train_rl, train_rl_trl, verify
-    from spectool.config import ExportConfig, InitDraftConfig, RolloutConfig, SweepConfig, VerifyConfig
+    from spectool.config.export import ExportConfig
+    from spectool.config.init_draft import InitDraftConfig
+    from spectool.config.rollout import RolloutConfig
+    from spectool.config.sweep_k import SweepConfig
+    from spectool.config.verify import VerifyConfig
     from spectool.rl.config import RLConfig, SpeculationSection
 
     m, d, out = str(tiny_policy), str(draft), str(tmp_path / "out")
@@ -290,7 +294,7 @@ def test_init_draft_refuses_a_warm_start_that_does_not_fit_the_policy_before_the
     --init-from as the later load with the policy would refuse it (check_fits), but before --out is claimed or
     anything is harvested."""
     from spectool.commands import init_draft
-    from spectool.config import InitDraftConfig
+    from spectool.config.init_draft import InitDraftConfig
 
     folder = tmp_path / "warm"
     shutil.copytree(reduced_draft, folder, ignore=shutil.ignore_patterns("draft.json"))

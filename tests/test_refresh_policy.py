@@ -121,7 +121,7 @@ def test_the_refresh_statistics():
 
 
 def test_a_checkpoints_older_books_are_dropped_and_the_rule_is_as_configured_now():
-    from spectool.draft.refresh_policy import RefreshSettings
+    from spectool.settings.refresh import RefreshSettings
 
     old = {"mode": "online", "every": 2, "after": 1.3, "lost_s": 2.0, "before": 1.2, "saved_s": 1.0, "cost_s": 9.0,
            "since": 3}
@@ -293,8 +293,8 @@ def test_trl_auto_measures_both_drafts_every_step_and_books_it():
     goes to the cadence with its seconds; other modes measure nothing here (the refresher stood in)."""
     from types import SimpleNamespace
 
-    from spectool.draft.refresh_policy import RefreshSettings
     from spectool.integrations.trl.attach import _Attached
+    from spectool.settings.refresh import RefreshSettings
 
     calls = []
     refresher = SimpleNamespace(gain=[[0.5, 0.4], [0.3, 0.3]])

@@ -47,9 +47,9 @@ def test_train_rl_trl_refuses_a_memory_plan_before_claiming_its_folder(tmp_path,
                                                                        gpu_plan_refused, monkeypatch):
     pytest.importorskip("trl")
     from spectool.commands import train_rl_trl
-    from spectool.integrations.trl import settings
+    from spectool.integrations.trl import trainer
 
-    monkeypatch.setattr(settings, "check_memory", gpu_plan_refused)
+    monkeypatch.setattr(trainer, "check_memory", gpu_plan_refused)
     with pytest.raises(SpectoolError, match="memory plan cannot fit"):
         train_rl_trl.run(_rl_config(tmp_path / "trl", tiny_policy, gym_jsonl, backend="trl"))
     assert not (tmp_path / "trl").exists()

@@ -57,7 +57,7 @@ def test_claim_is_the_one_rule_for_an_out_folder(tmp_path):
     """New folders are claimed; a folder of the same kind resumes only with the same settings (the
     differing keys named, dotted); another kind of run or foreign files are refused and left as
     they are; a crashed run (its settings written, no manifest yet) resumes."""
-    from spectool.config import RolloutConfig
+    from spectool.config.rollout import RolloutConfig
     from spectool.errors import SpectoolError
     from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 
@@ -86,7 +86,7 @@ def test_export_never_replaces_a_folder_that_is_not_an_export(tmp_path, random_d
     """export builds its folder beside --out and swaps it in whole: a folder of the user's own files
     there must be refused, not replaced."""
     from spectool.commands.export import run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
     from spectool.errors import SpectoolError
 
     mine = tmp_path / "project"

@@ -1,5 +1,6 @@
-"""One source of truth for settings: every CLI option's default and help come from the command's
-settings dataclass (config.py), and every field a user may set has an option."""
+"""One source of truth for settings: every CLI option's default and help come from the command's settings dataclass
+(config/), made of the settings groups (settings/) that rl.yaml and SpectoolSpeculation take too; every field a user
+may set has an option."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 import typer
 
 from spectool.cli import CLI, app, field_default, field_docs
-from spectool.config import ExportConfig, InitDraftConfig, RolloutConfig, SweepConfig, VerifyConfig
+from spectool.config.init_draft import InitDraftConfig
+from spectool.config.rollout import RolloutConfig
+from spectool.config.sweep_k import SweepConfig
 
 SAMPLING = {"n_prompts", "samples", "max_tokens", "temperature", "top_p", "seed"}
 
@@ -75,21 +78,104 @@ def test_flags_parse_into_the_settings():
                                                                                                     "step_decay")
 
 
-def test_defaults_that_must_agree_do():
-    """Settings of different owners that describe one thing agree (no literal restated here: a
-    change to one owner's default that breaks the agreement fails)."""
-    from spectool.draft.refresh_policy import RefreshSettings
-    from spectool.engine.engine import EngineConfig
-    from spectool.integrations.trl import SpectoolSpeculation
-    from spectool.rl.config import RLConfig, SpeculationSection
+# Each entry point and the settings groups (settings/) it is made of. A group's field is the entry point's own: the same
+# default and docstring wherever it shows (a flag, an rl.yaml key, a keyword), except where the entry point restates it
+# (RESTATED: its own default or words, for a reason of its own). A group dropped, taken, or restated anew fails here.
+ENTRY_POINTS = {
+    "harvest": {"PolicyData", "Rendering", "Split", "EngineSettings", "EngineShare"},
+    "init-draft": {"PolicyData", "Rendering", "EngineSettings", "EngineShare", "DraftTraining", "Features", "Tracking"},
+    "sweep-k": {"PolicyData", "Rendering", "Split", "EngineSettings", "EngineShare"},
+    "rollout": {"PolicyData", "Rendering", "Split", "Proposals", "Drafter", "Speculation", "EngineSettings", "EngineShare"},
+    "export": {"Rendering", "EngineSettings", "EngineShare"},
+    "verify": {"PolicyData", "Rendering", "Split", "Proposals", "Drafter", "EngineSettings", "EngineShare"},
+    "forecast": set(),
+    "rl.yaml": {"PolicyData", "Tracking"},
+    "rl.yaml rollout": {"Rendering"},
+    "rl.yaml speculation": {"Proposals", "Drafter", "Speculation"},
+    "rl.yaml engine": {"EngineSettings", "EngineShare"},
+    "SpectoolSpeculation": {"Proposals", "EngineSettings"},
+    "EngineConfig": {"Proposals", "EngineSettings"},
+}
+RESTATED = {
+    "harvest": {"split"},  # harvests the train split
+    "init-draft": {"data", "dtype", "system_prompt"},  # a harvest run too; the features' precision; a harvest's own
+    "sweep-k": {"model"},  # a config.json folder with --dummy-weights
+    "export": {"system_prompt", "chat_template_kwargs"},  # default: the draft's harvest's
+    "verify": {"dtype"},  # float32: the proof's precision
+    "rl.yaml engine": {"gpu_memory_utilization"},  # 0.5: the colocated trainer's share left to it
+    "EngineConfig": {"enforce_eager"},  # the engine's default: $SPECTOOL_ENFORCE_EAGER
+}
 
-    ks = {field_default(c, "k") for c in (RolloutConfig, VerifyConfig, ExportConfig)} | {SpeculationSection().k}
-    ks |= {EngineConfig(model_path="m").k, SpectoolSpeculation(None).k}
-    assert len(ks) == 1, ks  # one default k wherever a draft is run
-    assert RLConfig().draft_refresh == RefreshSettings()  # rl.yaml's section is the refresher's settings, defaults and all
-    assert RefreshSettings().loss == field_default(InitDraftConfig, "loss")  # online refresh = init-draft's loss
-    assert max(field_default(SweepConfig, "ks")) <= field_default(InitDraftConfig, "ttt_steps")  # swept ks are trained
-    assert RefreshSettings().ttt_steps == 0  # the draft's own trained positions, which check_draft holds >= k
+
+def _entry_points() -> dict[str, tuple[type, object]]:
+    """name -> (its settings class, {field: (default, docstring)} as a user sees it: the flags, rl.yaml's keys (train-rl
+    --help), a Python call's keywords)."""
+    from spectool.cli import _flag, _leaves, rl_keys
+    from spectool.engine.engine import EngineConfig
+    from spectool.integrations.trl.settings import SpeculationSettings
+    from spectool.rl import config as rl
+
+    out = {}
+    for name, spec in CLI.items():
+        shown = {path: (default, spec.help.get(path, doc)) for path, _, default, doc in _leaves(spec) if "." not in path}
+        assert all(_flag(spec, p) == "--" + p.replace("_", "-") for p in shown if p not in spec.renamed)
+        out[name] = (spec.cls, shown)
+    keys = {key: (default, doc) for key, default, doc in rl_keys()}
+    for name, cls, prefix in (("rl.yaml", rl.RLConfig, ""), ("rl.yaml rollout", rl.RolloutSection, "rollout."),
+                              ("rl.yaml speculation", rl.SpeculationSection, "speculation."),
+                              ("rl.yaml engine", rl.EngineSection, "engine.")):
+        out[name] = (cls, {k[len(prefix):]: v for k, v in keys.items() if k.startswith(prefix) and "." not in k[len(prefix):]})
+    for cls in (SpeculationSettings, EngineConfig):
+        docs = field_docs(cls)
+        out[cls.__name__ if cls is EngineConfig else "SpectoolSpeculation"] = (
+            cls, {f: (getattr(cls(None) if cls is SpeculationSettings else cls("m"), f), docs.get(f)) for f in docs})
+    return out
+
+
+def test_every_entry_point_reads_back_against_the_groups():
+    """Every entry point takes the groups the table says, and shows each of their fields with the group's default and
+    docstring, unless it restates the field (RESTATED); so a default or a docstring is one field in one file."""
+    from dataclasses import MISSING, fields
+
+    from spectool.settings.groups import GROUPS
+
+    entry_points = _entry_points()
+    assert set(entry_points) == set(ENTRY_POINTS)
+    for name, (cls, shown) in entry_points.items():
+        groups = [g for g in GROUPS if issubclass(cls, g)]
+        assert {g.__name__ for g in groups} == ENTRY_POINTS[name], name
+        own = set(vars(cls).get("__annotations__", {}))
+        group_fields = {f.name: (g, f) for g in groups for f in fields(g)}
+        assert own & set(group_fields) == RESTATED.get(name, set()), name
+        spec = CLI.get(name)
+        for field_name, (group, f) in group_fields.items():
+            if field_name in own or (spec and field_name in spec.hidden):  # restated, or left off the command line
+                continue
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            if field_name in shown or name not in ("SpectoolSpeculation", "EngineConfig"):
+                assert field_name in shown, (name, field_name)
+                got_default, got_doc = shown[field_name]
+                if isinstance(got_default, list):
+                    default = list(default)
+                assert got_default == default, (name, field_name, got_default, default)
+                if not (spec and field_name in spec.help):  # the command line's own words
+                    assert " ".join(str(got_doc).split()) == field_docs(group)[field_name], (name, field_name)
+
+
+def test_no_group_restates_another_and_every_field_is_documented_once():
+    """The groups are disjoint (a field belongs to one group, or one extends another) and every field has a docstring;
+    the refresh and sampling settings, taken whole, too."""
+    from dataclasses import fields
+
+    from spectool.settings.groups import GROUPS, WHOLE
+
+    owner: dict[str, type] = {}
+    for group in GROUPS:
+        for f in fields(group):
+            first = owner.setdefault(f.name, group)
+            assert first is group or issubclass(group, first) or issubclass(first, group), (f.name, first, group)
+    for group in (*GROUPS, *WHOLE):
+        assert set(field_docs(group)) == {f.name for f in fields(group)}, group
 
 
 def test_weights_are_sent_in_layer_aligned_chunks_each_tensor_once():
@@ -173,9 +259,9 @@ def test_a_new_engine_setting_is_one_field_in_one_file_and_reaches_every_entry_p
     code = f"""
 import json, typer
 from spectool.cli import app
-from spectool.config import RolloutConfig
+from spectool.config.rollout import RolloutConfig
 from spectool.engine.engine import EngineConfig
-from spectool.integrations.trl.speculation import SpeculationSettings
+from spectool.integrations.trl.settings import SpeculationSettings
 from spectool.rl.config import load_config, to_yaml
 from spectool.settings.engine import engine_kwargs
 commands = typer.main.get_command(app).commands
@@ -254,7 +340,7 @@ def test_every_engine_setting_reaches_the_engine_from_every_entry_point(monkeypa
     enforce_eager left false leaves the engine's default, $SPECTOOL_ENFORCE_EAGER, as before the groups); the context
     alone is left for the command to resolve first."""
     from spectool.engine.engine import EngineConfig
-    from spectool.integrations.trl.speculation import SpeculationSettings
+    from spectool.integrations.trl.settings import SpeculationSettings
     from spectool.rl.config import load_config
     from spectool.settings.engine import engine_kwargs
 
@@ -286,3 +372,28 @@ def test_rl_yaml_keeps_its_old_spelling_of_a_derived_context():
         load_config(None, ["speculation.draft=x", "engine.max_model_len=-1"])
     with pytest.raises(SpectoolError, match=re.escape("--max-model-len=-1: must be >= 1 (or unset: what the run")):
         RolloutConfig(max_model_len=-1).validate()
+
+
+@pytest.mark.parametrize("field,value", [("k", 0), ("draft_sampling", "sometimes"), ("dtype", "float64"),
+                                         ("enforce_eager", "maybe")])
+def test_one_rule_one_wording_at_every_entry_point(field, value):
+    """A group's rule refuses the same value in the same words at every entry point that takes the group, only the
+    field's spelling differs: a flag (rollout, verify), an rl.yaml key, a SpectoolSpeculation keyword."""
+    from spectool.config.verify import VerifyConfig
+    from spectool.errors import SpectoolError
+    from spectool.integrations.trl.settings import SpeculationSettings
+    from spectool.rl.config import load_config
+
+    section = "engine" if field in ("dtype", "enforce_eager") else "speculation"
+    attempts = {"--" + field.replace("_", "-"): lambda: RolloutConfig(draft="d", **{field: value}).validate(),
+                f"{section}.{field}": lambda: load_config(None, ["speculation.draft=x", f"{section}.{field}={value}"]),
+                field: lambda: SpeculationSettings(None, **{field: value}).validate()}
+    attempts["--" + field.replace("_", "-") + " "] = lambda: VerifyConfig(draft="d", **{field: value}).validate()
+    words = set()
+    for spelling, attempt in attempts.items():
+        with pytest.raises(SpectoolError) as e:
+            attempt()
+        message = str(e.value)
+        assert message.startswith(f"{spelling.strip()}={value!r}: "), message
+        words.add(message.split(": ", 1)[1].replace(" or 'auto'", ""))  # k: 'auto' too where a sweep may set it
+    assert len(words) == 1, words

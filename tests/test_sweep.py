@@ -6,7 +6,7 @@ import pytest
 
 from spectool.cli import parse_int_list
 from spectool.commands.sweep_k import recommend, sweep_speedups
-from spectool.config import SweepConfig
+from spectool.config.sweep_k import SweepConfig
 from spectool.costmodel import ceiling, k_schedule
 from spectool.errors import SpectoolError
 from spectool.stats.sweep import block_speedups, paired_log_rates

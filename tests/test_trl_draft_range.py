@@ -20,7 +20,7 @@ def _folder(path, config: dict) -> str:
 
 def test_trls_sequences_past_the_drafts_positions_are_refused(tmp_path):
     from spectool.integrations.trl.preflight import check_lengths
-    from spectool.integrations.trl.speculation import SpeculationSettings
+    from spectool.integrations.trl.settings import SpeculationSettings
 
     model = _folder(tmp_path / "policy", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                                           "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,

@@ -18,7 +18,7 @@ def built(tmp_path, monkeypatch):
     """build(cpu, **TRL's LLM kwargs) -> the kwargs TRL's `LLM` receives through spectool's wrapper, for a model folder
     whose config.json serves 16,384 positions."""
     from spectool.integrations.trl import attach, internals
-    from spectool.integrations.trl.speculation import SpeculationSettings
+    from spectool.integrations.trl.settings import SpeculationSettings
 
     model = tmp_path / "policy"
     model.mkdir()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from spectool.commands.verify import ArmResult, arm_result, describe_logprob_rule, logprob_rule, verdict
-from spectool.config import VerifyConfig
+from spectool.config.verify import VerifyConfig
 from spectool.simulated import markov_policy, policy_terms, sample_policy
 
 GPU = logprob_rule(VerifyConfig(), cpu_build=False)  # float32 on a GPU build

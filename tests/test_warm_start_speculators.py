@@ -102,7 +102,7 @@ def test_a_speculators_draft_trains_and_exports_with_its_residual(tiny_policy, s
                                                                    tmp_path):
     from spectool.commands.export import run as export
     from spectool.commands.init_draft import InitDraftConfig, run
-    from spectool.config import ExportConfig
+    from spectool.config.export import ExportConfig
     from spectool.draft.checkpoint import load_draft
 
     _, folder, nbr = speculators_draft

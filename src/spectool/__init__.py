@@ -4,7 +4,7 @@ Public library names: `spectool.DraftRefresher` (online draft training inside an
 pushed into a running vLLM engine and checked there) and `spectool.RefreshSettings`.
 """
 
-__version__ = "0.1.0"
+from spectool.version import __version__ as __version__  # the ground floor's (runs.py records it)
 
 __all__ = ["DraftRefresher", "RefreshSettings", "DraftNotLive", "WORKER_EXTENSION"]
 

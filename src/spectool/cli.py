@@ -1,6 +1,6 @@
 """spectool's command line: parse flags, build a config, call the command's `run`, render.
 
-Every command's options are generated from its settings dataclass in config.py (`settings_command`):
+Every command's options are generated from its settings dataclass in config/ (`settings_command`):
 a field is a flag with the field's default, its attribute docstring as help and its type, so a
 setting is written once, where its owner lives. `CLI` says only what the command line spells
 differently (a renamed flag, a field left off, a required one). Heavy libraries (torch, vllm,
@@ -24,17 +24,16 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from spectool.config import (
-    ExportConfig,
-    ForecastConfig,
-    InitDraftConfig,
-    RolloutConfig,
-    SamplingConfig,
-    SweepConfig,
-    VerifyConfig,
-)
+from spectool.config.export import ExportConfig
+from spectool.config.forecast import ForecastConfig
+from spectool.config.init_draft import InitDraftConfig
+from spectool.config.rollout import RolloutConfig
+from spectool.config.sweep_k import SweepConfig
+from spectool.config.verify import VerifyConfig
 from spectool.errors import SpectoolError, check
 from spectool.harvesting import HarvestConfig
+from spectool.settings.sampling import SamplingConfig
+from spectool.settings.spelling import TYPE_WORDS
 
 app = typer.Typer(
     help="Speculative-decoding drafts for RL post-training: harvest, train, sweep, roll out, export, forecast.",
@@ -108,7 +107,7 @@ class CliSpec:
 
 
 def _presets_help() -> str:
-    from spectool.config import INIT_DRAFT_PRESETS  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.config.init_draft import INIT_DRAFT_PRESETS  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     sets = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in vals.items())
                      for name, vals in INIT_DRAFT_PRESETS.items())
@@ -220,7 +219,7 @@ def _file_value(tp, value: Any, key: str) -> Any:
         with contextlib.suppress(ValueError):
             value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a text
     check(isinstance(value, want) and (want is bool or not isinstance(value, bool)), key, value,
-          f"must be {dict(bool='true or false', int='an integer', float='a number', str='a text')[want.__name__]}")
+          f"must be {TYPE_WORDS[want]}")
     return value
 
 
@@ -338,7 +337,7 @@ def init_draft(cfg: InitDraftConfig, given: set[str]) -> None:
     """Build and train a draft for the policy on in-domain data: EAGLE-3 (default), P-EAGLE or DFlash (--method),
     or fine-tune the model's own MTP layers (--method mtp). Refused first if the installed vLLM cannot serve it."""
     from spectool.commands.init_draft import render, run  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-    from spectool.config import apply_preset  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
+    from spectool.config.init_draft import apply_preset  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
 
     render(run(apply_preset(cfg, given)))
 

@@ -4,13 +4,13 @@ Torch-free, like the settings, so `spectool --help` stays fast."""
 
 from __future__ import annotations
 
-from spectool.draft.families import FAMILIES
 from spectool.errors import check
+from spectool.families import FAMILIES
 
 DEFAULT_MODEL = "smollm2-135m"
 # Two-term one-digit sums: SmolLM2-135M scores ~0.4 here, a real RL signal (measured).
 DEFAULT_DATA = "gym:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
-# The drafter families (draft/families.py): a draft folder (eagle3, peagle, dflash, dspark) or the
+# The drafter families (families.py): a draft folder (eagle3, peagle, dflash, dspark) or the
 # model's own MTP layers (mtp). What rollout, verify and train-rl draft with; init-draft trains all
 # but dspark; dspark is served by GPU builds of vLLM only.
 DRAFTERS = tuple(FAMILIES)

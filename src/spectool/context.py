@@ -5,7 +5,7 @@ The default is what the run needs: the longest rendered prompt + the max new tok
 check feeds a completion cut at the cap back, and vLLM refuses a prompt of exactly the context), or a drafter's k
 positions past the last token where they still fit. It is refused, naming the numbers and the settings to change, when
 it passes the model's own limit (what vLLM 0.32 derives from config.json: `model_limit`) or, with a draft, the draft's
-position range (draft/preflight.py). A context the user gives is refused when it is shorter than the run needs, the
+position range (positions.py). A context the user gives is refused when it is shorter than the run needs, the
 spare position included: vLLM 0.32 would end every longer completion at the context (finish_reason "length" before
 max_tokens, v1/core/sched/utils.py check_stop) without a word, and the records would hold cut completions.
 """
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spectool.errors import SpectoolError
+from spectool.positions import check_run_length
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,8 @@ def resolve_max_model_len(model_path: str, longest_prompt: int, max_tokens: int,
     """The engine's max_model_len for a run whose longest rendered prompt has `longest_prompt` tokens and which
     generates up to `max_tokens` (`extra`: positions a drafter proposes past the last token, added where they fit;
     `user`: the context given, None or 0 to derive it; `draft_path`/`method`: the drafter whose position range the
-    run must fit, draft/preflight.py). Refuses, naming the numbers and `names`' settings, a run past the model's limit
+    run must fit, positions.py). Refuses, naming the numbers and `names`' settings, a run past the model's limit
     or the draft's range, and a given context shorter than the run needs or longer than the model serves."""
-    from spectool.draft.preflight import check_run_length  # noqa: PLC0415 (torch: loaded only on this path)
-
     need = longest_prompt + max_tokens
     # the context holds one position past the run's longest sequence (SPARE): a logprob check (train-rl's
     # rl/policy.py, TRL's integrations/trl/attach.py) feeds prompt + a completion cut at the cap back with

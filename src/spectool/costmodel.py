@@ -6,7 +6,7 @@ Step time of a decode step over B live sequences, k drafted positions, mean cont
                    \\-- target: tokens verified, context --/   \\-- speculating at all --/   \\-- draft passes, tokens --/
 
 n(k), the draft forwards per verify step, is k for a chain (EAGLE-3, MTP) and 1 for a parallel
-drafter (P-EAGLE, DFlash: draft/families.py), whose one forward grows only with the k tokens it
+drafter (P-EAGLE, DFlash: families.py), whose one forward grows only with the k tokens it
 proposes; its a3 is then indistinguishable from a5 and folded into it.
 
 (k = 0 is plain decoding). The [k > 0] terms are what any speculative step pays whatever k: the

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from spectool.draft.families import family as drafter_family
 from spectool.errors import SpectoolError
+from spectool.families import family as drafter_family
 
 TARGETS = ("vllm", "nemo-rl", "verl", "skyrl", "trl-serve")
 

@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from spectool.config import SamplingConfig
 from spectool.data import Task, TaskSource
 from spectool.engine.engine import Sampling
 from spectool.prompts import encode_tasks
+from spectool.settings.sampling import SamplingConfig
 
 
 def rollout_tasks(engine, tokenizer, source: TaskSource, tasks: list[Task], s: SamplingConfig, settings: Any = None,

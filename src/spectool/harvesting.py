@@ -21,11 +21,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from spectool.config import SamplingConfig
-from spectool.constants import DEFAULT_DATA, DEFAULT_MODEL
 from spectool.errors import check
-from spectool.prompts import check_conversations, check_rendering, rendering
-from spectool.settings.engine import EngineSettings, EngineShare, engine_kwargs, validate_engine
+from spectool.prompts import check_conversations, rendering
+from spectool.settings.data import PolicyData, Rendering, Split
+from spectool.settings.engine import EngineSettings, EngineShare, engine_kwargs
+from spectool.settings.groups import validate_groups
+from spectool.settings.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +41,9 @@ def chunk_prompts(samples: int, cpu_build: bool) -> int:
 
 
 @dataclass
-class HarvestConfig(EngineSettings, EngineShare):
+class HarvestConfig(PolicyData, Rendering, Split, EngineSettings, EngineShare):
     """The harvest stage's settings: `spectool harvest`'s flags, and what init-draft harvests with."""
 
-    model: str = DEFAULT_MODEL
-    """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
-    data: str = DEFAULT_DATA
-    """dapo | gym:<task>[:k=v,...] | hub:ORG/NAME[:split=S,config=C] (a hub dataset) | file.jsonl/.parquet | chat
-    (general prompts)."""
-    system_prompt: str | None = None
-    """A system turn put first in every prompt, as the RL run's prompts have it (refused with data whose prompts have
-    a system turn of their own)."""
-    chat_template_kwargs: dict | None = None
-    """Extra keyword arguments to the chat template, a JSON object (TRL's chat_template_kwargs), e.g.
-    '{"enable_thinking": false}' for Qwen3."""
     text_prompts: str | None = None
     """How a text prompt is rendered: chat-template (the default: one user turn, as train-rl gives it) | raw (its own
     tokens, as TRL's GRPOTrainer tokenizes a standard-format dataset's text prompts: a draft for such a TRL run).
@@ -64,10 +54,6 @@ class HarvestConfig(EngineSettings, EngineShare):
     """train | eval (deterministic, never overlapping)."""
     hidden_states: bool = False
     """Also store the policy's EAGLE-3 aux hidden states (what init-draft trains on)."""
-    prompt_col: str = "prompt"
-    """Prompt column of a file or hub source (a text, or a conversation: a list of messages)."""
-    answer_col: str = "answer"
-    """Answer column of a file or hub source (a hub source's may be a nested field: a.b)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """How the policy samples."""
     tensor_parallel_size: int = 1
@@ -77,7 +63,7 @@ class HarvestConfig(EngineSettings, EngineShare):
     (times --tensor-parallel-size)."""
 
     def validate(self) -> None:
-        validate_engine(self)
+        validate_groups(self)
         check(self.tensor_parallel_size >= 1, "--tensor-parallel-size", self.tensor_parallel_size, "must be >= 1")
         procs, launched = self.data_parallel_size * self.tensor_parallel_size, int(os.environ.get("WORLD_SIZE", "1"))
         # vLLM's offline engine runs data parallelism only as one process per replica (vllm.LLM refuses it in one)
@@ -87,8 +73,6 @@ class HarvestConfig(EngineSettings, EngineShare):
               f"--data-parallel-size {self.data_parallel_size}` (this launch has {launched})")
         check(self.data_parallel_size >= 1, "--data-parallel-size", self.data_parallel_size, "must be >= 1")
         check(bool(self.out), "--out", self.out, "must name the run directory")
-        check(self.split in ("train", "eval"), "--split", self.split, "must be 'train' or 'eval'")
-        check_rendering(self)
         self.sampling.validate()
 
 

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spectool.draft.mtp import PREFIX
 from spectool.errors import SpectoolError
+from spectool.families import MTP_PREFIX
 from spectool.hidden import MAX_BATCH_TOKENS, MIN_BATCH_TOKENS, forward_token_bytes
 
 GIB = 1024**3
@@ -128,7 +128,7 @@ def draft_bytes(draft_params: int, config, embedding_copy: bool = True) -> int:
 def draft_params(folder, mtp: bool) -> int:
     """Parameters a refreshed draft trains: an EAGLE-3 folder's tensors, or a model folder's MTP layers."""
 
-    return safetensors_params(folder, PREFIX + "." if mtp else "")
+    return safetensors_params(folder, MTP_PREFIX + "." if mtp else "")
 
 
 def safetensors_params(folder, prefix: str = "") -> int:

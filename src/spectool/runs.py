@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from spectool import __version__
 from spectool.errors import SpectoolError
+from spectool.version import __version__
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"

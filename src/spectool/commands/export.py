@@ -17,17 +17,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from spectool.commands.export_card import CARD, Check, command_line, model_card, push, training_data
-from spectool.config import ExportConfig
+from spectool.config.export import ExportConfig
 from spectool.context import LengthSettings, resolve_max_model_len
 from spectool.data import load_source
 from spectool.draft.checkpoint import DRAFT_JSON, WEIGHTS, check_tensors
 from spectool.draft.dflash import MASK_EMBEDDING
-from spectool.draft.families import FAMILIES, folder_family
 from spectool.draft.guard import check_speculation
 from spectool.draft.vocab import ids_from_d2t
 from spectool.engine.engine import Engine, EngineConfig, Sampling
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
+from spectool.families import FAMILIES, folder_family
 from spectool.frameworks import check_target, snippet
 from spectool.models import HUB_IDS, resolve_model
 from spectool.prompts import encode_tasks, rendering

@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from spectool.config import ExportConfig
+from spectool.config.export import ExportConfig
 from spectool.data.sources import MIX_SEPARATOR
 from spectool.errors import SpectoolError
 from spectool.runs import CONFIG, MANIFEST, read_json

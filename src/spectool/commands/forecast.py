@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spectool.config import ForecastConfig
+from spectool.config.forecast import ForecastConfig
 from spectool.costmodel import batch_rollout, fit, k_schedule, output_lengths, rl_step_speedup
-from spectool.draft.families import FAMILIES
 from spectool.errors import SpectoolError
+from spectool.families import FAMILIES
 from spectool.plots import pyplot, save
 from spectool.runs import MANIFEST, atomic_write_bytes, atomic_write_json, claim, load_manifest, make_manifest, read_json
 from spectool.schedule import write_schedule

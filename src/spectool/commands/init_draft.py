@@ -1,6 +1,6 @@
 """`spectool init-draft`: train a draft on the policy's own in-domain rollouts: EAGLE-3 (a chain),
 P-EAGLE or DFlash (`--method peagle | dflash`: parallel drafters, every block position trained at
-every anchor; draft/families.py), or (`--method mtp`) fine-tune the policy's own MTP layers on
+every anchor; families.py), or (`--method mtp`) fine-tune the policy's own MTP layers on
 them, trunk frozen (draft/mtp.py). Every family trains through the same unroll contract and loss.
 
 Workflow (`run`, phase by phase):
@@ -50,15 +50,15 @@ from spectool.commands.init_draft_inputs import (
     training_data,
     training_features,
 )
-from spectool.config import InitDraftConfig
+from spectool.config.init_draft import InitDraftConfig
 from spectool.draft.checkpoint import draft_metadata, save_draft
-from spectool.draft.families import FAMILIES
 from spectool.draft.guard import Flags, check_speculation
 from spectool.draft.mtp_folder import check_trainable, load_mtp, save_mtp_model
 from spectool.draft.training import DraftTrainer
 from spectool.draft.ttt import chain_length, heldout_metrics, micro_batches, ttt_step_loss
 from spectool.draft.vocab import build_vocab, ids_from_d2t
 from spectool.errors import SpectoolError
+from spectool.families import FAMILIES
 from spectool.features import GIB, Lazy, epoch_order, iter_column
 from spectool.hidden import default_aux_layer_ids
 from spectool.models import resolve_model
@@ -94,7 +94,7 @@ class InitDraftResult:
     feature_cache_bytes: int  # disk the policy features took (0: online, or a harvest's shards were reused)
     seconds: float
     main_process: bool = True  # False on the other ranks of `accelerate launch` (they print nothing)
-    family: str = "eagle3"  # the drafter family trained (draft/families.py)
+    family: str = "eagle3"  # the drafter family trained (families.py)
     features: str = "cache"  # where the policy's features came from (--features)
     peak_memory_gib: float = 0.0  # GPU: the largest step's peak allocated; CPU: the process's peak RSS
     longest_sequence: int = 0  # tokens of the longest training record: positions beyond were never trained

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from spectool.config import InitDraftConfig
+from spectool.config.init_draft import InitDraftConfig
 from spectool.data import load_source
-from spectool.draft.families import FAMILIES
 from spectool.errors import SpectoolError
+from spectool.families import FAMILIES
 from spectool.features import (
     GIB,
     Groups,

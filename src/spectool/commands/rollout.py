@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spectool import machine_load
-from spectool.config import RolloutConfig, SamplingConfig
+from spectool.config.rollout import RolloutConfig
 from spectool.context import describe_finish, finish_counts, resolve_max_model_len
 from spectool.data import load_source
-from spectool.draft.families import FAMILIES
 from spectool.draft.guard import check_speculation
 from spectool.engine.engine import Engine, EngineConfig
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
+from spectool.families import FAMILIES
 from spectool.generation import rollout_tasks
 from spectool.models import draft_model_path, resolve_model
 from spectool.prompts import check_conversations, encode_tasks, rendering
@@ -36,6 +36,7 @@ from spectool.records import write_shard
 from spectool.runs import MANIFEST, atomic_write_json, claim, make_manifest
 from spectool.schedule import read_schedule, schedule_method
 from spectool.settings.engine import engine_kwargs
+from spectool.settings.sampling import SamplingConfig
 from spectool.stats import AcceptanceStats
 from spectool.stats.sweep import block_speedups
 from spectool.ui import console

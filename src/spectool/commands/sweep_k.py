@@ -37,16 +37,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from spectool import machine_load, subproc
-from spectool.config import SweepConfig
+from spectool.config.sweep_k import SweepConfig
 from spectool.context import describe_finish, resolve_max_model_len
 from spectool.costmodel import ceiling, k_schedule, output_lengths
 from spectool.data import load_source
 from spectool.draft.checkpoint import dummy_draft_config
-from spectool.draft.families import check_served
 from spectool.draft.guard import Flags, check_speculation
 from spectool.engine.compat import is_cpu_build, warm_imports
 from spectool.engine.proposals import resolve
 from spectool.errors import SpectoolError
+from spectool.families import check_served
 from spectool.models import draft_model_path, resolve_config, resolve_model
 from spectool.plots import pyplot, save
 from spectool.prompts import encode_tasks
@@ -98,7 +98,7 @@ def _synthetic_inputs(cfg: SweepConfig, out: Path):
 
     from transformers import AutoConfig  # noqa: PLC0415 (heavy, loaded only on this path)
 
-    from spectool.draft.families import folder_family  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.families import folder_family  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     model = resolve_config(cfg.model)
     _check_weightless(cfg, model)
@@ -154,7 +154,7 @@ def _check_weightless(cfg: SweepConfig, model) -> None:
     """The one pre-flight (draft/guard.py) where no weights exist: each drafter family in --methods known, served by
     this build, and served for the model's architecture (its config tells). The draft folders are not read here: a
     what-if's drafts may be configs alone, and the ones spectool builds are written after the claim."""
-    from spectool.draft.families import FAMILIES  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.families import FAMILIES  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     for method in cfg.methods:
         if method in FAMILIES and FAMILIES[method].folder:
@@ -164,7 +164,7 @@ def _check_weightless(cfg: SweepConfig, model) -> None:
 def _family_drafts(cfg: SweepConfig) -> dict[str, str]:
     """--draft and --drafts by family (read from each folder's config.json), for the drafter
     families in --methods; a family asked for without a folder, or two folders of one, is refused."""
-    from spectool.draft.families import FAMILIES, folder_family  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.families import FAMILIES, folder_family  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     folders = ([cfg.draft] if cfg.draft else []) + list(cfg.drafts)
     found: dict[str, str] = {}
@@ -189,7 +189,7 @@ def _cpu_build() -> bool:
 
 
 def _parallel_methods(cfg: SweepConfig) -> list[str]:
-    from spectool.draft.families import FAMILIES  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.families import FAMILIES  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     return [m for m in cfg.methods if m in FAMILIES and FAMILIES[m].parallel]
 
@@ -403,7 +403,7 @@ def schedule_family(rows: list[dict], cfg: SweepConfig) -> tuple[str | None, dic
     vLLM's dynamic speculation changes k, not the drafter): of the draft-folder families swept, the
     one whose per-batch-size best k gains most, summed over the batch sizes. (family, its per-batch
     recommendation), or (None, None) when none was swept."""
-    from spectool.draft.families import FAMILIES  # noqa: PLC0415 (binds a name this module uses otherwise)
+    from spectool.families import FAMILIES  # noqa: PLC0415 (binds a name this module uses otherwise)
 
     best = None
     for m in cfg.methods:

@@ -173,7 +173,7 @@ def _setup(cfg: RLConfig) -> _Run:
                             engine_dtype=dtype)
     refresher, cadence = None, None
     if draft_path is not None:
-        cadence = cfg.draft_refresh.policy()  # a frozen draft's too: its decay watch
+        cadence = RefreshPolicy.of(cfg.draft_refresh)  # a frozen draft's too: its decay watch
         if cfg.draft_refresh.refreshes:  # from the refreshed draft as it was at the checkpoint, if any
             refresher = _refresher(cfg, _checkpoint_draft(ckpt, spec.method) or draft_path, trainer)
     if ckpt:

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spectool.config import VerifyConfig
+from spectool.config.verify import VerifyConfig
 from spectool.context import LengthSettings, resolve_max_model_len
 from spectool.data import load_source
 from spectool.draft.guard import check_speculation

@@ -1,6 +1,6 @@
 """Draft folders: vLLM-loadable as they are (config.json + model.safetensors, and a DFlash draft's
 mask_embedding.pt), plus spectool's own `draft.json` (the draft's config with its family, and the
-policy identity it was trained for). Families: draft/families.py."""
+policy identity it was trained for). Families: families.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ from pathlib import Path
 import torch
 
 from spectool.draft.dflash import MASK_EMBEDDING, DFlashConfig, DFlashDraft
-from spectool.draft.families import (
+from spectool.draft.model import DraftConfig, Eagle3Draft
+from spectool.draft.preflight import check_folder, check_map_present
+from spectool.draft.vocab import d2t_from_ids
+from spectool.engine.compat import is_cpu_build
+from spectool.errors import SpectoolError
+from spectool.families import (
     FAMILIES,
     PARALLEL_TOKEN_KEYS,
     check_folder_family,
@@ -20,11 +25,6 @@ from spectool.draft.families import (
     family_of_config,
     folder_family,
 )
-from spectool.draft.model import DraftConfig, Eagle3Draft
-from spectool.draft.preflight import check_folder, check_map_present
-from spectool.draft.vocab import d2t_from_ids
-from spectool.engine.compat import is_cpu_build
-from spectool.errors import SpectoolError
 from spectool.hidden import default_aux_layer_ids
 from spectool.models import fingerprint_mismatch
 from spectool.policy_weights import embeddings

@@ -1,7 +1,7 @@
 """The one pre-flight of a drafter, before anything is harvested, trained, written or started: every command,
 train-rl's speculation and the TRL integration call `check_speculation`, which asks in turn
 
-1. the family (draft/families.py): known, and served by the installed build (dspark: GPU builds only);
+1. the family (families.py): known, and served by the installed build (dspark: GPU builds only);
 2. the draft itself: a draft folder against the policy (draft/checkpoint.check_draft: family, fingerprint,
    shapes, aux layer ids, vocabulary map, positions trained for k), or the policy's own MTP layers
    (draft/mtp_folder.require_mtp, and what vLLM does with k beyond them);
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spectool.draft.checkpoint import check_draft
-from spectool.draft.families import check_served, family, folder_family
 from spectool.draft.mtp_folder import k_note, require_mtp
 from spectool.draft.preflight import check_folder
 from spectool.engine.compat import is_cpu_build
 from spectool.engine.serves import check_serves
+from spectool.families import check_served, family, folder_family
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,11 @@ from spectool.draft.model import (
 )
 from spectool.engine.probe import linear_expected, param_expected
 from spectool.errors import SpectoolError
+from spectool.families import MTP_PREFIX
 
 # config.json fields that count a model's MTP layers, as vLLM reads them (config/speculative.py)
 MTP_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
 TRAINABLE_ARCHITECTURES = ("MiMoForCausalLM",)  # MTP layouts spectool trains (mimo_mtp.py)
-PREFIX = "model.mtp_layers"  # the MiMo checkpoint's MTP tensors: model.mtp_layers.{i}.*
 MTP_JSON = "spectool_mtp.json"  # what init-draft --method mtp writes beside the model's files
 MTP_WEIGHTS = "model-mtp.safetensors"
 # Files of a source folder that are not the model's (a source that is itself an MTP run folder)
@@ -129,7 +129,7 @@ class MtpDraft(nn.Module):
 
     def export_state_dict(self) -> dict[str, torch.Tensor]:
         """The MTP tensors in the checkpoint's names (model.mtp_layers.{i}.*), float32 on the host."""
-        return {f"{PREFIX}.{k}": v.detach().float().cpu().contiguous() for k, v in self.layers.state_dict().items()}
+        return {f"{MTP_PREFIX}.{k}": v.detach().float().cpu().contiguous() for k, v in self.layers.state_dict().items()}
 
     def vllm_probe(self, dtype) -> dict:
         """The sums vLLM's MiMoMTP drafter reports for these weights in `dtype` (engine/probe.py):
@@ -138,7 +138,7 @@ class MtpDraft(nn.Module):
 
         out = {}
         for i, layer in enumerate(self.layers):
-            pre = f"{PREFIX}.{self.config.target_num_layers + i}."
+            pre = f"{MTP_PREFIX}.{self.config.target_num_layers + i}."
             a, m = layer.self_attn, layer.mlp
             out[pre + "mtp_block.self_attn.qkv_proj"] = linear_expected(
                 [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], dtype, [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])

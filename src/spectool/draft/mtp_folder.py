@@ -15,13 +15,13 @@ from spectool.draft.mtp import (
     MTP_JSON,
     MTP_WEIGHTS,
     NOT_MODEL_FILES,
-    PREFIX,
     TRAINABLE_ARCHITECTURES,
     MtpConfig,
     MtpDraft,
     mtp_layer_count,
 )
 from spectool.errors import SpectoolError
+from spectool.families import MTP_PREFIX
 from spectool.policy_weights import embeddings
 from spectool.runs import atomic_write_bytes, atomic_write_json
 
@@ -91,10 +91,10 @@ def load_mtp(model_path: str | Path, policy=None, flag: str = "--method mtp") ->
     sd: dict[str, torch.Tensor] = {}
     for f in _shards(path):
         with safe_open(str(f), "pt") as fh:
-            sd.update({k[len(PREFIX) + 1 :]: fh.get_tensor(k) for k in fh.keys() if k.startswith(PREFIX + ".")})
+            sd.update({k[len(MTP_PREFIX) + 1 :]: fh.get_tensor(k) for k in fh.keys() if k.startswith(MTP_PREFIX + ".")})
     missing, unexpected = draft.layers.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
     if missing or unexpected:
-        raise SpectoolError(f"{path}: the MTP tensors under {PREFIX}.* do not fit a MiMo MTP layer: "
+        raise SpectoolError(f"{path}: the MTP tensors under {MTP_PREFIX}.* do not fit a MiMo MTP layer: "
                             f"missing {missing[:4]}, unexpected {unexpected[:4]}")
     if policy is not None:
         pc = policy.config
@@ -145,7 +145,7 @@ def save_mtp_model(draft: MtpDraft, source: str | Path, out: str | Path, meta: d
             continue
         with safe_open(str(f), "pt") as fh:
             keys = list(fh.keys())
-            trunk = [k for k in keys if not k.startswith(PREFIX + ".")]
+            trunk = [k for k in keys if not k.startswith(MTP_PREFIX + ".")]
             if len(trunk) < len(keys):
                 save_file({k: fh.get_tensor(k) for k in trunk}, str(out / f.name), metadata={"format": "pt"})
             else:
@@ -181,10 +181,10 @@ def _checkpoint_dtype(model_path: Path) -> torch.dtype:
     for f in _shards(model_path):
         with safe_open(str(f), "pt") as fh:
             for k in fh.keys():
-                if k.startswith(PREFIX + ".") or first is None:
+                if k.startswith(MTP_PREFIX + ".") or first is None:
                     t = fh.get_slice(k).get_dtype()
                     first = first or t
-                    if k.startswith(PREFIX + "."):
+                    if k.startswith(MTP_PREFIX + "."):
                         return _DTYPES.get(t, torch.float32)
     return _DTYPES.get(first, torch.float32)
 

@@ -45,7 +45,6 @@ from spectool.draft.mtp import MtpDraft
 from spectool.draft.mtp_folder import load_mtp
 from spectool.draft.online import Features, OnlineDraft, RefreshReport
 from spectool.draft.preflight import check_vocab_map
-from spectool.draft.refresh_policy import RefreshSettings  # noqa: F401  (public: spectool.RefreshSettings)
 from spectool.draft.ttt import chain_length
 from spectool.engine import colocated
 from spectool.engine.probe import compare, distinguishes
@@ -53,6 +52,7 @@ from spectool.errors import SpectoolError
 from spectool.hidden import aux_sites, decoder, hook_input, to_store
 from spectool.models import fingerprint_mismatch
 from spectool.policy_weights import embeddings, is_sharded
+from spectool.settings.refresh import RefreshSettings  # noqa: F401  (public: spectool.RefreshSettings)
 from spectool.stats import AcceptanceStats
 
 CHECKPOINT_STATE = "refresher.pt"  # beside the draft in a checkpoint folder (DraftRefresher.checkpoint)

@@ -33,70 +33,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from spectool.constants import DEFAULT_LOSS, LOSSES, MAX_BATCH_TOKENS
-from spectool.errors import check
+from spectool.settings.refresh import RefreshSettings
 from spectool.stats import refresh as ledger
 from spectool.stats.distributions import student_t_quantile
 
-REFRESH_MODES = ("frozen", "online", "auto")
 # the drop rule reads a gain (acceptance length - 1) of at least this: below it a step's acceptance is
 # within the noise of one batch, and only the time rule applies
 MIN_GAIN = 0.1
 DECAY_WINDOW = 3  # steps averaged by a frozen draft's watch (one step's acceptance is one batch's)
 MIN_LINE = 3  # auto's rules 1-2 read a line through at least this many steps of a cycle
-
-
-@dataclass
-class RefreshSettings:
-    """How and when a draft trains online: the one shape of these settings, held by rl.yaml's `draft_refresh`
-    section, `SpectoolSpeculation(refresh=...)` in TRL, and `DraftRefresher`; one name and one default each."""
-
-    mode: str = "online"
-    """frozen (the draft stays as loaded) | online (every `every` steps) | auto (when it pays: this module)."""
-    every: int = 5
-    """online: refresh every N policy steps; auto: the first refresh's step (it measures a refresh's cost)."""
-    drop: float = 0.25
-    """auto: refresh when acceptance length's gain over 1 fell by this fraction since the last refresh;
-    frozen: warn (once) when it fell by this fraction from its best."""
-    steps_per_refresh: int = 20
-    """Draft optimizer steps per refresh."""
-    lr: float = 1e-4
-    """The draft's own AdamW learning rate."""
-    warmup_steps: int = 10
-    """Linear learning-rate warm-up, in draft optimizer steps."""
-    ttt_steps: int = 0
-    """Draft positions unrolled in training (0: as many as the draft was trained for)."""
-    batch_size: int = 16
-    """Sequences per draft optimizer step."""
-    max_batch_tokens: int = MAX_BATCH_TOKENS
-    """Most tokens per forward of a draft optimizer step: its sequences packed into micro-batches within it (no
-    padding; a longer one alone), gradients accumulated; the step's memory is linear in it (init-draft's
-    --max-batch-tokens). At reasoning lengths, the longest sequence."""
-    buffer_seqs: int = 256
-    """Sequences of features kept on the host (newest last); the oldest go first."""
-    loss: str = DEFAULT_LOSS
-    """Per-position loss (draft/loss.py): ce | tv | mix | tv-heavy; init-draft's default."""
-
-    def validate(self, prefix: str = "draft_refresh.") -> None:
-        """`prefix`: how the caller's user spells the section ("draft_refresh." in rl.yaml, "refresh." in TRL)."""
-        check(self.mode in REFRESH_MODES, prefix + "mode", self.mode, f"must be {' | '.join(REFRESH_MODES)}")
-        check(self.every >= 1 and self.steps_per_refresh >= 1, prefix + "every/steps_per_refresh",
-              (self.every, self.steps_per_refresh), "must be >= 1")
-        check(0 < self.drop < 1, prefix + "drop", self.drop, "must be a fraction in (0, 1)")
-        check(0 < self.lr < 1, prefix + "lr", self.lr, "must be in (0, 1)")
-        check(self.loss in LOSSES, prefix + "loss", self.loss, f"must be one of {', '.join(LOSSES)}")
-        check(self.max_batch_tokens >= 64, prefix + "max_batch_tokens", self.max_batch_tokens, "must be >= 64")
-        check(self.warmup_steps >= 0 and self.batch_size >= 1 and self.buffer_seqs >= 1 and self.ttt_steps >= 0,
-              prefix + "warmup_steps/batch_size/buffer_seqs/ttt_steps",
-              (self.warmup_steps, self.batch_size, self.buffer_seqs, self.ttt_steps),
-              "must be warmup_steps >= 0, batch_size >= 1, buffer_seqs >= 1, ttt_steps >= 0")
-
-    @property
-    def refreshes(self) -> bool:
-        return self.mode != "frozen"
-
-    def policy(self) -> "RefreshPolicy":
-        return RefreshPolicy(self.mode, self.every, self.drop)
 
 
 @dataclass
@@ -118,6 +63,11 @@ class RefreshPolicy:
     recent: list[float] = field(default_factory=list)  # the last DECAY_WINDOW steps' acceptance lengths
     best: float | None = None  # the best mean of DECAY_WINDOW steps (the frozen draft's watch)
     warned: bool = False
+
+    @classmethod
+    def of(cls, settings: RefreshSettings) -> "RefreshPolicy":
+        """The rule as `settings` configure it, its books empty."""
+        return cls(settings.mode, settings.every, settings.drop)
 
     @classmethod
     def restore(cls, state: dict | None, settings: RefreshSettings) -> "RefreshPolicy":

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from spectool.draft.families import FAMILIES
 from spectool.errors import SpectoolError
+from spectool.families import FAMILIES
 
 MIN_VERSION = (0, 26)
 MAX_VERSION = (0, 33)  # the newest release reviewed against this code (docs/gpu.md); a later one starts with a warning

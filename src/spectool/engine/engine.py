@@ -22,9 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spectool.constants import DEFAULT_K, GPU_MEMORY_UTILIZATION
-from spectool.draft.families import FAMILIES
-from spectool.draft.preflight import check_positions, draft_position_range
+from spectool.constants import GPU_MEMORY_UTILIZATION
 from spectool.engine import colocated, compat
 from spectool.engine.batch import Batch, Device, engine_batch, this_device
 from spectool.engine.colocated import WORKER_EXTENSION
@@ -33,27 +31,28 @@ from spectool.engine.kernel_cache import cut_short_advice, remove_truncated_kern
 from spectool.engine.logs import log_size, native_stderr_to_log, route, written_since
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
+from spectool.families import FAMILIES
+from spectool.positions import check_positions, draft_position_range
 from spectool.precision import engine_dtype
 from spectool.settings.engine import EngineSettings
+from spectool.settings.speculation import Proposals
 from spectool.stats import AcceptanceStats
 
 PROGRESS_S = 2.0  # how often a generate call reports its tokens to a progress callback
 
 
 @dataclass
-class EngineConfig(EngineSettings):
+class EngineConfig(EngineSettings, Proposals):
     """One engine's settings: the entry points' engine groups (settings/engine.py: dtype, enforce_eager, by name
-    through `engine_kwargs`) and what the calling stage sets. vLLM's keywords from them: `spectool_kwargs`."""
+    through `engine_kwargs`), their proposals (settings/speculation.py: k, num_speculative_tokens, the largest k when
+    k_schedule is set; draft_sampling, engine/proposals.py) and what the calling stage sets. vLLM's keywords from
+    them: `spectool_kwargs`."""
 
     model_path: str
     draft_path: str | None = None  # plain EAGLE-3 folder (config.json + model.safetensors)
-    k: int = DEFAULT_K  # num_speculative_tokens (the largest k when k_schedule is set)
-    # a drafter family (draft/families.py: "eagle3" | "peagle" | "dflash" | "dspark" with draft_path,
+    # a drafter family (families.py: "eagle3" | "peagle" | "dflash" | "dspark" with draft_path,
     # "mtp" without) | "draft_model" (draft_path: a causal LM; plain decoding when None) | "ngram"
     method: str = "eagle3"
-    # proposals (engine/proposals.py): "greedy" (the draft's argmax), "probabilistic" (sampled from the
-    # draft's q), or "auto" (chosen per build). All exact.
-    draft_sampling: str = "auto"
     # vLLM's dynamic speculation: [(batch_from, batch_to, k)], inclusive ranges from 1, k = 0 for none
     k_schedule: list[tuple[int, int, int]] | None = None
     seed: int = 0

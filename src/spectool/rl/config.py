@@ -8,27 +8,23 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool import trackers
-from spectool.constants import (
-    DEFAULT_DATA,
-    DEFAULT_K,
-    DEFAULT_MODEL,
-    DRAFT_SAMPLING,
-    TRAINABLE,
-    check_k,
-)
-from spectool.draft.refresh_policy import RefreshSettings
+from spectool.constants import TRAINABLE
 from spectool.errors import SpectoolError, check
-from spectool.prompts import check_rendering
-from spectool.settings import spelling
-from spectool.settings.engine import EngineSettings, EngineShare, validate_engine
+from spectool.settings.data import PolicyData, Rendering
+from spectool.settings.engine import EngineSettings, EngineShare
+from spectool.settings.groups import validate_groups
+from spectool.settings.refresh import RefreshSettings
+from spectool.settings.speculation import Speculation
+from spectool.settings.spelling import TYPE_WORDS, key
+from spectool.settings.tracking import Tracking
 
 BACKENDS = ("builtin", "trl")
 
 
 @dataclass
-class RolloutSection:
-    """rl.yaml's rollout section: how each step's rollouts are sampled."""
+class RolloutSection(Rendering):
+    """rl.yaml's rollout section: how each step's rollouts are sampled, and how a prompt is rendered (the commands'
+    Rendering group, settings/data.py)."""
 
     prompts_per_step: int = 16
     """Prompts per RL step."""
@@ -47,29 +43,15 @@ class RolloutSection:
     """Held-out prompts per evaluation."""
     eval_samples: int = 1
     """1: greedy; n > 1: n samples per held-out prompt at the rollout temperature (their mean reward)."""
-    system_prompt: str | None = None
-    """A system turn put first in every prompt (refused with data whose prompts have their own)."""
-    chat_template_kwargs: dict | None = None
-    """Extra keyword arguments to the chat template (TRL's chat_template_kwargs), e.g. {enable_thinking: false}."""
 
 
 @dataclass
-class SpeculationSection:
-    """rl.yaml's speculation section: what drafts the rollouts."""
+class SpeculationSection(Speculation):
+    """rl.yaml's speculation section: what drafts the rollouts (the commands' Speculation group, settings/speculation.py:
+    method, draft, k, sweep, draft_sampling)."""
 
     enabled: bool = True
     """false: plain decoding (the draft, if set, is not used)."""
-    draft: str | None = None
-    """A draft folder (init-draft / export), or a hub id ORG/NAME of one."""
-    k: int | str = DEFAULT_K
-    """Draft tokens per verify step, or auto: per batch size from `sweep`."""
-    sweep: str | None = None
-    """A sweep-k or forecast run (for k: auto)."""
-    draft_sampling: str = "auto"
-    """auto (per build, engine/proposals.py) | greedy | probabilistic: how the draft proposes (all exact)."""
-    method: str = "eagle3"
-    """The draft's family (draft/families.py): eagle3 | peagle | dflash (with `draft`) | mtp: the policy's own MTP
-    layers draft (no draft folder)."""
 
 
 @dataclass
@@ -111,17 +93,10 @@ class EngineSection(EngineSettings, EngineShare):
 
 
 @dataclass
-class RLConfig:
-    """train-rl's settings: rl.yaml (templates/rl.yaml) and its --set overrides."""
+class RLConfig(PolicyData, Tracking):
+    """train-rl's settings: rl.yaml (templates/rl.yaml) and its --set overrides. The policy and its data, and the
+    trackers, are the commands' groups (settings/data.py, settings/tracking.py), at the top level."""
 
-    model: str = DEFAULT_MODEL
-    """Policy: local HF folder, hub id, or 'smollm2-135m' (embedded)."""
-    data: str = DEFAULT_DATA
-    """dapo | gym:<task>[:k=v,...] | hub:ORG/NAME[:split=S,config=C] | file.jsonl/.parquet: prompts with answers."""
-    prompt_col: str = "prompt"
-    """A file or hub source's prompt column (a text, or a conversation: a list of messages)."""
-    answer_col: str = "answer"
-    """A file or hub source's answer column (a hub source's may be a nested field: a.b)."""
     out: str = "runs/rl"
     """The run directory (a killed run resumes there)."""
     seed: int = 0
@@ -140,59 +115,44 @@ class RLConfig:
     """The rollout engine (settings/engine.py, the commands' engine settings)."""
     checkpoint_every: int = 10
     """Policy, draft and optimizer state every N steps (the resume point)."""
-    report_to: str = "none"
-    """Experiment trackers that get each metrics.jsonl line at its step and this config as the run's config, by TRL's
-    report_to names: tensorboard | trackio | wandb | none, or a comma-separated list (trackers.py); backend trl hands
-    them to GRPOConfig."""
-
     def validate(self) -> None:
-        r, s, p, d = self.rollout, self.speculation, self.policy, self.draft_refresh
-        for key in ("prompt_col", "answer_col"):
-            _need(isinstance(getattr(self, key), str) and getattr(self, key).strip(), key, getattr(self, key),
-                  "a column name of the data")
-        _need(r.prompts_per_step >= 1, "rollout.prompts_per_step", r.prompts_per_step, ">= 1")
-        _need(r.group_size >= 2, "rollout.group_size", r.group_size, ">= 2 (GRPO compares samples within a group)")
-        _need(r.max_tokens >= 1, "rollout.max_tokens", r.max_tokens, ">= 1")
-        _need(0 < r.temperature <= 10, "rollout.temperature", r.temperature, "in (0, 10]")
-        _need(r.mode in ("sync", "async"), "rollout.mode", r.mode, "sync or async")
-        check_k(s.k, "speculation.k", auto=True)
-        _need(s.k != "auto" or s.sweep is not None, "speculation.sweep", s.sweep, "a sweep-k run when k is auto")
-        _need(s.draft_sampling in DRAFT_SAMPLING, "speculation.draft_sampling", s.draft_sampling,
-              f"one of {', '.join(DRAFT_SAMPLING)}")
-        _need(0 < p.lr < 1, "policy.lr", p.lr, "in (0, 1)")
-        _need(p.steps >= 1, "policy.steps", p.steps, ">= 1")
-        _need(0 <= p.eps_low < 1 and p.eps_high >= 0, "policy.eps_low/eps_high", (p.eps_low, p.eps_high),
-              "eps_low in [0, 1), eps_high >= 0")
-        _need(p.kl_beta >= 0, "policy.kl_beta", p.kl_beta, ">= 0")
-        _need(p.logprob_check_every >= 1, "policy.logprob_check_every", p.logprob_check_every, ">= 1")
-        _need(p.logprob_tolerance >= 0, "policy.logprob_tolerance", p.logprob_tolerance, ">= 0 (0: by engine dtype)")
-        _need(d.mode != "off", "draft_refresh.mode", d.mode,
-              "frozen, online or auto; speculation is switched off by speculation.enabled: false")
-        _need(s.method in TRAINABLE, "speculation.method", s.method,
-              ", ".join(TRAINABLE) + (" (dspark: GPU builds of vLLM serve it, and spectool does not train it)"
-                                   if s.method == "dspark" else ""))
-        _need(s.method != "mtp" or (s.draft is None and s.k != "auto"), "speculation.method", s.method,
-              "mtp drafts with the policy's own MTP layers: unset speculation.draft and give a fixed speculation.k")
-        _need(not s.enabled or s.draft is not None or s.k == "auto" or s.method == "mtp", "speculation.draft", s.draft,
-              "a draft folder (init-draft / export) while speculation.enabled is true; set speculation.enabled: "
+        r, s, p, d, e = self.rollout, self.speculation, self.policy, self.draft_refresh, self.engine
+        validate_groups(self, key(""))
+        validate_groups(r, key("rollout."))
+        validate_groups(s, key("speculation."))
+        validate_groups(e, key("engine."))
+        check(d.mode != "off", "draft_refresh.mode", d.mode,
+              "must be frozen, online or auto; speculation is switched off by speculation.enabled: false")
+        d.validate(key("draft_refresh."))
+        check(r.prompts_per_step >= 1, "rollout.prompts_per_step", r.prompts_per_step, "must be >= 1")
+        check(r.group_size >= 2, "rollout.group_size", r.group_size, "must be >= 2 (GRPO compares samples within a group)")
+        check(r.max_tokens >= 1, "rollout.max_tokens", r.max_tokens, "must be >= 1")
+        check(0 < r.temperature <= 10, "rollout.temperature", r.temperature, "must be in (0, 10]")
+        check(r.mode in ("sync", "async"), "rollout.mode", r.mode, "must be sync or async")
+        check(r.eval_every >= 0 and r.eval_prompts >= 1, "rollout.eval_every/eval_prompts", (r.eval_every, r.eval_prompts),
+              "must be eval_every >= 0 and eval_prompts >= 1")
+        check(r.eval_samples >= 1, "rollout.eval_samples", r.eval_samples, "must be >= 1 (1 = greedy)")
+        check(s.method in TRAINABLE, "speculation.method", s.method, f"must be one of {' | '.join(TRAINABLE)}"
+              + (" (dspark: GPU builds of vLLM serve it, and spectool does not train it)" if s.method == "dspark" else ""))
+        check(not s.enabled or s.draft is not None or s.k == "auto" or s.method == "mtp", "speculation.draft", s.draft,
+              "must be a draft folder (init-draft / export) while speculation.enabled is true; set speculation.enabled: "
               "false for plain decoding")
-        d.validate("draft_refresh.")
-        _need(d.ttt_steps == 0 or d.ttt_steps >= (s.k if isinstance(s.k, int) else 1), "draft_refresh.ttt_steps",
-              d.ttt_steps, ">= speculation.k (every draft position the engine uses is trained), or 0: the draft's own")
-        _need(r.eval_every >= 0 and r.eval_prompts >= 1, "rollout.eval_every/eval_prompts", (r.eval_every, r.eval_prompts),
-              "eval_every >= 0 and eval_prompts >= 1")
-        _need(r.eval_samples >= 1, "rollout.eval_samples", r.eval_samples, ">= 1 (1 = greedy)")
-        check_rendering(r, "rollout.system_prompt", "rollout.chat_template_kwargs")
-        _need(p.micro_batch_size >= 1, "policy.micro_batch_size", p.micro_batch_size, ">= 1")
-        _need(p.max_grad_norm > 0, "policy.max_grad_norm", p.max_grad_norm, "> 0")
-        e = self.engine
-        _need(e.kv_cache_gib > 0, "engine.kv_cache_gib", e.kv_cache_gib, "> 0")
-        validate_engine(e, spelling.key("engine."))
-        _need(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
-        trackers.parse(self.report_to, "report_to")  # an unknown name or a missing package, before anything starts
-        _need(self.backend in BACKENDS, "backend", self.backend, " | ".join(BACKENDS))
-        _need(self.backend != "trl" or r.mode == "sync", "rollout.mode", r.mode,
-              "sync with backend trl (TRL generates, then trains; its async mode is TRL's own)")
+        check(0 < p.lr < 1, "policy.lr", p.lr, "must be in (0, 1)")
+        check(p.steps >= 1, "policy.steps", p.steps, "must be >= 1")
+        check(0 <= p.eps_low < 1 and p.eps_high >= 0, "policy.eps_low/eps_high", (p.eps_low, p.eps_high),
+              "must be eps_low in [0, 1), eps_high >= 0")
+        check(p.kl_beta >= 0, "policy.kl_beta", p.kl_beta, "must be >= 0")
+        check(p.logprob_check_every >= 1, "policy.logprob_check_every", p.logprob_check_every, "must be >= 1")
+        check(p.logprob_tolerance >= 0, "policy.logprob_tolerance", p.logprob_tolerance, "must be >= 0 (0: by engine dtype)")
+        check(p.micro_batch_size >= 1, "policy.micro_batch_size", p.micro_batch_size, "must be >= 1")
+        check(p.max_grad_norm > 0, "policy.max_grad_norm", p.max_grad_norm, "must be > 0")
+        check(d.ttt_steps == 0 or d.ttt_steps >= (s.k if isinstance(s.k, int) else 1), "draft_refresh.ttt_steps",
+              d.ttt_steps, "must be >= speculation.k (every draft position the engine uses is trained), or 0: the draft's own")
+        check(e.kv_cache_gib > 0, "engine.kv_cache_gib", e.kv_cache_gib, "must be > 0")
+        check(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, "must be >= 1")
+        check(self.backend in BACKENDS, "backend", self.backend, f"must be {' | '.join(BACKENDS)}")
+        check(self.backend != "trl" or r.mode == "sync", "rollout.mode", r.mode,
+              "must be sync with backend trl (TRL generates, then trains; its async mode is TRL's own)")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -202,10 +162,6 @@ def to_yaml(cfg: RLConfig) -> str:
     import yaml  # noqa: PLC0415 (heavy, loaded only on this path)
 
     return yaml.safe_dump(cfg.as_dict(), sort_keys=False)
-
-
-def _need(ok: bool, key: str, value: Any, rule: str) -> None:
-    check(ok, key, value, f"must be {rule}")
 
 
 def _build(cls, data: dict, prefix: str):
@@ -232,7 +188,7 @@ def _coerce(value: Any, default: Any, key: str) -> Any:
         return value
     if isinstance(default, bool):
         if not isinstance(value, bool):
-            raise SpectoolError(f"config key {key} = {value!r} must be true or false")
+            raise SpectoolError(f"{key}={value!r}: must be {TYPE_WORDS[bool]}")
         return value
     if isinstance(default, int) and not isinstance(value, bool) and isinstance(value, int):
         return value
@@ -247,7 +203,8 @@ def _coerce(value: Any, default: Any, key: str) -> Any:
         return value
     if key == "speculation.k" and value == "auto":
         return value
-    raise SpectoolError(f"config key {key} = {value!r} has the wrong type (expected {type(default).__name__})")
+    raise SpectoolError(f"{key}={value!r}: must be {TYPE_WORDS[type(default)]}"
+                        + (" or 'auto'" if key == "speculation.k" else ""))
 
 
 def _set(tree: dict, assignment: str) -> None:

@@ -53,16 +53,6 @@ class EngineShare:
               "must be >= 1 (or unset: what the run needs)")
 
 
-GROUPS = (EngineSettings, EngineShare)
-
-
-def validate_engine(settings: object, spell: Spell = flag) -> None:
-    """Every engine group `settings` is made of, validated in the caller's spelling."""
-    for group in GROUPS:
-        if isinstance(settings, group):
-            group.validate(settings, spell)
-
-
 def values(settings: object, group: type) -> dict[str, Any]:
     """`group`'s fields as `settings` (an entry point's settings that take the group) holds them, by name."""
     return {f.name: getattr(settings, f.name) for f in fields(group)}
@@ -72,7 +62,8 @@ def engine_kwargs(settings: object) -> dict[str, Any]:
     """engine.EngineConfig's keywords from `settings`' engine groups, by name: every field but the context, which
     the command first resolves against what the run needs (context.resolve_max_model_len), and enforce_eager unless
     it is asked for."""
-    out = {k: v for group in GROUPS if isinstance(settings, group) for k, v in values(settings, group).items()}
+    out = {k: v for group in (EngineSettings, EngineShare) if isinstance(settings, group)
+           for k, v in values(settings, group).items()}
     out.pop("max_model_len", None)
     if not out.get("enforce_eager", True):
         out.pop("enforce_eager")  # not asked for: the engine's default ($SPECTOOL_ENFORCE_EAGER), as before the groups

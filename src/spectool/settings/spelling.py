@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 Spell = Callable[[str], str]  # a field's name -> what the user wrote
+TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a text"}  # "must be ..." of a type
 
 
 def flag(field: str) -> str:

@@ -36,6 +36,6 @@ private TRL name, checked).
 from spectool.integrations.trl.data import task_data
 from spectool.integrations.trl.internals import TESTED_TRL, check_trl_version
 from spectool.integrations.trl.preflight import check_memory
-from spectool.integrations.trl.settings import MTP, SpectoolSpeculation
+from spectool.integrations.trl.trainer import MTP, SpectoolSpeculation
 
 __all__ = ["MTP", "TESTED_TRL", "SpectoolSpeculation", "check_memory", "check_trl_version", "task_data"]

@@ -33,7 +33,7 @@ from spectool.engine.proposals import describe
 from spectool.errors import SpectoolError
 from spectool.integrations.trl import internals
 from spectool.integrations.trl.data import prompt_rendering
-from spectool.integrations.trl.speculation import SpeculationSettings
+from spectool.integrations.trl.settings import SpeculationSettings
 from spectool.policy_weights import checkpoint_layout
 from spectool.precision import logprob_gaps, logprob_tolerance
 from spectool.settings.engine import engine_kwargs
@@ -108,7 +108,7 @@ class _Attached:
 
         if self.refresher is not None:  # every rank loaded the same draft (a collective under accelerate launch)
             self.refresher.check_one_draft(when="at the start")
-        self.cadence = spec.refresh.policy()
+        self.cadence = RefreshPolicy.of(spec.refresh)
         self.served_by = None  # the vLLM build and model runner serving the draft
         if spec.draft is not None:
             self.served_by = colocated.served_by(self.llm, spec.method)

@@ -18,7 +18,7 @@ from spectool.draft.mtp_folder import load_mtp
 from spectool.engine.compat import drafter_logits_bytes, parse_version, support
 from spectool.engine.proposals import resolve as resolve_proposals
 from spectool.errors import SpectoolError
-from spectool.integrations.trl.speculation import SpeculationSettings
+from spectool.integrations.trl.settings import SpeculationSettings
 from spectool.memory import check_engine_floor, draft_params, drafter_logits, output_bin_counts, trl_plan
 from spectool.precision import engine_dtype
 from spectool.prompts import encode_messages

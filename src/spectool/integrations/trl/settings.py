@@ -1,49 +1,59 @@
-"""`SpectoolSpeculation`: what a user sets to get speculative rollouts inside TRL's GRPOTrainer
-(speculation.py), and `grpo_trainer`, which checks everything up front and builds the trainer with
-spectool attached."""
+"""What a user sets to get speculative rollouts inside TRL's GRPOTrainer: the settings alone, validated (trainer.py
+adds the trainer they build and how a sweep fills them in; attach.py and preflight.py read these)."""
 
 from __future__ import annotations
 
-import torch
+from dataclasses import KW_ONLY, dataclass, field
 
-from spectool.context import LengthSettings
-from spectool.integrations.trl.attach import attach, speculative_llm
-from spectool.integrations.trl.internals import check_trl_version
-from spectool.integrations.trl.preflight import TRL_LENGTHS, check_args, check_draft, check_lengths, check_memory
-from spectool.integrations.trl.speculation import MTP, SpeculationSettings
+from spectool.constants import OWN_MTP
+from spectool.errors import check
+from spectool.families import folder_family
+from spectool.settings.engine import EngineSettings
+from spectool.settings.refresh import RefreshSettings
+from spectool.settings.speculation import Proposals
+from spectool.settings.spelling import key, keyword
 
-__all__ = ["MTP", "SpectoolSpeculation"]
-
-
-class SpectoolSpeculation(SpeculationSettings):
-    """Speculative rollouts with a spectool draft inside TRL's GRPOTrainer (colocate mode): the
-    settings (SpeculationSettings, every field documented there) and the trainer they build."""
-
-    def grpo_trainer(self, trainer_cls=None, **trainer_kwargs):
-        """Build TRL's GRPOTrainer (or a subclass) with speculative rollouts; refuses what cannot
-        work before anything starts. Returns the trainer, ready for `train()`."""
-        from trl import GRPOTrainer  # noqa: PLC0415 (TRL is the optional spectool[trl])
-
-        spec = self.check(**trainer_kwargs)
-        with speculative_llm(spec):
-            trainer = (trainer_cls or GRPOTrainer)(**trainer_kwargs)
-        attach(spec, trainer)
-        return trainer
-
-    def check(self, names: LengthSettings = TRL_LENGTHS, **trainer_kwargs) -> SpeculationSettings:
-        """Everything grpo_trainer refuses, before anything starts (train-rl --backend trl asks it before claiming its
-        run folder: a refused run writes nothing); `names`: the length settings the refusals name. Returns the
-        settings resolved (a hub id's draft as its cached folder, for every check and the engine)."""
-        check_trl_version()
-        self.validate()
-        spec = self.resolved()
-        args = trainer_kwargs.get("args")
-        check_args(args)
-        if spec.draft is not None:
-            check_draft(spec, trainer_kwargs.get("model"), args)
-        check_lengths(spec, trainer_kwargs.get("model"), args, names, trainer_kwargs)  # against the context
-        if torch.cuda.is_available():  # before TRL puts the policy or the engine on the GPU
-            check_memory(spec, args, trainer_kwargs)
-        return spec
+MTP = OWN_MTP  # SpectoolSpeculation(draft=MTP): the policy's own MTP layers draft
 
 
+@dataclass
+class SpeculationSettings(Proposals, EngineSettings):
+    """Speculative rollouts with a spectool draft inside TRL's GRPOTrainer (colocate mode). The proposals (k,
+    draft_sampling: settings/speculation.Proposals) and the engine's own settings (dtype, enforce_eager:
+    settings/engine.EngineSettings) are the engine commands' and rl.yaml's groups, keywords here; the engine's GPU
+    share and context are GRPOConfig's (vllm_gpu_memory_utilization, vllm_max_model_length)."""
+
+    draft: str | None
+    """A spectool draft or export folder (init-draft / export; EAGLE-3, P-EAGLE or DFlash: its family is
+    read from the folder), a speculators-format EAGLE-3 folder, or a hub id ORG/NAME of one (read from
+    huggingface_hub's cache, offline under HF_HUB_OFFLINE=1), made for the trained policy; "mtp":
+    the policy's own MTP layers (a MiMo-layout model); None: plain decoding with spectool's engine
+    settings, policy sync and logprob guard (a baseline)."""
+    _: KW_ONLY  # every other setting by name (k and draft_sampling, the groups', are keywords too)
+    k_schedule: list[tuple[int, int, int]] | None = None
+    """Per batch size k, [(batch_from, batch_to, k)] (sweep-k / forecast's recommendation:
+    SpectoolSpeculation.from_sweep)."""
+    refresh: RefreshSettings = field(default_factory=RefreshSettings)
+    """How and when the draft refreshes (spectool.RefreshSettings, rl.yaml's draft_refresh section): mode frozen |
+    online (every `every` optimizer steps) | auto, its steps, learning rate, unroll, batch, buffer and loss."""
+    seed: int = 0
+    """The refresher's sampling seed."""
+    policy_sync: str = "auto"
+    """auto (spectool's reload on the CPU build and for a mixture-of-experts policy, TRL's own otherwise on a GPU) |
+    spectool | trl."""
+    logprob_tolerance: float | None = None
+    """Max |engine - trainer| logprob after a sync (None: by the engine's dtype, precision.py)."""
+
+    @property
+    def method(self) -> str:
+        """The drafter family: "mtp", the draft folder's (config.json), or eagle3 (also with no draft)."""
+        if self.draft == MTP:
+            return "mtp"
+        return (self.draft and folder_family(self.draft)) or "eagle3"
+
+    def validate(self) -> None:
+        Proposals.validate(self, keyword)
+        EngineSettings.validate(self, keyword)
+        self.refresh.validate(key("refresh."))
+        check(self.policy_sync in ("auto", "spectool", "trl"), "policy_sync", self.policy_sync,
+              "must be auto, spectool or trl")

@@ -57,6 +57,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("dspark", True, True, False, False, "DSpark: DFlash plus a Markov head (GPU builds of vLLM only)"),
 )}
 PARALLEL_TOKEN_KEYS = ("ptd_token_id", "pard_token", "mask_token_id")  # what vLLM reads for P-EAGLE's slot token
+MTP_PREFIX = "model.mtp_layers"  # the MiMo checkpoint's MTP tensors: model.mtp_layers.{i}.* (draft/mtp.py)
 
 
 def family(name: str) -> Family:
