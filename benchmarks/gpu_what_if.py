@@ -65,6 +65,7 @@ def measure(sweep: Path, length: float) -> tuple[list[dict], list[dict], float, 
     from spectool import subproc
     from spectool.commands import sweep_k
     from spectool.config.sweep_k import SweepConfig
+    from spectool.costmodel import synthetic_acceptance
     from spectool.errors import SpectoolError
 
     saved = json.loads((sweep / "config.json").read_text())
@@ -83,7 +84,8 @@ def measure(sweep: Path, length: float) -> tuple[list[dict], list[dict], float, 
         model_path=model.path, method="eagle3", k=k, drafts=drafts, prompts=prompts, batch_sizes=cfg.batch_sizes,
         max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs, seed=cfg.seed,
         draft_sampling=cfg.draft_sampling, gpu_memory_utilization=cfg.gpu_memory_utilization, dummy_weights=True,
-        synthetic=cfg.synthetic, lengths=lengths, log_path=str(sweep.parent / f"{sweep.name}-{length:g}-engine.log"),
+        synthetic=synthetic_acceptance(cfg.acceptance_rates, cfg.acceptance_length, cfg.ks), lengths=lengths,
+        log_path=str(sweep.parent / f"{sweep.name}-{length:g}-engine.log"),
         dtype=cfg.dtype, min_seconds=cfg.min_seconds, max_model_len=context),
         what=f"the eagle3 k={k} engine at acceptance length {length:g}", progress=print)
     return rows, extra, float(saved["acceptance_length"]), k, model.name

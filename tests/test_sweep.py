@@ -7,7 +7,7 @@ import pytest
 from spectool.cli import parse_int_list
 from spectool.commands.sweep_k import recommend, sweep_speedups
 from spectool.config.sweep_k import SweepConfig
-from spectool.costmodel import ceiling, k_schedule
+from spectool.costmodel import ceiling, k_schedule, synthetic_acceptance
 from spectool.errors import SpectoolError
 from spectool.stats.sweep import block_speedups, paired_log_rates
 
@@ -102,7 +102,7 @@ def test_a_synthetic_acceptance_length_means_the_largest_k_and_one_conditional_r
 
     cfg = SweepConfig(out="x", dummy_weights=True, acceptance_length=3.32, ks=[1, 2, 3])
     cfg.validate()
-    rates = cfg.synthetic["rates"]
+    rates = synthetic_acceptance(cfg.acceptance_rates, cfg.acceptance_length, cfg.ks)["rates"]
     assert len(rates) == 3 and acceptance_length(rates, 3) == pytest.approx(3.32)
     assert rates[1] == pytest.approx(rates[0] ** 2)  # the k=1 arm gets rate c, the k=2 arm c and c^2
     with pytest.raises(SpectoolError, match="--acceptance-length=4.5: must be in \\[1, 4\\]"):

@@ -91,6 +91,17 @@ def rates_from_length(length: float, k: int) -> list[float]:
     return [lo ** (j + 1) for j in range(k)]
 
 
+def synthetic_acceptance(rates: list[float] | None, length: float | None, ks: list[int]) -> dict | None:
+    """The engine's synthetic acceptance from sweep-k's --acceptance-rates or --acceptance-length (the mean length at
+    the largest k: one conditional rate for every position), as {"rates": unconditional per-position rates}; None:
+    real acceptance."""
+    if rates is not None:
+        return {"rates": rates}
+    if length is not None:
+        return {"rates": rates_from_length(length, max(ks))}
+    return None
+
+
 def fit(rows: list[dict], parallel: bool = False) -> CostModel:
     """Fit on sweep rows: each needs k (0 for plain), batch, tokens_per_s, mean_acceptance_length
     (None for plain) and mean_context. `parallel`: the rows are a parallel drafter's (n(k) = 1)."""

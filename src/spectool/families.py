@@ -90,6 +90,14 @@ def folder_family(draft: str | Path) -> str | None:
     return family_of_config(json.loads(p.read_text())) if p.exists() else None
 
 
+def drafter_of(draft: str | None) -> str:
+    """The drafter family a draft argument names: "mtp" (the policy's own MTP layers), a draft folder's (its
+    config.json), or eagle3 (also with no draft)."""
+    if draft == "mtp":
+        return "mtp"
+    return (draft and folder_family(draft)) or "eagle3"
+
+
 def check_folder_family(draft: str | Path, method: str, flag: str = "--draft", method_flag: str = "--method") -> None:
     """Refuse a draft folder of one family passed with another method, naming both and the fix."""
     found = folder_family(draft)

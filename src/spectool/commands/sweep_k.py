@@ -39,7 +39,7 @@ from pathlib import Path
 from spectool import machine_load, subproc
 from spectool.config.sweep_k import SweepConfig
 from spectool.context import describe_finish, resolve_max_model_len
-from spectool.costmodel import ceiling, k_schedule, output_lengths
+from spectool.costmodel import ceiling, k_schedule, output_lengths, synthetic_acceptance
 from spectool.data import load_source
 from spectool.draft.checkpoint import dummy_draft_config
 from spectool.draft.guard import Flags, check_speculation
@@ -262,7 +262,8 @@ def run(cfg: SweepConfig, progress=print) -> dict:
         if drafts.get(fam) == str(out / f"{DUMMY_DRAFT}-{fam}"):
             _write_dummy_draft(out, model.path, fam)
     draft = drafts.get("eagle3")
-    if not cfg.dummy_weights and cfg.synthetic:
+    synthetic = synthetic_acceptance(cfg.acceptance_rates, cfg.acceptance_length, cfg.ks)  # None: real acceptance
+    if not cfg.dummy_weights and synthetic:
         progress("synthetic acceptance on the real model: timing only (its samples are not the policy's)")
     rows_path = out / ROWS
     done = _resumed_rows(rows_path, cfg, progress)
@@ -290,7 +291,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
             model_path=model.path, method=method, k=k, drafts=drafts, prompts=prompts, batch_sizes=todo,
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, min_seqs=cfg.min_seqs,
             seed=cfg.seed + run_no * ROUND_SEED,
-            draft_sampling=cfg.draft_sampling, dummy_weights=cfg.dummy_weights, synthetic=cfg.synthetic, lengths=lengths,
+            draft_sampling=cfg.draft_sampling, dummy_weights=cfg.dummy_weights, synthetic=synthetic, lengths=lengths,
             log_path=str(out / "engine.log"), min_seconds=cfg.min_seconds, max_model_len=context, **engine_kwargs(cfg)),
             what=f"the {method} k={k} engine", progress=progress, warm=warm)
         measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # when this engine run ended
@@ -315,7 +316,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
               "drafts": {m: d for m, d in drafts.items() if m != "draft_model"},
               "draft_model": drafts.get("draft_model"), "model": model.name, "max_k": max(cfg.ks),
               "draft_sampling": cfg.draft_sampling,
-              "synthetic": cfg.synthetic, "dummy_weights": cfg.dummy_weights, "max_model_len": context,
+              "synthetic": synthetic, "dummy_weights": cfg.dummy_weights, "max_model_len": context,
               "finish_reasons": _finish_reasons(done), "load": loads, "load_warning": load_warning,
               "power": measured_power(rows, cfg.batch_sizes, cfg.min_gain),
               "false_recommendations": schedule_level(len(cfg.batch_sizes))}
@@ -327,7 +328,7 @@ def run(cfg: SweepConfig, progress=print) -> dict:
     _plots(out, rows, cfg)
     atomic_write_json(out / MANIFEST, make_manifest("sweep", model=model.name, model_identity=model.identity,
                                                     draft=draft, data=None if cfg.dummy_weights else cfg.data,
-                                                    synthetic=cfg.synthetic, rows=len(rows),
+                                                    synthetic=synthetic, rows=len(rows),
                                                     served_by=sorted({r["served_by"] for r in rows if "served_by" in r})))
     return result
 

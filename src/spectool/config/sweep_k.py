@@ -72,17 +72,6 @@ class SweepConfig(PolicyData, Rendering, Split, EngineSettings, EngineShare):
     """With --dummy-weights: prompt tokens (random ids). The default is a short gym prompt; a chat-templated
     reasoning prompt (a system turn, the template's tokens) is several hundred: pass the RL run's longest."""
 
-    @property
-    def synthetic(self) -> dict | None:
-        """{"rates": unconditional per-position rates} for the engine, or None (real acceptance)."""
-        if self.acceptance_rates is not None:
-            return {"rates": self.acceptance_rates}
-        if self.acceptance_length is not None:
-            from spectool.costmodel import rates_from_length  # noqa: PLC0415 (a torch-free, fast `spectool --help`)
-
-            return {"rates": rates_from_length(self.acceptance_length, max(self.ks))}
-        return None
-
     def validate(self) -> None:
         validate_groups(self)
         check(bool(self.out), "--out", self.out, "must name the run directory")
@@ -122,7 +111,7 @@ class SweepConfig(PolicyData, Rendering, Split, EngineSettings, EngineShare):
         if a is not None:
             check(1 <= a <= max(self.ks) + 1, "--acceptance-length", a, f"must be in [1, {max(self.ks) + 1}] (1 + the "
                   "largest --k)")
-        if self.synthetic:
+        if r is not None or a is not None:
             check(set(self.methods) <= {"eagle3", "peagle", "dflash", "dspark", "draft_model", "mtp"}, "--methods",
                   self.methods, "must be drafter families or draft_model with synthetic acceptance (ngram proposes "
                   "from the text itself)")

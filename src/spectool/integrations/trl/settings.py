@@ -7,7 +7,7 @@ from dataclasses import KW_ONLY, dataclass, field
 
 from spectool.constants import OWN_MTP
 from spectool.errors import check
-from spectool.families import folder_family
+from spectool.families import drafter_of
 from spectool.settings.engine import EngineSettings
 from spectool.settings.refresh import RefreshSettings
 from spectool.settings.speculation import Proposals
@@ -46,10 +46,8 @@ class SpeculationSettings(Proposals, EngineSettings):
 
     @property
     def method(self) -> str:
-        """The drafter family: "mtp", the draft folder's (config.json), or eagle3 (also with no draft)."""
-        if self.draft == MTP:
-            return "mtp"
-        return (self.draft and folder_family(self.draft)) or "eagle3"
+        """The drafter family the draft names (families.drafter_of: "mtp", the folder's, or eagle3)."""
+        return drafter_of(self.draft)
 
     def validate(self) -> None:
         Proposals.validate(self, keyword)
