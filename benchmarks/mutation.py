@@ -240,8 +240,8 @@ NEW_MUTANTS = (
            'ctx.get_parameter_source(p) == __import__("click.core").core.ParameterSource.COMMANDLINE', SETTINGS,
            "flags given compared with click's ParameterSource, not typer's copy: no flag counts as given (a --config "
            "file or an init-draft --preset over the flags)"),
-    Mutant("ST7", "src/spectool/rl/config.py", "    enabled: bool = True\n",
-           "    enabled: bool = True\n    k: int | str = 4\n", SETTINGS,
+    Mutant("ST7", "src/spectool/rl/config.py", "    \"\"\"false: plain decoding (the draft, if set, is not used).\"\"\"\n",
+           "    \"\"\"false: plain decoding (the draft, if set, is not used).\"\"\"\n    k: int | str = 4\n", SETTINGS,
            "an entry point that restates a group's field with a default of its own (rl.yaml's speculation.k drifts "
            "from the commands' --k)"),
     Mutant("ST8", "src/spectool/integrations/trl/settings.py", "        Proposals.validate(self, keyword)\n", "", SETTINGS,

@@ -169,3 +169,17 @@ def test_tests_import_no_private_name_from_the_commands():
     offenders = [f"{f.name}: {mod}.{name}" for f in (REPO / "tests").glob("*.py") for mod, name in _imported_names(f)
                  if mod.startswith("spectool.commands") and name.startswith("_")]
     assert not offenders, offenders
+
+
+def test_the_facts_every_floor_reads_import_nothing_above_them():
+    """The constants, the settings, the families table, the position ranges, the context and memory plans and the
+    engine area are read by draft/, rl/, the commands and the integrations; none of them imports one of those (an
+    import up a floor: issue 67 moved the families table and the position range down for it)."""
+    above = ("spectool.draft", "spectool.commands", "spectool.config", "spectool.rl", "spectool.integrations",
+             "spectool.cli", "spectool.harvesting")
+    files = [ROOT / name for name in ("constants.py", "context.py", "memory.py", "families.py", "positions.py")]
+    files += [*(ROOT / "engine").glob("*.py"), *(ROOT / "settings").glob("*.py")]
+    offenders = [f"{f.relative_to(ROOT)}: {mod}" for f in files for mod, _ in _imported_names(f) if mod.startswith(above)]
+    offenders += [f"{f.relative_to(ROOT)}: {a.name}" for f in files for node in ast.walk(ast.parse(f.read_text()))
+                  if isinstance(node, ast.Import) for a in node.names if a.name.startswith(above)]
+    assert len(files) > 20 and not offenders, offenders

@@ -10,6 +10,7 @@ import pytest
 import typer
 
 from spectool.cli import CLI, app, field_default, field_docs
+from spectool.config.export import ExportConfig
 from spectool.config.init_draft import InitDraftConfig
 from spectool.config.rollout import RolloutConfig
 from spectool.config.sweep_k import SweepConfig
@@ -84,17 +85,18 @@ def test_flags_parse_into_the_settings():
 ENTRY_POINTS = {
     "harvest": {"PolicyData", "Rendering", "Split", "EngineSettings", "EngineShare"},
     "init-draft": {"PolicyData", "Rendering", "EngineSettings", "EngineShare", "DraftTraining", "Features", "Tracking"},
-    "sweep-k": {"PolicyData", "Rendering", "Split", "EngineSettings", "EngineShare"},
-    "rollout": {"PolicyData", "Rendering", "Split", "Proposals", "Drafter", "Speculation", "EngineSettings", "EngineShare"},
+    "sweep-k": {"PolicyData", "Rendering", "Split", "DraftSampling", "EngineSettings", "EngineShare"},
+    "rollout": {"PolicyData", "Rendering", "Split", "DraftSampling", "Proposals", "Drafter", "Speculation", "EngineSettings",
+                "EngineShare"},
     "export": {"Rendering", "EngineSettings", "EngineShare"},
-    "verify": {"PolicyData", "Rendering", "Split", "Proposals", "Drafter", "EngineSettings", "EngineShare"},
+    "verify": {"PolicyData", "Rendering", "Split", "DraftSampling", "Proposals", "Drafter", "EngineSettings", "EngineShare"},
     "forecast": set(),
     "rl.yaml": {"PolicyData", "Tracking"},
     "rl.yaml rollout": {"Rendering"},
-    "rl.yaml speculation": {"Proposals", "Drafter", "Speculation"},
+    "rl.yaml speculation": {"DraftSampling", "Proposals", "Drafter", "Speculation"},
     "rl.yaml engine": {"EngineSettings", "EngineShare"},
-    "SpectoolSpeculation": {"Proposals", "EngineSettings"},
-    "EngineConfig": {"Proposals", "EngineSettings"},
+    "SpectoolSpeculation": {"DraftSampling", "Proposals", "EngineSettings"},
+    "EngineConfig": {"DraftSampling", "Proposals", "EngineSettings"},
 }
 RESTATED = {
     "harvest": {"split"},  # harvests the train split
@@ -102,6 +104,8 @@ RESTATED = {
     "sweep-k": {"model"},  # a config.json folder with --dummy-weights
     "export": {"system_prompt", "chat_template_kwargs"},  # default: the draft's harvest's
     "verify": {"dtype"},  # float32: the proof's precision
+    "rl.yaml": {"data"},  # prompts with answers: GRPO's rewards need them
+    "rl.yaml speculation": {"draft"},  # a hub id too (rl/speculation.py resolves it)
     "rl.yaml engine": {"gpu_memory_utilization"},  # 0.5: the colocated trainer's share left to it
     "EngineConfig": {"enforce_eager"},  # the engine's default: $SPECTOOL_ENFORCE_EAGER
 }
@@ -152,14 +156,19 @@ def test_every_entry_point_reads_back_against_the_groups():
             if field_name in own or (spec and field_name in spec.hidden):  # restated, or left off the command line
                 continue
             default = f.default_factory() if f.default_factory is not MISSING else f.default
-            if field_name in shown or name not in ("SpectoolSpeculation", "EngineConfig"):
-                assert field_name in shown, (name, field_name)
-                got_default, got_doc = shown[field_name]
-                if isinstance(got_default, list):
-                    default = list(default)
-                assert got_default == default, (name, field_name, got_default, default)
-                if not (spec and field_name in spec.help):  # the command line's own words
-                    assert " ".join(str(got_doc).split()) == field_docs(group)[field_name], (name, field_name)
+            assert field_name in shown, (name, field_name)
+            got_default, got_doc = shown[field_name]
+            if isinstance(got_default, list):
+                default = list(default)
+            assert got_default == default, (name, field_name, got_default, default)
+            if not (spec and field_name in spec.help):  # the command line's own words
+                assert " ".join(str(got_doc).split()) == field_docs(group)[field_name], (name, field_name)
+    # what an entry point declares outside the groups but means as one of them
+    from spectool.settings.refresh import RefreshSettings
+    from spectool.settings.speculation import Proposals
+
+    assert field_default(ExportConfig, "k") == field_default(Proposals, "k")  # export records the k everyone runs
+    assert RefreshSettings().ttt_steps == 0  # the draft's own trained positions, which check_draft holds >= k
 
 
 def test_no_group_restates_another_and_every_field_is_documented_once():
@@ -375,20 +384,24 @@ def test_rl_yaml_keeps_its_old_spelling_of_a_derived_context():
 
 
 @pytest.mark.parametrize("field,value", [("k", 0), ("draft_sampling", "sometimes"), ("dtype", "float64"),
-                                         ("enforce_eager", "maybe")])
+                                         ("enforce_eager", "maybe"), ("method", "medusa"), ("prompt_col", " "),
+                                         ("system_prompt", "")])
 def test_one_rule_one_wording_at_every_entry_point(field, value):
     """A group's rule refuses the same value in the same words at every entry point that takes the group, only the
-    field's spelling differs: a flag (rollout, verify), an rl.yaml key, a SpectoolSpeculation keyword."""
+    field's spelling differs: a flag (rollout, verify), an rl.yaml key, a SpectoolSpeculation keyword. And the trained
+    families' rule, init-draft's and rl.yaml's."""
     from spectool.config.verify import VerifyConfig
     from spectool.errors import SpectoolError
     from spectool.integrations.trl.settings import SpeculationSettings
     from spectool.rl.config import load_config
 
-    section = "engine" if field in ("dtype", "enforce_eager") else "speculation"
+    section = {"dtype": "engine.", "enforce_eager": "engine.", "prompt_col": "", "system_prompt": "rollout."}.get(
+        field, "speculation.")
     attempts = {"--" + field.replace("_", "-"): lambda: RolloutConfig(draft="d", **{field: value}).validate(),
-                f"{section}.{field}": lambda: load_config(None, ["speculation.draft=x", f"{section}.{field}={value}"]),
-                field: lambda: SpeculationSettings(None, **{field: value}).validate()}
-    attempts["--" + field.replace("_", "-") + " "] = lambda: VerifyConfig(draft="d", **{field: value}).validate()
+                "--" + field.replace("_", "-") + " ": lambda: VerifyConfig(draft="d", **{field: value}).validate(),
+                section + field: lambda: load_config(None, ["speculation.draft=x", f"{section}{field}={value!r}"])}
+    if field not in ("method", "prompt_col", "system_prompt"):  # SpectoolSpeculation's drafter is its folder's
+        attempts[field] = lambda: SpeculationSettings(None, **{field: value}).validate()
     words = set()
     for spelling, attempt in attempts.items():
         with pytest.raises(SpectoolError) as e:
@@ -396,4 +409,20 @@ def test_one_rule_one_wording_at_every_entry_point(field, value):
         message = str(e.value)
         assert message.startswith(f"{spelling.strip()}={value!r}: "), message
         words.add(message.split(": ", 1)[1].replace(" or 'auto'", ""))  # k: 'auto' too where a sweep may set it
+    assert len(words) == 1, words
+
+
+def test_the_trained_families_rule_is_one_wording_in_init_draft_and_rl_yaml():
+    """dspark is served (GPU builds) but not trained: init-draft and train-rl refuse it in the same words."""
+    from spectool.errors import SpectoolError
+    from spectool.rl.config import load_config
+
+    words = set()
+    for spelling, attempt in (("--method", lambda: InitDraftConfig(out="d", method="dspark").validate()),
+                              ("speculation.method", lambda: load_config(None, ["speculation.draft=x",
+                                                                                "speculation.method=dspark"]))):
+        with pytest.raises(SpectoolError) as e:
+            attempt()
+        assert str(e.value).startswith(f"{spelling}='dspark': must be one of eagle3 | peagle | dflash | mtp"), e.value
+        words.add(str(e.value).split(": ", 1)[1])
     assert len(words) == 1, words

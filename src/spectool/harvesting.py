@@ -40,7 +40,7 @@ def chunk_prompts(samples: int, cpu_build: bool) -> int:
     return CPU_CHUNK_PROMPTS if cpu_build else max(CPU_CHUNK_PROMPTS, GPU_CHUNK_SEQUENCES // samples)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class HarvestConfig(PolicyData, Rendering, Split, EngineSettings, EngineShare):
     """The harvest stage's settings: `spectool harvest`'s flags, and what init-draft harvests with."""
 

@@ -12,7 +12,7 @@ from spectool.settings.engine import EngineSettings, EngineShare
 from spectool.settings.groups import validate_groups
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ExportConfig(Rendering, EngineSettings, EngineShare):
     draft: str = ""
     """Draft folder from init-draft."""

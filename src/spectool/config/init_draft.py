@@ -5,17 +5,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from spectool.constants import DEFAULT_DATA, TRAINABLE
+from spectool.constants import DEFAULT_DATA
 from spectool.errors import check
 from spectool.settings.data import PolicyData, Rendering
 from spectool.settings.engine import EngineSettings, EngineShare
 from spectool.settings.groups import validate_groups
 from spectool.settings.sampling import SamplingConfig
+from spectool.settings.speculation import check_trainable
 from spectool.settings.tracking import Tracking
 from spectool.settings.training import DraftTraining, Features
 
 
-@dataclass
+@dataclass(kw_only=True)
 class InitDraftConfig(PolicyData, Rendering, DraftTraining, Features, Tracking, EngineSettings, EngineShare):
     out: str = ""
     """Draft folder to create (or resume with the same settings)."""
@@ -51,9 +52,7 @@ class InitDraftConfig(PolicyData, Rendering, DraftTraining, Features, Tracking, 
         check(bool(self.out), "--out", self.out, "must name the draft folder")
         check(self.preset is None or self.preset in INIT_DRAFT_PRESETS, "--preset", self.preset,
               f"must be one of {', '.join(INIT_DRAFT_PRESETS)}")
-        check(self.method in TRAINABLE, "--method", self.method, f"must be one of {', '.join(TRAINABLE)}"
-              + (" (DSpark is trained by speculators on a GPU and served by GPU builds of vLLM)"
-                 if self.method == "dspark" else ""))
+        check_trainable(self.method)
         check(self.method != "mtp" or self.init_from is None, "--init-from", self.init_from,
               "is refused with --method mtp: training starts from the model's own MTP layers")
         check(not self.remap_vocab or self.init_from is not None, "--remap-vocab", self.remap_vocab,

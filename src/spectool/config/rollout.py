@@ -12,7 +12,7 @@ from spectool.settings.sampling import SamplingConfig
 from spectool.settings.speculation import Speculation
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RolloutConfig(PolicyData, Rendering, Split, Speculation, EngineSettings, EngineShare):
     out: str | None = None
     """Run directory for the records (optional)."""

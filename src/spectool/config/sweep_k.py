@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spectool.constants import DEFAULT_MODEL, DRAFT_SAMPLING, MAX_NUM_SEQS, METHODS
+from spectool.constants import DEFAULT_MODEL, MAX_NUM_SEQS, METHODS
 from spectool.errors import SpectoolError, check
 from spectool.settings.data import PolicyData, Rendering, Split
 from spectool.settings.engine import EngineSettings, EngineShare
 from spectool.settings.groups import validate_groups
+from spectool.settings.speculation import DraftSampling
 from spectool.settings.training import DEFAULT_TTT_STEPS
 
 
-@dataclass
-class SweepConfig(PolicyData, Rendering, Split, EngineSettings, EngineShare):
+@dataclass(kw_only=True)
+class SweepConfig(PolicyData, Rendering, Split, DraftSampling, EngineSettings, EngineShare):
     out: str = ""
     """Run directory (a killed sweep resumes there)."""
     draft: str | None = None
@@ -53,9 +54,6 @@ class SweepConfig(PolicyData, Rendering, Split, EngineSettings, EngineShare):
     noise); 1 measures no noise between runs and recommends nothing."""
     seed: int = 0
     """Sampling and data seed."""
-    draft_sampling: str = "auto"
-    """auto: chosen per build by measurement (greedy on the CPU build, probabilistic on GPU builds) | greedy: the
-    draft proposes its argmax | probabilistic: it samples from its own distribution (more accepted at T>0). All exact."""
     dummy_weights: bool = False
     """What-if: --model is a config.json folder or a templates/models name; random weights, dummy draft."""
     acceptance_rates: list[float] | None = None
@@ -75,8 +73,6 @@ class SweepConfig(PolicyData, Rendering, Split, EngineSettings, EngineShare):
     def validate(self) -> None:
         validate_groups(self)
         check(bool(self.out), "--out", self.out, "must name the run directory")
-        check(self.draft_sampling in DRAFT_SAMPLING, "--draft-sampling", self.draft_sampling,
-              f"must be one of {' | '.join(DRAFT_SAMPLING)}")
         self._validate_synthetic()
         check(len(self.ks) > 0 and all(k >= 1 for k in self.ks), "--k", self.ks, "must be a list of integers >= 1")
         check(len(self.batch_sizes) > 0 and all(1 <= b <= MAX_NUM_SEQS for b in self.batch_sizes), "--batch-sizes",

@@ -12,7 +12,7 @@ from spectool.settings.groups import validate_groups
 from spectool.settings.speculation import Drafter, Proposals
 
 
-@dataclass
+@dataclass(kw_only=True)
 class VerifyConfig(PolicyData, Rendering, Split, Drafter, Proposals, EngineSettings, EngineShare):
     draft_model: str | None = None
     """Instead of --draft: a smaller causal LM with the policy's tokenizer (vLLM's draft-model speculation); 'policy'

@@ -8,13 +8,13 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool.constants import TRAINABLE
+from spectool.constants import DEFAULT_DATA
 from spectool.errors import SpectoolError, check
 from spectool.settings.data import PolicyData, Rendering
 from spectool.settings.engine import EngineSettings, EngineShare
 from spectool.settings.groups import validate_groups
 from spectool.settings.refresh import RefreshSettings
-from spectool.settings.speculation import Speculation
+from spectool.settings.speculation import Speculation, check_trainable
 from spectool.settings.spelling import TYPE_WORDS, key
 from spectool.settings.tracking import Tracking
 
@@ -52,6 +52,9 @@ class SpeculationSection(Speculation):
 
     enabled: bool = True
     """false: plain decoding (the draft, if set, is not used)."""
+    draft: str | None = None
+    """A draft folder (init-draft or export output) of that family, or a hub id ORG/NAME of one (read from
+    huggingface_hub's cache)."""
 
 
 @dataclass
@@ -97,6 +100,9 @@ class RLConfig(PolicyData, Tracking):
     """train-rl's settings: rl.yaml (templates/rl.yaml) and its --set overrides. The policy and its data, and the
     trackers, are the commands' groups (settings/data.py, settings/tracking.py), at the top level."""
 
+    data: str = DEFAULT_DATA
+    """dapo | gym:<task>[:k=v,...] | hub:ORG/NAME[:split=S,config=C] | file.jsonl/.parquet: prompts with answers (the
+    rewards need them: the commands' `chat`, general prompts without answers, is refused here)."""
     out: str = "runs/rl"
     """The run directory (a killed run resumes there)."""
     seed: int = 0
@@ -110,7 +116,7 @@ class RLConfig(PolicyData, Tracking):
     policy: PolicySection = field(default_factory=PolicySection)
     """The GRPO update."""
     draft_refresh: RefreshSettings = field(default_factory=RefreshSettings)
-    """How and when the draft trains online (the refresher's own settings, one shape: draft/refresh_policy.py)."""
+    """How and when the draft trains online (the refresher's own settings, one shape: settings/refresh.py)."""
     engine: EngineSection = field(default_factory=EngineSection)
     """The rollout engine (settings/engine.py, the commands' engine settings)."""
     checkpoint_every: int = 10
@@ -132,8 +138,7 @@ class RLConfig(PolicyData, Tracking):
         check(r.eval_every >= 0 and r.eval_prompts >= 1, "rollout.eval_every/eval_prompts", (r.eval_every, r.eval_prompts),
               "must be eval_every >= 0 and eval_prompts >= 1")
         check(r.eval_samples >= 1, "rollout.eval_samples", r.eval_samples, "must be >= 1 (1 = greedy)")
-        check(s.method in TRAINABLE, "speculation.method", s.method, f"must be one of {' | '.join(TRAINABLE)}"
-              + (" (dspark: GPU builds of vLLM serve it, and spectool does not train it)" if s.method == "dspark" else ""))
+        check_trainable(s.method, key("speculation."))
         check(not s.enabled or s.draft is not None or s.k == "auto" or s.method == "mtp", "speculation.draft", s.draft,
               "must be a draft folder (init-draft / export) while speculation.enabled is true; set speculation.enabled: "
               "false for plain decoding")

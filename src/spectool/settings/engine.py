@@ -43,7 +43,7 @@ class EngineShare:
     """GPU only: the engine's share of GPU memory (weights + KV cache). Lower it if another process shares the GPU."""
     max_model_len: int | None = None
     """The engine's context (vLLM's max_model_len). Unset: derived, what the run needs (its longest prompt + the most
-    tokens it generates: --max-tokens; verify's --depth + --positions; export's check), refused before the engine
+    tokens it generates: its max tokens; verify's depth + positions; export's check), refused before the engine
     starts when past the model's limit; a value shorter than the run needs is refused."""
 
     def validate(self, spell: Spell = flag) -> None:

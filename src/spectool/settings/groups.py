@@ -6,15 +6,15 @@ from spectool.settings.data import PolicyData, Rendering, Split
 from spectool.settings.engine import EngineSettings, EngineShare
 from spectool.settings.refresh import RefreshSettings
 from spectool.settings.sampling import SamplingConfig
-from spectool.settings.speculation import Drafter, Proposals, Speculation
+from spectool.settings.speculation import Drafter, DraftSampling, Proposals, Speculation
 from spectool.settings.spelling import Spell, flag
 from spectool.settings.tracking import Tracking
 from spectool.settings.training import DraftTraining, Features
 
 # the groups an entry point's settings inherit (flat: their fields are its own); SamplingConfig and RefreshSettings
 # are taken whole, as one field (rollout's `sampling`, rl.yaml's `draft_refresh` section)
-GROUPS = (PolicyData, Rendering, Split, Proposals, Drafter, Speculation, EngineSettings, EngineShare, DraftTraining,
-          Features, Tracking)
+GROUPS = (PolicyData, Rendering, Split, DraftSampling, Proposals, Drafter, Speculation, EngineSettings, EngineShare,
+          DraftTraining, Features, Tracking)
 WHOLE = (SamplingConfig, RefreshSettings)
 
 

@@ -19,7 +19,7 @@ class RefreshSettings:
     refresh is due is draft/refresh_policy.py's (`RefreshPolicy.of`)."""
 
     mode: str = "online"
-    """frozen (the draft stays as loaded) | online (every `every` steps) | auto (when it pays: this module)."""
+    """frozen (the draft stays as loaded) | online (every `every` steps) | auto (when it pays: draft/refresh_policy.py)."""
     every: int = 5
     """online: refresh every N policy steps; auto: the first refresh's step (it measures a refresh's cost)."""
     drop: float = 0.25
@@ -44,8 +44,10 @@ class RefreshSettings:
     loss: str = DEFAULT_LOSS
     """Per-position loss (draft/loss.py): ce | tv | mix | tv-heavy; init-draft's default."""
 
-    def validate(self, spell: Spell = key("draft_refresh.")) -> None:
-        """`spell`: how the caller's user spells a field (draft_refresh.mode in rl.yaml, refresh.mode in TRL)."""
+    def validate(self, spell: Spell | str = key("draft_refresh.")) -> None:
+        """`spell`: how the caller's user spells a field (draft_refresh.mode in rl.yaml, refresh.mode in TRL), or the
+        section's prefix as before the groups ("refresh.")."""
+        spell = key(spell) if isinstance(spell, str) else spell
         check(self.mode in REFRESH_MODES, spell("mode"), self.mode, f"must be {' | '.join(REFRESH_MODES)}")
         check(self.every >= 1 and self.steps_per_refresh >= 1, spell("every/steps_per_refresh"),
               (self.every, self.steps_per_refresh), "must be >= 1")

@@ -57,16 +57,22 @@ class DraftTraining:
     max_steps: int | None = None
     """Stop after this many steps if --epochs would run longer (a budget for data larger than a run can pass over;
     the learning-rate schedule spans the steps that run)."""
-    max_batch_tokens: int = MAX_BATCH_TOKENS
-    """Most tokens per training forward: a step's records are packed into micro-batches within it (no padding; a
-    longer record alone), gradients accumulated; a step's memory (the draft's logits over its vocabulary, its activations, its
-    fused attention) is linear in it. The default suits the demo's 128-token records; at reasoning lengths set it to
-    the longest record (e.g. 16384 for 16k-token records): the GPU memory plan names the largest that fits."""
+    save_every: int = 50
+    """Checkpoint + held-out eval every N steps."""
+    eval_fraction: float = 0.05
+    """Fraction of prompts held out (by hash of the prompt text)."""
     batch_size: int = 4
     """Records per step. Small: one epoch at batch 4 trained a better draft than at 8 or 16 on this machine
     (more steps for the same tokens; docs/results.md, "Draft quality")."""
     lr: float = 1e-3
     """AdamW learning rate (short runs on small harvests: higher than the 1e-4 of large-corpus recipes)."""
+    warmup_steps: int = 20
+    """Linear warm-up steps, then cosine decay."""
+    max_batch_tokens: int = MAX_BATCH_TOKENS
+    """Most tokens per training forward: a step's records are packed into micro-batches within it (no padding; a
+    longer record alone), gradients accumulated; a step's memory (the draft's logits over its vocabulary, its activations, its
+    fused attention) is linear in it. The default suits the demo's 128-token records; at reasoning lengths set it to
+    the longest record (e.g. 16384 for 16k-token records): the GPU memory plan names the largest that fits."""
     draft_dtype: str = "auto"
     """The draft's training compute: auto (bfloat16 autocast on a GPU with bfloat16 units, compute capability 8.0+;
     float32 elsewhere, this CPU build's included) | float32 | bfloat16 (autocast: matmuls in bfloat16, the loss in
@@ -77,12 +83,6 @@ class DraftTraining:
     instead of keeping them: about 3 fewer [tokens x draft vocabulary] float32 copies a step, the same loss and
     gradients, more time. Measured on a tiny draft (one 8,192-token record, a 4,096-token vocabulary, this CPU): peak
     growth 2.0 -> 1.4 GiB, the step 1.5x slower (benchmarks/loss_recompute.py; docs/drafters.md)."""
-    warmup_steps: int = 20
-    """Linear warm-up steps, then cosine decay."""
-    save_every: int = 50
-    """Checkpoint + held-out eval every N steps."""
-    eval_fraction: float = 0.05
-    """Fraction of prompts held out (by hash of the prompt text)."""
 
     def validate(self, spell: Spell = flag) -> None:
         check(self.draft_vocab_size >= 2, spell("draft_vocab_size"), self.draft_vocab_size, "must be >= 2")

@@ -28,7 +28,7 @@ Refused up front: server mode (a frozen draft goes through `spectool export --fo
 mode on every build (spectool calls the engine outside TRL's wake windows: preflight.SLEEP_MODE_REFUSED),
 a TRL outside the tested range.
 
-The package: speculation.py (the settings), settings.py (SpectoolSpeculation: them and grpo_trainer), preflight.py
+The package: settings.py (the settings), trainer.py (SpectoolSpeculation: them, from_sweep and grpo_trainer), preflight.py
 (refusals before anything starts), attach.py (what runs inside the trainer), data.py (task_data), internals.py (every
 private TRL name, checked).
 """
