@@ -62,7 +62,7 @@ def test_tiny_sweep_and_auto_k_rollout(tiny_policy, random_draft, tmp_path):
     assert acc["num_drafts"] > 0  # 3 sequences: speculated
 
     r = spectool("rollout", "--model", str(tiny_policy), "--k", "auto", check=False)
-    assert r.returncode == 2 and "--k auto needs --sweep" in r.stderr
+    assert r.returncode == 2 and "--sweep=None: must name a sweep-k or forecast run directory with --k auto" in r.stderr
 
 
 @pytest.mark.fast  # sweep-k's headline in the fast tier: 2 arms
