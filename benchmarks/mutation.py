@@ -253,6 +253,9 @@ NEW_MUTANTS = (
     Mutant("ST10", "src/spectool/settings/speculation.py", "        check(self.k != \"auto\" or self.sweep is not None",
            "        check(True or self.sweep is not None", SETTINGS,
            "k auto without a sweep taken (rollout and rl.yaml find no schedule once the engine is to start)"),
+    Mutant("ST11", "src/spectool/settings/speculation.py", "    check(method in TRAINABLE, spell(\"method\")",
+           "    check(method in DRAFTERS, spell(\"method\")", SETTINGS,
+           "a served but untrained family (dspark) taken by init-draft and rl.yaml's online refresh"),
 )
 ALL = MUTANTS + NEW_MUTANTS
 
